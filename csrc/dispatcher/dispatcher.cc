@@ -1,0 +1,246 @@
+#include "dispatcher/dispatcher.h"
+
+#include <optional>
+#include <set>
+
+namespace jax_pathways {
+
+Dispatcher::Dispatcher(int max_in_flight) : max_in_flight_(max_in_flight) {}
+
+Dispatcher::~Dispatcher() { Shutdown(); }
+
+Status Dispatcher::AddIsland(IslandId island, int fd, std::string name) {
+  auto channel = std::make_shared<Channel>(fd);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_) return Unavailable("dispatcher is shut down");
+  if (islands_.count(island)) {
+    return Status(Code::kAlreadyExists,
+                  "island " + std::to_string(island) + " already has a worker");
+  }
+  auto owned = std::make_unique<Island>(island, std::move(name),
+                                        std::move(channel), max_in_flight_);
+  Island* raw = owned.get();
+  islands_.emplace(island, std::move(owned));
+  raw->reader = std::thread([this, raw] { ReadLoop(raw); });
+  return Status::Ok();
+}
+
+void Dispatcher::Submit(std::vector<IslandOp> gang, uint64_t tag) {
+  Outbox outbox;
+  std::vector<Completion> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto g = std::make_shared<Gang>();
+    g->tag = tag;
+    g->remaining = gang.size();
+    g->payloads.resize(gang.size());
+    for (const IslandOp& io : gang) {
+      g->results.insert(g->results.end(), io.op.results.begin(),
+                        io.op.results.end());
+    }
+    buffers_.AddPending(g->results);
+
+    // Decide before numbering anything: a gang is placed whole or not at all,
+    // so no island ever waits for a sequence number that never comes.
+    Status refusal;
+    std::set<IslandId> seen;
+    for (const IslandOp& io : gang) {
+      auto it = islands_.find(io.island);
+      if (shut_down_) {
+        refusal = Unavailable("the controller is shutting down");
+      } else if (it == islands_.end()) {
+        refusal = NotFound("island " + std::to_string(io.island) +
+                           " does not exist");
+      } else if (!it->second->alive) {
+        refusal = it->second->death;
+      } else if (!seen.insert(io.island).second) {
+        refusal = InvalidArgument("gang names island " +
+                                  std::to_string(io.island) + " twice");
+      } else {
+        refusal = buffers_.FirstFailure(io.op.args);
+      }
+      if (!refusal.ok()) break;
+    }
+    if (gang.empty()) refusal = InvalidArgument("empty gang");
+    if (!refusal.ok()) {
+      buffers_.Resolve(g->results, refusal, &done);
+      if (tag) done.push_back(Completion{tag, refusal, g->payloads});
+    } else {
+      for (size_t i = 0; i < gang.size(); ++i) {
+        Island* island = islands_.at(gang[i].island).get();
+        Op op = std::move(gang[i].op);
+        op.seq = order_.Next(island->id);
+        GangSlot slot{g, i, op.kind == OpKind::kLaunch};
+        std::vector<Op> ready;
+        island->queue.Push(std::move(op), std::move(slot), &ready);
+        ++island->submitted;
+        for (Op& r : ready) outbox.emplace_back(island->channel, std::move(r));
+      }
+    }
+  }
+  Flush(std::move(outbox), std::move(done));
+}
+
+void Dispatcher::Flush(Outbox outbox, std::vector<Completion> done) {
+  for (auto& [channel, op] : outbox) {
+    Status s = channel->Send(FrameKind::kOp, EncodeOpHead(op), op.payload);
+    // A failed send means the worker is gone; its reader thread sees the
+    // same broken connection and fails the island's ops.
+    if (!s.ok()) channel->Shutdown();
+  }
+  for (Completion& c : done) completions_.Push(std::move(c));
+}
+
+void Dispatcher::ReadLoop(Island* island) {
+  std::shared_ptr<Channel> channel;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    channel = island->channel;
+  }
+  while (true) {
+    FrameKind kind;
+    std::string body;
+    Status s = channel->Receive(&kind, &body);
+    Event event;
+    if (s.ok() && kind != FrameKind::kEvent) {
+      s = DataLoss("worker sent a frame of kind " +
+                   std::to_string(static_cast<uint32_t>(kind)));
+    }
+    if (s.ok()) s = DecodeEvent(body, &event);
+    if (!s.ok()) {
+      std::vector<Completion> done;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        KillLocked(island,
+                   Unavailable("worker " + island->name +
+                               " is unreachable: " + s.message()),
+                   &done);
+      }
+      Flush({}, std::move(done));
+      return;
+    }
+    HandleEvent(island, std::move(event));
+  }
+}
+
+void Dispatcher::HandleEvent(Island* island, Event event) {
+  Outbox outbox;
+  std::vector<Completion> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!island->alive) return;
+    std::vector<Op> ready;
+    std::optional<GangSlot> slot = island->queue.Finish(event.seq, &ready);
+    if (!slot) {
+      KillLocked(island,
+                 DataLoss("worker " + island->name + " finished op " +
+                          std::to_string(event.seq) + " that was never sent"),
+                 &done);
+    } else {
+      ++island->finished;
+      FinishSlot(*slot, event.status, std::move(event.payload), &done);
+      for (Op& r : ready) outbox.emplace_back(island->channel, std::move(r));
+    }
+  }
+  Flush(std::move(outbox), std::move(done));
+}
+
+void Dispatcher::FinishSlot(const GangSlot& slot, const Status& status,
+                            std::string payload,
+                            std::vector<Completion>* done) {
+  Gang& g = *slot.gang;
+  g.payloads[slot.index] = std::move(payload);
+  if (!status.ok() && g.status.ok()) g.status = status;
+  if (--g.remaining > 0) return;
+  buffers_.Resolve(g.results, g.status, done);
+  if (g.tag) done->push_back(Completion{g.tag, g.status, std::move(g.payloads)});
+}
+
+void Dispatcher::KillLocked(Island* island, const Status& why,
+                            std::vector<Completion>* done) {
+  if (!island->alive) return;
+  island->alive = false;
+  island->death = why;
+  island->channel->Shutdown();
+  for (GangSlot& slot : island->queue.DrainAll()) {
+    ++island->finished;
+    FinishSlot(slot, why, {}, done);
+  }
+}
+
+void Dispatcher::FailIsland(IslandId island, const Status& why) {
+  std::vector<Completion> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = islands_.find(island);
+    if (it == islands_.end()) return;
+    KillLocked(it->second.get(), why, &done);
+  }
+  Flush({}, std::move(done));
+}
+
+void Dispatcher::WhenReady(const std::vector<BufferId>& ids, uint64_t tag) {
+  std::vector<Completion> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    buffers_.WhenReady(ids, tag, &done);
+  }
+  for (Completion& c : done) completions_.Push(std::move(c));
+}
+
+BufferState Dispatcher::State(BufferId id, Status* failure) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return buffers_.State(id, failure);
+}
+
+void Dispatcher::Forget(const std::vector<BufferId>& ids) {
+  std::lock_guard<std::mutex> lock(mu_);
+  buffers_.Forget(ids);
+}
+
+std::vector<Completion> Dispatcher::Poll(double timeout_s, size_t max_items) {
+  return completions_.Pop(timeout_s, max_items);
+}
+
+std::vector<IslandStats> Dispatcher::Stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<IslandStats> out;
+  for (auto& [id, island] : islands_) {
+    IslandStats s;
+    s.island = id;
+    s.name = island->name;
+    s.alive = island->alive;
+    s.error = island->death.message();
+    s.queued = island->queue.queued();
+    s.in_flight = island->queue.in_flight();
+    s.unfinished = island->queue.sent_unfinished();
+    s.submitted = island->submitted;
+    s.finished = island->finished;
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+size_t Dispatcher::live_buffers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return buffers_.size();
+}
+
+void Dispatcher::Shutdown() {
+  std::vector<Island*> islands;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    for (auto& [id, island] : islands_) {
+      island->channel->Shutdown();
+      islands.push_back(island.get());
+    }
+  }
+  for (Island* island : islands) {
+    if (island->reader.joinable()) island->reader.join();
+  }
+  completions_.Close();
+}
+
+}  // namespace jax_pathways

@@ -1,0 +1,118 @@
+// Dispatcher: the controller's hot path from "launch this" to the workers.
+//
+// Submit() gives every op of a gang its place in each island's gang order,
+// registers the gang's results as pending buffers and returns at once: ops go
+// to the worker before their inputs exist (workers run them in order, so an
+// op's inputs are always produced by earlier ops). Launches beyond an island's
+// in-flight window wait in its LaunchQueue. One reader thread per island turns
+// Events into buffer states and Completions; a dead worker fails everything it
+// held and everything later sent to it.
+//
+// Thread safety: every public method may be called from any thread. Blocking
+// methods (Poll, Shutdown) must be called without the GIL.
+#ifndef JAX_PATHWAYS_CSRC_DISPATCHER_DISPATCHER_H_
+#define JAX_PATHWAYS_CSRC_DISPATCHER_DISPATCHER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "dispatcher/buffer_futures.h"
+#include "dispatcher/completion_queue.h"
+#include "dispatcher/gang_order.h"
+#include "dispatcher/launch_queue.h"
+#include "transport/channel.h"
+#include "transport/messages.h"
+
+namespace jax_pathways {
+
+struct IslandOp {
+  IslandId island = 0;
+  Op op;  // `seq` is assigned by the Dispatcher
+};
+
+struct IslandStats {
+  IslandId island = 0;
+  std::string name;
+  bool alive = true;
+  std::string error;
+  size_t queued = 0;     // held back by the window
+  int in_flight = 0;     // launches sent, not finished
+  size_t unfinished = 0; // all ops sent, not finished
+  uint64_t submitted = 0;
+  uint64_t finished = 0;
+};
+
+class Dispatcher {
+ public:
+  explicit Dispatcher(int max_in_flight);
+  ~Dispatcher();
+  Dispatcher(const Dispatcher&) = delete;
+  Dispatcher& operator=(const Dispatcher&) = delete;
+
+  // Takes ownership of `fd`, a connected and authenticated worker socket.
+  Status AddIsland(IslandId island, int fd, std::string name);
+  // Enqueues every op of the gang atomically (see GangOrder). Completes under
+  // `tag` (0: no completion wanted) once every op finished, with the first
+  // error if any. Fails at once, sending nothing, if an island is unknown or
+  // dead or an argument buffer already failed.
+  void Submit(std::vector<IslandOp> gang, uint64_t tag);
+  // Completes under `tag` when all `ids` are ready, or at the first failure.
+  void WhenReady(const std::vector<BufferId>& ids, uint64_t tag);
+  BufferState State(BufferId id, Status* failure);
+  void Forget(const std::vector<BufferId>& ids);
+  // Fails the island as if its connection had dropped.
+  void FailIsland(IslandId island, const Status& why);
+
+  std::vector<Completion> Poll(double timeout_s, size_t max_items);
+  std::vector<IslandStats> Stats();
+  size_t live_buffers();
+  // Closes every channel and joins the reader threads. Idempotent.
+  void Shutdown();
+
+ private:
+  struct Island {
+    IslandId id;
+    std::string name;
+    std::shared_ptr<Channel> channel;
+    LaunchQueue queue;
+    bool alive = true;
+    Status death;
+    uint64_t submitted = 0;
+    uint64_t finished = 0;
+    std::thread reader;
+
+    Island(IslandId i, std::string n, std::shared_ptr<Channel> c, int window)
+        : id(i), name(std::move(n)), channel(std::move(c)), queue(window) {}
+  };
+  using Outbox = std::vector<std::pair<std::shared_ptr<Channel>, Op>>;
+
+  void ReadLoop(Island* island);
+  void HandleEvent(Island* island, Event event);
+  // Requires mu_. Records that one op of `slot`'s gang finished.
+  void FinishSlot(const GangSlot& slot, const Status& status,
+                  std::string payload, std::vector<Completion>* done);
+  // Requires mu_. Marks `island` dead and fails everything it held.
+  void KillLocked(Island* island, const Status& why,
+                  std::vector<Completion>* done);
+  // Sends `outbox` and publishes `done`; called without mu_.
+  void Flush(Outbox outbox, std::vector<Completion> done);
+
+  const int max_in_flight_;
+  std::mutex mu_;
+  std::map<IslandId, std::unique_ptr<Island>> islands_;
+  GangOrder order_;
+  BufferFutures buffers_;
+  CompletionQueue completions_;
+  bool shut_down_ = false;
+};
+
+}  // namespace jax_pathways
+
+#endif  // JAX_PATHWAYS_CSRC_DISPATCHER_DISPATCHER_H_

@@ -1,0 +1,76 @@
+#include "executor/executor.h"
+
+#include <chrono>
+#include <string>
+
+namespace jax_pathways {
+
+Executor::Executor(int controller_fd)
+    : channel_(std::make_unique<Channel>(controller_fd)) {
+  reader_ = std::thread([this] { ReadLoop(); });
+}
+
+Executor::~Executor() { Shutdown(); }
+
+void Executor::ReadLoop() {
+  while (true) {
+    FrameKind kind;
+    std::string body;
+    Status s = channel_->Receive(&kind, &body);
+    Op op;
+    if (s.ok() && kind != FrameKind::kOp) {
+      s = DataLoss("controller sent a frame of kind " +
+                   std::to_string(static_cast<uint32_t>(kind)));
+    }
+    if (s.ok()) s = DecodeOp(body, &op);
+    if (s.ok() && op.seq < next_seq_) {
+      s = DataLoss("controller repeated op " + std::to_string(op.seq));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!s.ok()) {
+      closed_ = Unavailable("controller connection lost: " + s.message());
+      cv_.notify_all();
+      return;
+    }
+    uint64_t seq = op.seq;
+    reorder_.emplace(seq, std::move(op));
+    if (seq == next_seq_) cv_.notify_all();
+  }
+}
+
+StatusOr<std::optional<Op>> Executor::Next(double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto has_next = [&] {
+    return (!reorder_.empty() && reorder_.begin()->first == next_seq_) ||
+           !closed_.ok();
+  };
+  if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                    has_next)) {
+    return std::optional<Op>();
+  }
+  if (reorder_.empty() || reorder_.begin()->first != next_seq_) {
+    return closed_;
+  }
+  Op op = std::move(reorder_.begin()->second);
+  reorder_.erase(reorder_.begin());
+  ++next_seq_;
+  return std::optional<Op>(std::move(op));
+}
+
+Status Executor::Complete(uint64_t seq, const Status& status,
+                          std::string_view payload) {
+  return channel_->Send(FrameKind::kEvent,
+                        EncodeEventHead(seq, status, payload.size()), payload);
+}
+
+size_t Executor::backlog() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reorder_.size();
+}
+
+void Executor::Shutdown() {
+  channel_->Shutdown();
+  if (reader_.joinable()) reader_.join();
+}
+
+}  // namespace jax_pathways

@@ -1,0 +1,125 @@
+#include <pybind11/stl.h>
+
+#include <tuple>
+#include <vector>
+
+#include "dispatcher/dispatcher.h"
+#include "python/bindings.h"
+#include "python/bytes_casters.h"
+#include "python/status_casters.h"
+
+namespace py = pybind11;
+
+namespace jax_pathways {
+namespace {
+
+// (island, kind, program, args, results, payload) as Python writes one op.
+using PyIslandOp = std::tuple<IslandId, OpKind, uint64_t, std::vector<BufferId>,
+                              std::vector<BufferId>, py::buffer>;
+
+const char* StateName(BufferState s) {
+  switch (s) {
+    case BufferState::kPending:
+      return "pending";
+    case BufferState::kReady:
+      return "ready";
+    case BufferState::kFailed:
+      return "failed";
+  }
+  return "unknown";
+}
+
+}  // namespace
+
+void RegisterDispatcher(py::module_& m) {
+  py::class_<Dispatcher>(m, "Dispatcher")
+      .def(py::init<int>(), py::arg("max_in_flight"))
+      .def(
+          "add_island",
+          [](Dispatcher& d, IslandId island, int fd, std::string name) {
+            ThrowIfError(d.AddIsland(island, fd, std::move(name)));
+          },
+          py::arg("island"), py::arg("fd"), py::arg("name"))
+      .def(
+          "submit",
+          [](Dispatcher& d, const std::vector<PyIslandOp>& gang,
+             uint64_t tag) {
+            std::vector<IslandOp> ops;
+            ops.reserve(gang.size());
+            for (const auto& [island, kind, program, args, results, payload] :
+                 gang) {
+              IslandOp io;
+              io.island = island;
+              io.op.kind = kind;
+              io.op.program = program;
+              io.op.args = args;
+              io.op.results = results;
+              io.op.payload = std::string(BytesView(payload).view());
+              ops.push_back(std::move(io));
+            }
+            py::gil_scoped_release nogil;
+            d.Submit(std::move(ops), tag);
+          },
+          py::arg("gang"), py::arg("tag"))
+      .def("when_ready", &Dispatcher::WhenReady, py::arg("ids"),
+           py::arg("tag"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "state",
+          [](Dispatcher& d, BufferId id) {
+            Status failure;
+            BufferState s = d.State(id, &failure);
+            return py::make_tuple(StateName(s), StatusTuple(failure));
+          },
+          py::arg("id"))
+      .def("forget", &Dispatcher::Forget, py::arg("ids"),
+           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "fail_island",
+          [](Dispatcher& d, IslandId island, int code, std::string message) {
+            py::gil_scoped_release nogil;
+            d.FailIsland(island,
+                         Status(static_cast<Code>(code), std::move(message)));
+          },
+          py::arg("island"), py::arg("code"), py::arg("message"))
+      .def(
+          "poll",
+          [](Dispatcher& d, double timeout_s, size_t max_items) {
+            std::vector<Completion> done;
+            {
+              py::gil_scoped_release nogil;
+              done = d.Poll(timeout_s, max_items);
+            }
+            py::list out;
+            for (Completion& c : done) {
+              py::list payloads;
+              for (std::string& p : c.payloads) payloads.append(py::bytes(p));
+              out.append(py::make_tuple(c.tag, static_cast<int>(c.status.code()),
+                                        c.status.message(), payloads));
+            }
+            return out;
+          },
+          py::arg("timeout_s"), py::arg("max_items") = 1024)
+      .def("stats",
+           [](Dispatcher& d) {
+             py::list out;
+             for (const IslandStats& s : d.Stats()) {
+               py::dict row;
+               row["island"] = s.island;
+               row["name"] = s.name;
+               row["alive"] = s.alive;
+               row["error"] = s.error;
+               row["queued"] = s.queued;
+               row["in_flight"] = s.in_flight;
+               row["unfinished"] = s.unfinished;
+               row["submitted"] = s.submitted;
+               row["finished"] = s.finished;
+               out.append(row);
+             }
+             return out;
+           })
+      .def("live_buffers", &Dispatcher::live_buffers)
+      .def("shutdown", &Dispatcher::Shutdown,
+           py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace jax_pathways

@@ -1,0 +1,82 @@
+#include <pybind11/stl.h>
+
+#include <optional>
+
+#include "executor/executor.h"
+#include "python/bindings.h"
+#include "python/bytes_casters.h"
+#include "python/status_casters.h"
+#include "transport/peer_links.h"
+
+namespace py = pybind11;
+
+namespace jax_pathways {
+
+void RegisterExecutor(py::module_& m) {
+  py::class_<Executor>(m, "Executor")
+      .def(py::init<int>(), py::arg("controller_fd"))
+      .def(
+          "next",
+          [](Executor& e, double timeout_s) -> std::optional<Op> {
+            StatusOr<std::optional<Op>> op = [&] {
+              py::gil_scoped_release nogil;
+              return e.Next(timeout_s);
+            }();
+            return ValueOrThrow(std::move(op));
+          },
+          py::arg("timeout_s"))
+      .def(
+          "complete",
+          [](Executor& e, uint64_t seq, int code, std::string message,
+             py::buffer payload) {
+            BytesView bytes(payload);
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = e.Complete(seq, Status(static_cast<Code>(code), message),
+                             bytes.view());
+            }
+            ThrowIfError(s);
+          },
+          py::arg("seq"), py::arg("code"), py::arg("message"),
+          py::arg("payload"))
+      .def("backlog", &Executor::backlog)
+      .def("shutdown", &Executor::Shutdown,
+           py::call_guard<py::gil_scoped_release>());
+}
+
+void RegisterPeerLinks(py::module_& m) {
+  py::class_<PeerLinks>(m, "PeerLinks")
+      .def(py::init<>())
+      .def("add", &PeerLinks::Add, py::arg("fd"), py::arg("peer_name"))
+      .def(
+          "send",
+          [](PeerLinks& p, int link, uint64_t transfer_id, int code,
+             std::string message, py::buffer data) {
+            BytesView bytes(data);
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = p.Send(link, transfer_id,
+                         Status(static_cast<Code>(code), message),
+                         bytes.view());
+            }
+            ThrowIfError(s);
+          },
+          py::arg("link"), py::arg("transfer_id"), py::arg("code"),
+          py::arg("message"), py::arg("data"))
+      .def(
+          "receive",
+          [](PeerLinks& p, int link, uint64_t transfer_id, double timeout_s) {
+            StatusOr<std::string> got = [&] {
+              py::gil_scoped_release nogil;
+              return p.Receive(link, transfer_id, timeout_s);
+            }();
+            return OwnedBytes(ValueOrThrow(std::move(got)));
+          },
+          py::arg("link"), py::arg("transfer_id"), py::arg("timeout_s"))
+      .def("shutdown", &PeerLinks::Shutdown,
+           py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace jax_pathways

@@ -1,0 +1,50 @@
+// Channel: length-prefixed frames over a connected stream socket.
+//
+// The socket is connected and authenticated by Python before it is handed
+// over; the Channel owns the fd from then on. Send() may be called from any
+// thread (frames never interleave); Receive() from one reader thread only.
+// Both block with no locks of the caller held and return a Status on EOF or a
+// malformed header, so a dead or confused peer shows up as an error value.
+#ifndef JAX_PATHWAYS_CSRC_TRANSPORT_CHANNEL_H_
+#define JAX_PATHWAYS_CSRC_TRANSPORT_CHANNEL_H_
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace jax_pathways {
+
+enum class FrameKind : uint32_t {
+  kOp = 1,        // controller -> worker: an Op
+  kEvent = 2,     // worker -> controller: an Event
+  kTransfer = 3,  // worker -> worker: transfer id + bytes
+};
+
+class Channel {
+ public:
+  explicit Channel(int fd);
+  ~Channel();
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  // Writes one frame whose body is `head` followed by `body`.
+  Status Send(FrameKind kind, std::string_view head, std::string_view body);
+  Status Send(FrameKind kind, std::string_view body) {
+    return Send(kind, body, {});
+  }
+  // Reads one whole frame.
+  Status Receive(FrameKind* kind, std::string* body);
+  // Unblocks a pending Receive() and makes later calls fail.
+  void Shutdown();
+
+ private:
+  const int fd_;
+  std::mutex send_mu_;
+};
+
+}  // namespace jax_pathways
+
+#endif  // JAX_PATHWAYS_CSRC_TRANSPORT_CHANNEL_H_

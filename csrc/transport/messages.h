@@ -1,0 +1,62 @@
+// The two messages that cross the controller <-> worker channel.
+//
+// An Op travels controller -> worker and has one place (`seq`) in its island's
+// gang order. An Event travels back and finishes exactly one Op. The core reads
+// only `kind` (launches count against the in-flight window), the sequence
+// number and the buffer ids; `payload` is opaque bytes that Python writes and
+// reads (programs, compile options, host data, transfer routes).
+#ifndef JAX_PATHWAYS_CSRC_TRANSPORT_MESSAGES_H_
+#define JAX_PATHWAYS_CSRC_TRANSPORT_MESSAGES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace jax_pathways {
+
+using BufferId = uint64_t;
+using IslandId = int32_t;
+
+// Version of the controller <-> worker wire format; bumped on any change.
+inline constexpr uint32_t kWireVersion = 1;
+
+enum class OpKind : uint32_t {
+  kCompile = 1,   // payload: program + options; program = compile key
+  kLaunch = 2,    // run `program` on `args`, producing `results`
+  kPut = 3,       // host bytes in payload -> `results[0]`
+  kFetch = 4,     // `args[0]` -> host bytes in the event payload
+  kDelete = 5,    // drop `args`
+  kSend = 6,      // push `args` to a peer worker (route in payload)
+  kReceive = 7,   // wait for a peer's push into `results`
+  kCopy = 8,      // on-island copy/reshard of `args` into `results`
+  kShutdown = 9,  // worker exits after finishing earlier ops
+};
+
+struct Op {
+  OpKind kind = OpKind::kLaunch;
+  uint64_t seq = 0;
+  uint64_t program = 0;
+  std::vector<BufferId> args;
+  std::vector<BufferId> results;
+  std::string payload;
+};
+
+struct Event {
+  uint64_t seq = 0;
+  Status status;
+  std::string payload;
+};
+
+// A frame body is the head followed by the payload bytes, so large payloads
+// go to the socket without another copy (Channel::Send(kind, head, payload)).
+std::string EncodeOpHead(const Op& op);
+Status DecodeOp(const std::string& body, Op* op);
+std::string EncodeEventHead(uint64_t seq, const Status& status,
+                            size_t payload_size);
+Status DecodeEvent(const std::string& body, Event* event);
+
+}  // namespace jax_pathways
+
+#endif  // JAX_PATHWAYS_CSRC_TRANSPORT_MESSAGES_H_

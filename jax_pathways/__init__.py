@@ -1,0 +1,15 @@
+"""jax_pathways: one Python process drives many accelerator hosts.
+
+    import jax_pathways
+    jax_pathways.initialize()      # embedded local cluster, or
+    jax_pathways.initialize("grpc://controller:port")
+
+From then on unchanged JAX code runs through the single controller.
+"""
+from jax_pathways._initialize import initialize
+from jax_pathways._initialize import local_cluster
+from jax_pathways._initialize import shutdown
+
+__version__ = "0.1.0"
+
+__all__ = ["initialize", "local_cluster", "shutdown", "__version__"]

@@ -1,0 +1,105 @@
+"""initialize() and shutdown(): connect this process's JAX to a controller.
+
+With no address, start an embedded local cluster (a controller and one worker
+per island, as child processes); with one, join a running controller. Either
+way JAX's own IFRT-proxy client becomes the backend, named 'proxy'.
+"""
+from __future__ import annotations
+
+import atexit
+import threading
+
+from absl import logging
+
+from jax_pathways import config
+from jax_pathways.cluster.local_cluster import LocalCluster
+from jax_pathways.frontend import plugin
+
+_lock = threading.Lock()
+_cluster: LocalCluster | None = None
+_address: str | None = None
+
+
+def _normalize(address: str) -> str:
+  if "://" not in address:
+    address = "grpc://" + address
+  if not address.startswith("grpc://"):
+    raise ValueError(f"jax_pathways address {address!r} must look like "
+                     "grpc://host:port")
+  return address
+
+
+def initialize(address: str | None = None, *, islands: int | None = None,
+               devices_per_island: int | None = None,
+               max_in_flight: int | None = None,
+               token: str | None = None) -> str:
+  """Makes JAX in this process run on jax_pathways; returns the address.
+
+  Args:
+    address: grpc://host:port of a running controller. None (and no
+      JAX_PATHWAYS_ADDRESS) starts an embedded local cluster.
+    islands: embedded cluster: number of islands (default 2).
+    devices_per_island: embedded cluster: CPU devices per island (default 4).
+    max_in_flight: embedded cluster: launches in flight per island.
+    token: the cluster token of a remote controller (JAX_PATHWAYS_TOKEN).
+  """
+  global _cluster, _address
+  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  with _lock:
+    if _address is not None:
+      if address is None or _normalize(address) == _address:
+        return _address
+      raise RuntimeError(
+          f"jax_pathways is already initialized with {_address}; call "
+          "jax_pathways.shutdown() first (in a fresh process)")
+    if xla_bridge.backends_are_initialized():
+      raise RuntimeError(
+          "jax_pathways.initialize() must run before JAX initializes its "
+          "backends, but this process already used JAX (e.g. jax.devices(), "
+          "jnp.ones, jax.jit). Call jax_pathways.initialize() right after "
+          "`import jax_pathways`, at the top of the program.")
+    cfg = config.from_env()
+    address = address or cfg.address
+    if address is None:
+      if token is not None:
+        raise ValueError("token= is for joining a running controller; an "
+                         "embedded cluster makes its own")
+      cluster = LocalCluster(
+          islands if islands is not None else cfg.islands,
+          devices_per_island if devices_per_island is not None
+          else cfg.devices_per_island,
+          max_in_flight if max_in_flight is not None else cfg.max_in_flight,
+          log_dir=cfg.log_dir, start_timeout=cfg.start_timeout)
+      cluster.start()
+      _cluster = cluster
+      address, token = cluster.address, cluster.token
+    elif islands is not None or devices_per_island is not None:
+      raise ValueError("islands= and devices_per_island= shape an embedded "
+                       "cluster; a running controller has its own")
+    _address = _normalize(address)
+    plugin.configure(token or cfg.token)
+    plugin.register()
+    jax.config.update("jax_backend_target", _address)
+    platforms = jax.config.jax_platforms or ""
+    if plugin.BACKEND_NAME not in platforms.split(","):
+      jax.config.update("jax_platforms", plugin.BACKEND_NAME)
+    atexit.register(shutdown)
+    logging.info("jax_pathways: JAX runs on the controller at %s", _address)
+    return _address
+
+
+def shutdown() -> None:
+  """Stops what initialize() started. JAX cannot be used in this process
+  afterwards (its backend is gone)."""
+  global _cluster
+  with _lock:
+    cluster, _cluster = _cluster, None
+  if cluster is not None:
+    plugin.expect_disconnect()
+    cluster.stop()
+
+
+def local_cluster() -> LocalCluster | None:
+  """The embedded cluster, if initialize() started one."""
+  return _cluster

@@ -1,0 +1,125 @@
+"""The `jax-pathways` command: controller, worker and status.
+
+    jax-pathways controller --islands 2 [--bind 127.0.0.1] [--port 8470]
+    jax-pathways worker --controller HOST:WORKER_PORT [--island 0] [--devices 4]
+    jax-pathways status [--address grpc://HOST:PORT] [--json]
+
+The cluster token is read from JAX_PATHWAYS_TOKEN by all three.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Sequence
+
+from absl import flags
+from absl import logging
+
+from jax_pathways import config
+
+
+def _setup_logging() -> None:
+  flags.FLAGS.mark_as_parsed()  # absl logging without absl.app
+  logging.use_absl_handler()
+  logging.set_verbosity(logging.INFO)
+
+
+def _print_status(s: dict[str, Any]) -> None:
+  print(f"jax_pathways {s['version']}  up {s['uptime_s']} s  "
+        f"islands {len(s['islands'])}/{s['expected_islands']}  "
+        f"max in flight {s['max_in_flight']}")
+  print(f"{'island':>6}  {'devices':<12} {'alive':<5} {'queued':>6} "
+        f"{'in flight':>9} {'done':>8}  worker")
+  for i in s["islands"]:
+    devs = i["devices"]
+    span = f"{devs[0]}..{devs[-1]}" if devs else "-"
+    print(f"{i['island']:>6}  {span:<12} {str(i['alive']):<5} "
+          f"{i['queued']:>6} {i['in_flight']:>9} {i['finished']:>8}  "
+          f"{i['worker']}" + (f"  ERROR: {i['error']}" if i["error"] else ""))
+  print(f"clients: {len(s['clients'])}")
+  for c in s["clients"]:
+    print(f"  session {c['session']}: {c['arrays']} arrays, "
+          f"{c['executables']} executables")
+  print(f"live buffers {s['live_buffers']}, compiled programs "
+        f"{s['compiled_programs']}, host buffer bytes {s['host_buffer_bytes']}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="jax-pathways", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = parser.add_subparsers(dest="command", required=True)
+
+  c = sub.add_parser("controller", help="run a controller")
+  c.add_argument("--islands", type=int, default=None,
+                 help=f"island workers to wait for (default ${config.ISLANDS} "
+                 f"or {config.DEFAULT_ISLANDS})")
+  c.add_argument("--bind", default="127.0.0.1",
+                 help="address to listen on (default loopback); anything "
+                 "else requires JAX_PATHWAYS_TOKEN")
+  c.add_argument("--port", type=int, default=0, help="client port (0: any)")
+  c.add_argument("--worker-port", type=int, default=0,
+                 help="port workers join on (0: any)")
+  c.add_argument("--max-in-flight", type=int, default=None,
+                 help="launches in flight per island (default 16)")
+  c.add_argument("--parent-pid", type=int, default=None,
+                 help=argparse.SUPPRESS)
+
+  w = sub.add_parser("worker", help="run an island worker")
+  w.add_argument("--controller", required=True,
+                 help="HOST:PORT of the controller's worker port")
+  w.add_argument("--island", type=int, default=None,
+                 help="island id to take (default: the next free one)")
+  w.add_argument("--devices", type=int, default=None,
+                 help="CPU devices this worker emulates (default 4)")
+  w.add_argument("--data-bind", default="127.0.0.1",
+                 help="address for worker-to-worker data (default loopback)")
+  w.add_argument("--connect-timeout", type=float, default=60.0)
+
+  s = sub.add_parser("status", help="show a controller's islands and queues")
+  s.add_argument("--address", default=None,
+                 help=f"grpc://HOST:PORT (default ${config.ADDRESS})")
+  s.add_argument("--json", action="store_true", help="print raw JSON")
+
+  args = parser.parse_args(argv)
+  try:
+    cfg = config.from_env()
+  except Exception as e:  # pylint: disable=broad-except
+    print(f"jax-pathways: {e}", file=sys.stderr)
+    return 2
+
+  if args.command == "controller":
+    _setup_logging()
+    from jax_pathways.controller import main as controller_main  # pylint: disable=import-outside-toplevel
+    max_in_flight = args.max_in_flight or cfg.max_in_flight
+    if not 1 <= max_in_flight <= config.MAX_SAFE_IN_FLIGHT:
+      parser.error(f"--max-in-flight={max_in_flight} must be in "
+                   f"1..{config.MAX_SAFE_IN_FLIGHT} (XLA:CPU hangs at 64)")
+    return controller_main.run(args.islands or cfg.islands, args.bind,
+                               args.port, args.worker_port, cfg.token,
+                               max_in_flight, args.parent_pid)
+  if args.command == "worker":
+    _setup_logging()
+    from jax_pathways.worker import main as worker_main  # pylint: disable=import-outside-toplevel
+    return worker_main.run(args.controller, args.island,
+                           args.devices or cfg.devices_per_island, cfg.token,
+                           args.data_bind, args.connect_timeout)
+  from jax_pathways import admin  # pylint: disable=import-outside-toplevel
+  address = args.address or cfg.address
+  if not address:
+    parser.error(f"give --address or set {config.ADDRESS}")
+  try:
+    s = admin.status(address, cfg.token or os.environ.get(config.TOKEN))
+  except admin.AdminError as e:
+    print(f"jax-pathways status: {e}", file=sys.stderr)
+    return 1
+  if args.json:
+    print(json.dumps(s, indent=1))
+  else:
+    _print_status(s)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,165 @@
+"""LocalCluster: the embedded cluster initialize() starts when given no address.
+
+One controller process and one worker process per island, all on loopback,
+with a fresh random token. The cluster knows every pid and stops them all;
+the controller also stops by itself if this process dies, and workers stop
+when their controller goes away. Logs go to files under `log_dir`; a failed
+start raises with the tail of the log that explains it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from absl import logging
+
+from jax_pathways import config
+
+_STOP_GRACE_S = 5.0
+
+
+class ClusterError(RuntimeError):
+  """The embedded cluster could not start."""
+
+
+def _tail(path: str, lines: int = 25) -> str:
+  try:
+    with open(path, errors="replace") as f:
+      return "".join(f.readlines()[-lines:])
+  except OSError:
+    return ""
+
+
+class LocalCluster:
+  """A controller and `islands` workers, as child processes of this one."""
+
+  def __init__(self, islands: int, devices_per_island: int,
+               max_in_flight: int, log_dir: str | None = None,
+               start_timeout: float = config.DEFAULT_START_TIMEOUT):
+    self.islands = islands
+    self.devices_per_island = devices_per_island
+    self.max_in_flight = max_in_flight
+    self.token = secrets.token_hex(16)
+    self.log_dir = log_dir or tempfile.mkdtemp(prefix="jax_pathways_")
+    self.start_timeout = start_timeout
+    self.controller: subprocess.Popen | None = None
+    self.workers: list[subprocess.Popen] = []
+    self.port = 0
+    self.worker_port = 0
+    self._logs: dict[int, str] = {}
+
+  @property
+  def address(self) -> str:
+    return f"grpc://127.0.0.1:{self.port}"
+
+  @property
+  def pids(self) -> list[int]:
+    procs = ([self.controller] if self.controller else []) + self.workers
+    return [p.pid for p in procs]
+
+  def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+    os.makedirs(self.log_dir, exist_ok=True)
+    log_path = os.path.join(self.log_dir, f"{name}.log")
+    env = dict(os.environ)
+    env[config.TOKEN] = self.token
+    # Children must not inherit a client's JAX configuration.
+    for key in ("JAX_PLATFORMS", "JAX_BACKEND_TARGET", "XLA_FLAGS",
+                "JAX_NUM_CPU_DEVICES"):
+      env.pop(key, None)
+    with open(log_path, "ab") as log:
+      proc = subprocess.Popen(
+          [sys.executable, "-m", "jax_pathways.cli", *args],
+          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
+          env=env, start_new_session=True)
+    self._logs[proc.pid] = log_path
+    return proc
+
+  def start(self) -> None:
+    deadline = time.monotonic() + self.start_timeout
+    try:
+      self.controller = self._spawn("controller", [
+          "controller", "--islands", str(self.islands), "--port", "0",
+          "--worker-port", "0", "--max-in-flight", str(self.max_in_flight),
+          "--parent-pid", str(os.getpid())])
+      ready = self._read_ready_line(self.controller, deadline)
+      self.port, self.worker_port = ready["port"], ready["worker_port"]
+      for i in range(self.islands):
+        self.workers.append(self._spawn(f"worker{i}", [
+            "worker", "--controller", f"127.0.0.1:{self.worker_port}",
+            "--island", str(i), "--devices", str(self.devices_per_island)]))
+      self._wait_complete(deadline)
+    except BaseException:
+      self.stop()
+      raise
+    logging.info("jax_pathways local cluster: %d islands x %d devices at %s "
+                 "(pids %s, logs in %s)", self.islands,
+                 self.devices_per_island, self.address, self.pids,
+                 self.log_dir)
+
+  def _read_ready_line(self, proc: subprocess.Popen, deadline: float
+                       ) -> dict[str, Any]:
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+      ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+      if ready:
+        line = proc.stdout.readline()
+        if line:
+          return json.loads(line)
+      if proc.poll() is not None:
+        raise self._died(proc, "controller")
+    raise ClusterError(
+        f"the controller did not start within {self.start_timeout:.0f} s; "
+        f"its log ({self._logs[proc.pid]}) ends with:\n{_tail(self._logs[proc.pid])}")
+
+  def _wait_complete(self, deadline: float) -> None:
+    from jax_pathways import admin  # pylint: disable=import-outside-toplevel
+    while time.monotonic() < deadline:
+      for i, w in enumerate(self.workers):
+        if w.poll() is not None:
+          raise self._died(w, f"worker of island {i}")
+      if self.controller.poll() is not None:
+        raise self._died(self.controller, "controller")
+      try:
+        if admin.status(self.address, self.token, timeout=2.0)["complete"]:
+          return
+      except admin.AdminError:
+        pass
+      time.sleep(0.05)
+    raise ClusterError(
+        f"the workers did not all join within {self.start_timeout:.0f} s; "
+        f"logs are in {self.log_dir}")
+
+  def _died(self, proc: subprocess.Popen, what: str) -> ClusterError:
+    path = self._logs.get(proc.pid, "")
+    return ClusterError(
+        f"the {what} (pid {proc.pid}) exited with code {proc.returncode} "
+        f"while starting; its log ({path}) ends with:\n{_tail(path)}")
+
+  def stop(self) -> None:
+    """Stops every process this cluster started; idempotent."""
+    procs = [p for p in [self.controller, *self.workers] if p is not None]
+    for p in procs:
+      if p.poll() is None:
+        try:
+          p.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+          pass
+    deadline = time.monotonic() + _STOP_GRACE_S
+    for p in procs:
+      try:
+        p.wait(timeout=max(0.0, deadline - time.monotonic()))
+      except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(timeout=5)
+      if p.stdout is not None:
+        p.stdout.close()
+    self.controller = None
+    self.workers = []

@@ -1,0 +1,76 @@
+"""Every environment variable jax_pathways reads, read once, in one place."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from jax_pathways.status import invalid_argument
+
+# Environment variable names (documented in README.md).
+ADDRESS = "JAX_PATHWAYS_ADDRESS"          # grpc://host:port of a running controller
+ISLANDS = "JAX_PATHWAYS_ISLANDS"          # embedded cluster: number of islands
+DEVICES_PER_ISLAND = "JAX_PATHWAYS_DEVICES_PER_ISLAND"
+MAX_IN_FLIGHT = "JAX_PATHWAYS_MAX_IN_FLIGHT"  # launches in flight per island
+TOKEN = "JAX_PATHWAYS_TOKEN"              # shared secret of a cluster
+START_TIMEOUT = "JAX_PATHWAYS_START_TIMEOUT"  # seconds to start a local cluster
+LOG_DIR = "JAX_PATHWAYS_LOG_DIR"          # where an embedded cluster logs
+
+DEFAULT_ISLANDS = 2
+DEFAULT_DEVICES_PER_ISLAND = 4
+# XLA:CPU hangs at >= 64 collective launches in flight; 8-32 is safe.
+DEFAULT_MAX_IN_FLIGHT = 16
+MAX_SAFE_IN_FLIGHT = 63
+DEFAULT_START_TIMEOUT = 120.0
+
+
+def _int(name: str, default: int, lo: int, hi: int) -> int:
+  raw = os.environ.get(name)
+  if raw is None or raw == "":
+    return default
+  try:
+    value = int(raw)
+  except ValueError:
+    raise invalid_argument(
+        f"{name}={raw!r} is not an integer; expected {lo}..{hi}") from None
+  if not lo <= value <= hi:
+    raise invalid_argument(f"{name}={value} is out of range {lo}..{hi}")
+  return value
+
+
+def _float(name: str, default: float) -> float:
+  raw = os.environ.get(name)
+  if raw is None or raw == "":
+    return default
+  try:
+    value = float(raw)
+  except ValueError:
+    raise invalid_argument(
+        f"{name}={raw!r} is not a number of seconds") from None
+  if value <= 0:
+    raise invalid_argument(f"{name}={value} must be positive")
+  return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  address: str | None
+  islands: int
+  devices_per_island: int
+  max_in_flight: int
+  token: str | None
+  start_timeout: float
+  log_dir: str | None
+
+
+def from_env() -> Config:
+  return Config(
+      address=os.environ.get(ADDRESS) or None,
+      islands=_int(ISLANDS, DEFAULT_ISLANDS, 1, 64),
+      devices_per_island=_int(DEVICES_PER_ISLAND, DEFAULT_DEVICES_PER_ISLAND,
+                              1, 1024),
+      max_in_flight=_int(MAX_IN_FLIGHT, DEFAULT_MAX_IN_FLIGHT, 1,
+                         MAX_SAFE_IN_FLIGHT),
+      token=os.environ.get(TOKEN) or None,
+      start_timeout=_float(START_TIMEOUT, DEFAULT_START_TIMEOUT),
+      log_dir=os.environ.get(LOG_DIR) or None,
+  )

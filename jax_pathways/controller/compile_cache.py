@@ -1,0 +1,98 @@
+"""CompileCache: compile each island program once, whoever asks for it.
+
+Programs are keyed by their bytes, options and devices. The first request
+sends a COMPILE op to the island's worker; later ones (a re-jit, another
+client) reuse the result or wait for the compile already running. Failures are
+not cached, so a retry compiles again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import threading
+from typing import Any, Callable
+
+from jax_pathways.dispatch import payloads
+from jax_pathways.dispatch.dispatcher import Dispatcher, IslandOp, OpKind
+from jax_pathways.programs import sharding as sharding_lib
+from jax_pathways.programs.xla_program import IslandProgram
+from jax_pathways.resources.island import Island
+from jax_pathways.status import Code, Status
+
+
+@dataclasses.dataclass
+class CompiledProgram:
+  """A program compiled on its island's worker, with its metadata."""
+  program_id: int
+  island: Island
+  devices: tuple[int, ...]
+  metadata: dict[str, Any]
+
+  @property
+  def outputs(self) -> list[tuple[tuple[int, ...], str]]:
+    return [(tuple(o["shape"]), o["dtype"]) for o in self.metadata["outputs"]]
+
+  @property
+  def output_shardings(self) -> list[sharding_lib.Sharding]:
+    ops = self.metadata["output_shardings"]
+    kinds = (self.metadata["output_memory_kinds"] or [[]])[0]
+    out = []
+    for i in range(len(self.outputs)):
+      op = None if ops is None else ops[i]
+      kind = kinds[i] if i < len(kinds) else None
+      out.append(sharding_lib.from_op_sharding(self.devices, op, kind))
+    return out
+
+
+OnCompiled = Callable[[Status, "CompiledProgram | None"], None]
+
+
+class CompileCache:
+  """Thread-safe; one per controller."""
+
+  def __init__(self, dispatcher: Dispatcher):
+    self._dispatcher = dispatcher
+    self._ids = itertools.count(1)
+    self._lock = threading.Lock()
+    self._done: dict[str, CompiledProgram] = {}
+    self._waiting: dict[str, list[OnCompiled]] = {}
+
+  def compile(self, program: IslandProgram, on_done: OnCompiled) -> None:
+    key = program.key
+    with self._lock:
+      compiled = self._done.get(key)
+      if compiled is None:
+        first = key not in self._waiting
+        self._waiting.setdefault(key, []).append(on_done)
+    if compiled is not None:
+      on_done(Status(), compiled)
+      return
+    if not first:
+      return
+    program_id = next(self._ids)
+    payload = payloads.encode({"devices": program.local_devices},
+                              program.program, program.options)
+
+    def finished(status: Status, results: list[bytes]) -> None:
+      compiled = None
+      if status.ok:
+        try:
+          compiled = CompiledProgram(program_id, program.island,
+                                     program.devices, json.loads(results[0]))
+        except ValueError as e:
+          status = Status(Code.INTERNAL, f"malformed compile result: {e}")
+      with self._lock:
+        waiters = self._waiting.pop(key, [])
+        if compiled is not None:
+          self._done[key] = compiled
+      for waiter in waiters:
+        waiter(status, compiled)
+
+    self._dispatcher.submit(
+        [IslandOp(program.island.id, OpKind.COMPILE, program_id,
+                  payload=payload)], finished)
+
+  def __len__(self) -> int:
+    with self._lock:
+      return len(self._done)

@@ -1,0 +1,90 @@
+"""Controller: builds the controller's parts and runs them.
+
+    topology  <- WorkerListener (workers join)
+    GrpcService -> Session -> handlers -> programs / Dispatcher -> workers
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from absl import logging
+
+import jax_pathways
+from jax_pathways.controller.compile_cache import CompileCache
+from jax_pathways.controller.grpc_service import GrpcService, build_server
+from jax_pathways.controller.host_buffer_store import HostBufferStore
+from jax_pathways.controller.session import Services
+from jax_pathways.controller.worker_listener import WorkerListener
+from jax_pathways.dispatch.dispatcher import Dispatcher
+from jax_pathways.resources.topology import Topology
+
+
+class Controller:
+  """One controller: a gRPC port for clients, a port for workers."""
+
+  def __init__(self, islands: int, bind_host: str = "127.0.0.1",
+               port: int = 0, worker_port: int = 0,
+               token: str | None = None, max_in_flight: int = 16):
+    self.started = time.time()
+    self.topology = Topology(islands)
+    self.dispatcher = Dispatcher(max_in_flight)
+    self.host_buffers = HostBufferStore()
+    self.compile_cache = CompileCache(self.dispatcher)
+    self.services = Services(
+        topology=self.topology, dispatcher=self.dispatcher,
+        host_buffers=self.host_buffers, compile_cache=self.compile_cache,
+        platform_version=f"jax_pathways {jax_pathways.__version__}")
+    self.service = GrpcService(self.services, token, self.status)
+    host = f"[{bind_host}]" if ":" in bind_host else bind_host
+    self._server, self.port = build_server(self.service, f"{host}:{port}")
+    self._workers = WorkerListener(bind_host, worker_port, token,
+                                   self.topology, self.dispatcher)
+    self.worker_port = self._workers.port
+
+  def start(self) -> None:
+    self._workers.start()
+    self._server.start()
+    logging.info("controller serving clients on port %d, workers on port %d",
+                 self.port, self.worker_port)
+
+  def stop(self) -> None:
+    self._server.stop(grace=1.0).wait(5.0)
+    self._workers.close()
+    self.dispatcher.shutdown()
+
+  def status(self) -> dict[str, Any]:
+    """What `jax-pathways status` shows."""
+    stats = {s["island"]: s for s in self.dispatcher.stats()}
+    islands = []
+    for island in self.topology.islands():
+      s = stats.get(island.id, {})
+      islands.append({
+          "island": island.id,
+          "worker": island.name,
+          "pid": island.worker_pid,
+          "host": island.worker_host,
+          "devices": list(island.device_ids),
+          "alive": s.get("alive", False),
+          "error": s.get("error", ""),
+          "queued": s.get("queued", 0),
+          "in_flight": s.get("in_flight", 0),
+          "submitted": s.get("submitted", 0),
+          "finished": s.get("finished", 0),
+      })
+    with self.service._lock:  # pylint: disable=protected-access
+      sessions = [{"session": sid, "arrays": len(s.arrays),
+                   "executables": len(s.executables)}
+                  for sid, s in self.service.sessions.items()]
+    return {
+        "version": jax_pathways.__version__,
+        "uptime_s": round(time.time() - self.started, 1),
+        "expected_islands": self.topology.expected_islands,
+        "complete": self.topology.complete,
+        "max_in_flight": self.dispatcher.max_in_flight,
+        "islands": islands,
+        "clients": sessions,
+        "live_buffers": self.dispatcher.live_buffers(),
+        "compiled_programs": len(self.compile_cache),
+        "host_buffer_bytes": self.host_buffers.total_bytes(),
+    }

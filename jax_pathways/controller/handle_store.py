@@ -1,0 +1,76 @@
+"""HandleStore: one session's handles of one kind -> the objects they name.
+
+Clients mint most handles themselves (counting up from 1); the controller
+mints the rest from 2**48 up, so the two can never collide. A session keeps
+one store per kind (arrays, executables, futures), so a number may name an
+array and a host buffer at once, as the client expects.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Generic, Iterator, TypeVar
+
+from jax_pathways.status import Code, StatusError
+
+T = TypeVar("T")
+
+# Handles the client mints stay below this; the controller's start here.
+SERVER_HANDLES_START = 1 << 48
+
+
+class HandleStore(Generic[T]):
+  """Thread-safe handle -> object map; `kind` names it in errors."""
+
+  def __init__(self, kind: str):
+    self.kind = kind
+    self._items: dict[int, T] = {}
+    self._lock = threading.Lock()
+
+  def put(self, handle: int, item: T) -> None:
+    with self._lock:
+      self._items[handle] = item
+
+  def get(self, handle: int) -> T:
+    with self._lock:
+      item = self._items.get(handle)
+    if item is None:
+      raise StatusError(Code.NOT_FOUND, f"unknown {self.kind} handle: {handle}")
+    return item
+
+  def pop(self, handle: int) -> T:
+    with self._lock:
+      item = self._items.pop(handle, None)
+    if item is None:
+      raise StatusError(Code.NOT_FOUND, f"unknown {self.kind} handle: {handle}")
+    return item
+
+  def discard(self, handle: int) -> T | None:
+    with self._lock:
+      return self._items.pop(handle, None)
+
+  def drain(self) -> list[T]:
+    with self._lock:
+      items = list(self._items.values())
+      self._items.clear()
+    return items
+
+  def __len__(self) -> int:
+    with self._lock:
+      return len(self._items)
+
+  def values(self) -> Iterator[T]:
+    with self._lock:
+      return iter(list(self._items.values()))
+
+
+class ServerHandles:
+  """Mints controller-side handles (>= 2**48); thread-safe."""
+
+  def __init__(self):
+    self._next = itertools.count(SERVER_HANDLES_START)
+    self._lock = threading.Lock()
+
+  def new(self) -> int:
+    with self._lock:
+      return next(self._next)

@@ -1,0 +1,9 @@
+"""Request handlers, one module per IFRT noun; importing registers them."""
+from jax_pathways.controller.handlers import array
+from jax_pathways.controller.handlers import client
+from jax_pathways.controller.handlers import compile  # pylint: disable=redefined-builtin
+from jax_pathways.controller.handlers import executable
+from jax_pathways.controller.handlers import future
+from jax_pathways.controller.handlers.registry import HANDLERS, RESULT_HANDLES
+
+del array, client, compile, executable, future

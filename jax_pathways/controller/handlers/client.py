@@ -1,0 +1,95 @@
+"""Client-level requests: Init, default device assignment, default layout."""
+from __future__ import annotations
+
+from typing import Any
+
+from jax_pathways.controller.handlers.registry import handles
+from jax_pathways.controller.session import Reply, Session
+from jax_pathways.status import invalid_argument
+
+
+def _attribute(attrs: Any, key: str, value: Any) -> None:
+  v = attrs.attributes[key]
+  if isinstance(value, bool):
+    v.bool_value = value
+  elif isinstance(value, int):
+    v.int64_value = value
+  else:
+    v.string_value = str(value).encode()
+
+
+@handles("init_request")
+def init(session: Session, req: Any, reply: Reply) -> None:
+  topology = session.services.topology
+  topology.wait_complete(session.services.wait_for_topology_s)
+  islands = topology.islands()
+
+  def fill(r: Any) -> None:
+    r.session_id = session.id
+    r.platform_name = islands[0].platform or "cpu"
+    r.platform_version = session.services.platform_version
+    r.platform_id = 0
+    r.process_index = 0  # one client drives every device
+    r.runtime_type = "jax_pathways"
+    # The proxy client cannot serialize executables; JAX must not try to
+    # use its persistent compilation cache with them.
+    _attribute(r.client_attributes, "supports_executable_serialization", False)
+    for island in islands:
+      for local, device in enumerate(island.device_ids):
+        d = r.all_devices.add()
+        d.id = device
+        d.local_device_id = device
+        d.local_hardware_id = device
+        d.platform_name = island.platform or "cpu"
+        d.device_kind = island.device_kind or "cpu"
+        d.default_memory_id = device
+        d.memory_ids.append(device)
+        text = f"PathwaysDevice(id={device}, island={island.id}, local={local})"
+        d.debug_string = text
+        d.to_string = text
+        # How Pathways shows slices: device.slice_index names the island.
+        _attribute(d.attributes, "slice_index", int(island.id))
+        _attribute(d.attributes, "island", int(island.id))
+        _attribute(d.attributes, "island_local_index", local)
+        _attribute(d.attributes, "worker", island.name)
+        r.primary_device_ids.append(device)
+        r.addressable_device_ids.append(device)
+        m = r.memories.add()
+        m.id = device
+        m.memory_space_kind = "device"
+        m.kind_id = 0
+        m.device_ids.append(device)
+        m.debug_string = f"PathwaysMemory(device={device}, kind=device)"
+        m.to_string = m.debug_string
+
+  reply.ok(fill)
+
+
+@handles("get_default_device_assignment_request")
+def get_default_device_assignment(session: Session, req: Any,
+                                  reply: Reply) -> None:
+  replicas, partitions = req.num_replicas, req.num_partitions
+  total = session.services.topology.num_devices()
+  if replicas * partitions > total or replicas * partitions < 1:
+    raise invalid_argument(
+        f"cannot assign {replicas} replicas x {partitions} partitions to "
+        f"{total} devices")
+
+  def fill(r: Any) -> None:
+    da = r.device_assignment
+    da.replica_count = replicas
+    da.computation_count = partitions
+    for c in range(partitions):
+      cd = da.computation_devices.add()
+      cd.replica_device_ids.extend(r_ * partitions + c for r_ in range(replicas))
+
+  reply.ok(fill)
+
+
+@handles("get_default_layout_request")
+def get_default_layout(session: Session, req: Any, reply: Reply) -> None:
+  # PjRtLayout::Serialize() is the xla::Layout text form, e.g. "{1,0}":
+  # row-major, which is what every CPU (and the client's default) uses.
+  minor_to_major = ",".join(str(i) for i in reversed(range(len(req.dims))))
+  reply.ok(lambda r: setattr(r, "serialized_pjrt_layout",
+                             ("{" + minor_to_major + "}").encode()))

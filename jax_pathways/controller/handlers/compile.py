@@ -1,0 +1,51 @@
+"""Compile: place the program on an island, compile it there once.
+
+The reply waits for the worker's compile (the client waits for it anyway)
+and carries the executable's handle; everything the client asks about the
+executable later comes from the metadata the worker sent back.
+"""
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from jax_pathways.controller.compile_cache import CompiledProgram
+from jax_pathways.controller.handlers.future import done_future
+from jax_pathways.controller.handlers.registry import handles
+from jax_pathways.controller.session import Reply, Session
+from jax_pathways.programs import xla_program
+from jax_pathways.status import Status, unimplemented
+
+
+@handles("compile_request")
+def compile_program(session: Session, req: Any, reply: Reply) -> None:
+  if len(req.host_callbacks):
+    raise unimplemented(
+        "host callbacks (jax.debug.print, pure_callback, io_callback) cannot "
+        "cross the IFRT proxy; see docs/limitations.md")
+  program = xla_program.place(req.program, req.compile_options,
+                              session.services.topology)
+
+  def compiled(status: Status, result: CompiledProgram | None) -> None:
+    if not status.ok:
+      reply.error(status)
+      return
+    handle = session.server_handles.new()
+    session.executables.put(handle, result)
+    ready = session.server_handles.new()
+    session.futures.put(ready, done_future())
+
+    def fill(r: Any) -> None:
+      r.loaded_executable_handle = handle
+      r.name = result.metadata.get("name", "jax_pathways_program")
+      r.num_devices = len(result.devices)
+      r.device_ids.extend(result.devices)
+      r.addressable_device_ids.extend(result.devices)
+      fingerprint = result.metadata.get("fingerprint")
+      if fingerprint:
+        r.fingerprint_value = base64.b64decode(fingerprint)
+      r.ready_future_handle = ready
+
+    reply.ok(fill)
+
+  session.services.compile_cache.compile(program, compiled)

@@ -1,0 +1,221 @@
+"""LoadedExecutable requests: metadata, Execute, and the executable's life.
+
+Execute resolves its arguments, registers its outputs under the client's
+handles (or fresh server handles on the first call), hands one LAUNCH op to
+the dispatcher and replies at once: the launch runs later, in gang order, and
+its failure reaches the user through the poisoned outputs.
+"""
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+from typing import Any
+
+from jax_pathways import dtypes
+from jax_pathways.controller.arrays import Array
+from jax_pathways.controller.compile_cache import CompiledProgram
+from jax_pathways.controller.handlers.future import done_future
+from jax_pathways.controller.handlers.registry import handles
+from jax_pathways.controller.session import Reply, Session
+from jax_pathways.dispatch.dispatcher import IslandOp, OpKind
+from jax_pathways.programs import sharding as sharding_lib
+from jax_pathways.status import StatusError, invalid_argument, unimplemented
+
+# Protocol version from which the execution status is fetched with
+# LoadedExecutableFetchExecuteResult instead of CheckFuture.
+_EXECUTE_RESULT_VERSION = 21
+
+
+def _layouts(field_list: Any, field_error: Any, layouts: Any) -> None:
+  if isinstance(layouts, dict):  # {"error": ...}: the worker could not say
+    field_error.code = 12
+    field_error.message = str(layouts.get("error"))
+    return
+  field_list.SetInParent()
+  for minor_to_major in layouts:
+    field_list.layouts.add().minor_to_major.extend(minor_to_major)
+
+
+@handles("loaded_executable_metadata_request")
+def metadata(session: Session, req: Any, reply: Reply) -> None:
+  exe: CompiledProgram = session.executables.get(req.loaded_executable_handle)
+  meta = exe.metadata
+
+  def fill(r: Any) -> None:
+    for name in ("parameter_shardings", "output_shardings"):
+      shardings = meta[name]
+      if shardings is not None:
+        lst = getattr(r, name)
+        lst.SetInParent()
+        for s in shardings:
+          lst.shardings.add().ParseFromString(base64.b64decode(s))
+    _layouts(r.parameter_layouts_list, r.parameter_layouts_error,
+             meta["parameter_layouts"])
+    _layouts(r.output_layouts_list, r.output_layouts_error,
+             meta["output_layouts"])
+    r.output_memory_kinds.SetInParent()
+    for kinds in meta["output_memory_kinds"]:
+      r.output_memory_kinds.memory_kind_lists.add().memory_kinds.extend(kinds)
+    r.donated_input_indices.SetInParent()
+    r.donated_input_indices.donated_input_indices.extend(
+        meta["donated_input_indices"])
+    stats = r.compiled_memory_stats
+    for k, v in meta["memory_stats"].items():
+      setattr(stats, k, v)
+    r.size_of_generated_code_in_bytes = meta.get("code_size", 0)
+
+  reply.ok(fill)
+
+
+def _execute_results(req: Any) -> list[int]:
+  return list(req.result_array_handle)
+
+
+@handles("loaded_executable_execute_request", results=_execute_results)
+def execute(session: Session, req: Any, reply: Reply) -> None:
+  exe: CompiledProgram = session.executables.get(req.loaded_executable_handle)
+  island = exe.island
+  args: list[Array] = [session.arrays.get(h) for h in req.args_handles]
+  outputs = exe.outputs
+  first_call = not req.result_array_handle
+  if first_call:
+    handles_ = [session.server_handles.new() for _ in outputs]
+  elif len(req.result_array_handle) != len(outputs):
+    raise invalid_argument(
+        f"Execute names {len(req.result_array_handle)} result handles for a "
+        f"program with {len(outputs)} outputs")
+  else:
+    handles_ = list(req.result_array_handle)
+  fill_status = req.execute_options.fill_status
+  status_handle = req.result_status_handle
+  if fill_status and not status_handle:
+    status_handle = session.server_handles.new()
+
+  failure = None
+  for i, a in enumerate(args):
+    try:
+      a.check_usable()
+      if a.island is not island:
+        raise invalid_argument(
+            f"argument {i} lives on island {a.island.id} but the program runs "
+            f"on island {island.id}; move it with jax.device_put first")
+    except StatusError as e:
+      failure = e.status
+      break
+
+  shardings = exe.output_shardings
+  buffers = session.services.dispatcher.new_buffers(len(outputs))
+  status_future: concurrent.futures.Future = concurrent.futures.Future()
+  if failure is not None:
+    if first_call:
+      raise StatusError(failure.code, failure.message)
+    for h in handles_:
+      session.arrays.put(h, Array.failed(failure))
+    status_future.set_result(failure)
+  else:
+    for h, b, (shape, dtype), s in zip(handles_, buffers, outputs, shardings):
+      session.arrays.put(h, Array(b, island, dtype, shape, s))
+    for i in exe.metadata["donated_input_indices"]:
+      if i < len(args):
+        args[i].deleted = True  # the worker's launch consumes it
+    session.services.dispatcher.submit(
+        [IslandOp(island.id, OpKind.LAUNCH, exe.program_id,
+                  [a.buffer for a in args], buffers)],
+        lambda status, _: status_future.set_result(status))
+  if fill_status:
+    store = (session.execute_results
+             if session.protocol_version >= _EXECUTE_RESULT_VERSION
+             else session.futures)
+    store.put(status_handle, status_future)
+
+  def fill(r: Any) -> None:
+    # The client checks status_handle == 0 unless it asked for a status.
+    r.status_handle = status_handle if fill_status else 0
+    for h, (shape, dtype), s in zip(handles_, outputs, shardings):
+      o = r.outputs.add()
+      dtypes.to_proto(dtype, o.dtype)
+      o.shape.dims.extend(shape)
+      sharding_lib.to_proto(s, o.sharding)
+      o.array_handle = h
+
+  reply.ok(fill)
+
+
+@handles("loaded_executable_fetch_execute_result_request")
+def fetch_execute_result(session: Session, req: Any, reply: Reply) -> None:
+  future = session.execute_results.pop(req.result_status_handle)
+  future.add_done_callback(lambda f: reply.status(f.result()))
+
+
+@handles("loaded_executable_cost_analysis_request")
+def cost_analysis(session: Session, req: Any, reply: Reply) -> None:
+  # Always answer with a body: an error reply without one makes the 0.10.2
+  # client throw instead of raising.
+  try:
+    exe: CompiledProgram = session.executables.get(req.loaded_executable_handle)
+  except StatusError as e:
+    def fill_error(r: Any) -> None:
+      r.status.code = int(e.status.code)
+      r.status.message = e.status.message
+    reply.ok(fill_error)
+    return
+
+  def fill(r: Any) -> None:
+    r.attributes.SetInParent()
+    for k, v in exe.metadata["cost_analysis"].items():
+      r.attributes.attributes[k].float_value = float(v)
+
+  reply.ok(fill)
+
+
+@handles("loaded_executable_human_readable_program_text_request")
+def human_readable_program_text(session: Session, req: Any,
+                                reply: Reply) -> None:
+  exe: CompiledProgram = session.executables.get(req.loaded_executable_handle)
+  reply.ok(lambda r: setattr(r, "human_readable_program_text",
+                             exe.metadata["hlo_text"]))
+
+
+@handles("loaded_executable_delete_request")
+def delete(session: Session, req: Any, reply: Reply) -> None:
+  session.executables.discard(req.loaded_executable_handle)
+  handle = session.server_handles.new()
+  session.futures.put(handle, done_future())
+  reply.ok(lambda r: setattr(r, "future_handle", handle))
+
+
+@handles("loaded_executable_is_deleted_request")
+def is_deleted(session: Session, req: Any, reply: Reply) -> None:
+  try:
+    session.executables.get(req.loaded_executable_handle)
+    deleted = False
+  except StatusError:
+    deleted = True
+  reply.ok(lambda r: setattr(r, "is_deleted", deleted))
+
+
+@handles("loaded_executable_destruct_request")
+def destruct(session: Session, req: Any, reply: Reply) -> None:
+  # The compiled program stays cached on its worker for the next client.
+  session.executables.pop(req.loaded_executable_handle)
+  reply.ok()
+
+
+@handles("loaded_executable_mpmd_metadata_request")
+def mpmd_metadata(session: Session, req: Any, reply: Reply) -> None:
+  raise unimplemented("MPMD executables are not supported yet")
+
+
+@handles("loaded_executable_mpmd_cost_analysis_request")
+def mpmd_cost_analysis(session: Session, req: Any, reply: Reply) -> None:
+  raise unimplemented("MPMD executables are not supported yet")
+
+
+@handles("loaded_host_callback_poll_request")
+def host_callback_poll(session: Session, req: Any, reply: Reply) -> None:
+  raise unimplemented("host callbacks cannot cross the IFRT proxy")
+
+
+@handles("loaded_host_callback_return_request")
+def host_callback_return(session: Session, req: Any, reply: Reply) -> None:
+  raise unimplemented("host callbacks cannot cross the IFRT proxy")

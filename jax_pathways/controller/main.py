@@ -1,0 +1,45 @@
+"""The controller process.
+
+    jax-pathways controller --islands N [--bind HOST] [--port P] [--worker-port P]
+
+Prints one JSON line {"port", "worker_port", "pid"} on stdout once it is
+listening (the embedded cluster reads it), then serves until SIGTERM/SIGINT.
+The cluster token comes from JAX_PATHWAYS_TOKEN.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+
+from absl import logging
+
+
+def run(islands: int, bind_host: str, port: int, worker_port: int,
+        token: str | None, max_in_flight: int, parent_pid: int | None) -> int:
+  # pylint: disable=import-outside-toplevel
+  from jax_pathways.controller.controller import Controller
+  from jax_pathways.status import invalid_argument
+  if bind_host not in ("127.0.0.1", "localhost", "::1") and not token:
+    raise invalid_argument(
+        f"refusing to listen on {bind_host} without a cluster token: set "
+        "JAX_PATHWAYS_TOKEN (workers and clients must present it)")
+  controller = Controller(islands, bind_host, port, worker_port, token,
+                          max_in_flight)
+  controller.start()
+  print(json.dumps({"port": controller.port,
+                    "worker_port": controller.worker_port,
+                    "pid": os.getpid()}), flush=True)
+  stop = threading.Event()
+  for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, lambda *_: stop.set())
+  while not stop.wait(0.5):
+    if parent_pid is not None and os.getppid() != parent_pid:
+      logging.warning("the process that started this controller is gone; "
+                      "stopping")
+      break
+  controller.stop()
+  sys.stdout.flush()
+  return 0

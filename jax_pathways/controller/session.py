@@ -1,0 +1,165 @@
+"""Session: one client's IfrtSession stream, request by request.
+
+Requests are handled strictly in arrival order on the session's own thread,
+and every handler resolves its inputs and registers its result handles before
+the next request starts: a DestructArray arriving behind an Execute can never
+pull an array out from under it. Handlers never wait for device data; they
+answer through a Reply, at once or later from a completion callback, and
+replies leave in completion order, matched by op_id.
+"""
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+from typing import Any, Callable
+
+from absl import logging
+
+from jax_pathways import protos
+from jax_pathways.controller.arrays import Array
+from jax_pathways.controller.compile_cache import CompileCache
+from jax_pathways.controller.handle_store import HandleStore, ServerHandles
+from jax_pathways.controller.host_buffer_store import HostBufferStore
+from jax_pathways.dispatch.dispatcher import Dispatcher, IslandOp, OpKind
+from jax_pathways.resources.topology import Topology
+from jax_pathways.status import Code, Status, StatusError
+
+
+@dataclasses.dataclass
+class Services:
+  """What the controller lends every session."""
+  topology: Topology
+  dispatcher: Dispatcher
+  host_buffers: HostBufferStore
+  compile_cache: CompileCache
+  platform_version: str
+  wait_for_topology_s: float = 120.0
+  upload_timeout_s: float = 600.0
+
+
+class Reply:
+  """The one answer to one request; may be sent from any thread, once."""
+
+  def __init__(self, session: "Session", op_id: int, field: str):
+    self._session = session
+    self._op_id = op_id
+    self._field = field
+    self._sent = False
+    self._lock = threading.Lock()
+
+  def ok(self, fill: Callable[[Any], None] | None = None) -> None:
+    response = self._session.new_response(self._op_id)
+    body = getattr(response, self._field)
+    body.SetInParent()  # an empty body must still be present
+    if fill is not None:
+      try:
+        fill(body)
+      except StatusError as e:
+        self.error(e.status)
+        return
+      except Exception as e:  # pylint: disable=broad-except
+        logging.exception("filling %s failed", self._field)
+        self.error(Status(Code.INTERNAL, f"{self._field}: {e!r}"))
+        return
+    self._send(response)
+
+  def error(self, status: Status) -> None:
+    # An error reply carries no body: the client reads the status only then.
+    response = self._session.new_response(self._op_id)
+    response.response_metadata.status.code = int(status.code)
+    response.response_metadata.status.message = status.message
+    self._send(response)
+
+  def status(self, status: Status) -> None:
+    if status.ok:
+      self.ok()
+    else:
+      self.error(status)
+
+  def _send(self, response: Any) -> None:
+    with self._lock:
+      if self._sent:
+        logging.error("second reply to op %d dropped", self._op_id)
+        return
+      self._sent = True
+    self._session.outbox.put(response)
+
+
+# handler(session, request_body, reply); registered in handlers/__init__.py.
+Handler = Callable[["Session", Any, Reply], None]
+
+
+class Session:
+  """State and request loop of one client session."""
+
+  def __init__(self, session_id: int, protocol_version: int,
+               services: Services, handlers: dict[str, Handler],
+               result_handles: dict[str, Callable[[Any], list[int]]]):
+    self.id = session_id
+    self.protocol_version = protocol_version
+    self.services = services
+    self.arrays: HandleStore[Array] = HandleStore("array")
+    self.executables: HandleStore[Any] = HandleStore("loaded executable")
+    self.futures: HandleStore[Any] = HandleStore("future")
+    self.execute_results: HandleStore[Any] = HandleStore("result status")
+    self.server_handles = ServerHandles()
+    self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    self._handlers = handlers
+    self._result_handles = result_handles
+    self._response_cls = protos.msg("xla.ifrt.proxy.IfrtResponse")
+    services.host_buffers.open_session(session_id)
+
+  def new_response(self, op_id: int) -> Any:
+    response = self._response_cls()
+    response.response_metadata.op_id = op_id
+    return response
+
+  def handle(self, request: Any) -> None:
+    """Handles one request; its reply may come later."""
+    kind = request.WhichOneof("request")
+    op_id = request.request_metadata.op_id
+    if kind is None:
+      reply = Reply(self, op_id, "")
+      reply.error(Status(Code.INVALID_ARGUMENT, "request names no operation"))
+      return
+    reply = Reply(self, op_id, kind[:-len("_request")] + "_response")
+    body = getattr(request, kind)
+    handler = self._handlers.get(kind)
+    try:
+      if handler is None:
+        raise StatusError(Code.UNIMPLEMENTED,
+                          f"{kind} is not supported by jax_pathways")
+      handler(self, body, reply)
+    except StatusError as e:
+      self._poison_results(kind, body, e.status)
+      reply.error(e.status)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.exception("session %d: %s failed", self.id, kind)
+      status = Status(Code.INTERNAL, f"jax_pathways controller: {kind}: {e!r}")
+      self._poison_results(kind, body, status)
+      reply.error(status)
+
+  def _poison_results(self, kind: str, body: Any, status: Status) -> None:
+    """Leaves the error under the client's result handles (IFRT semantics)."""
+    handles = self._result_handles.get(kind)
+    if handles is None:
+      return
+    for h in handles(body):
+      if h:
+        self.arrays.put(h, Array.failed(status))
+
+  def close(self) -> None:
+    """Frees everything the session held, on controller and workers."""
+    by_island: dict[int, list[int]] = {}
+    for array in self.arrays.drain():
+      if array.island is not None and not array.released:
+        by_island.setdefault(array.island.id, []).append(array.buffer)
+    dispatcher = self.services.dispatcher
+    for island, buffers in by_island.items():
+      dispatcher.submit([IslandOp(island, OpKind.DELETE, args=buffers)])
+      dispatcher.forget(buffers)
+    self.executables.drain()
+    self.futures.drain()
+    self.execute_results.drain()
+    self.services.host_buffers.close_session(self.id)

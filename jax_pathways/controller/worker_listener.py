@@ -1,0 +1,78 @@
+"""WorkerListener: where island workers join the controller.
+
+A worker connects, authenticates with the cluster token (cluster/handshake),
+says how many devices it has and where its data port is, and gets its island
+id. Its socket then goes to the C++ dispatcher, which owns it from there on.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+from absl import logging
+
+from jax_pathways import _core
+from jax_pathways.cluster import handshake
+from jax_pathways.dispatch.dispatcher import Dispatcher
+from jax_pathways.resources.topology import Topology
+
+HANDSHAKE_TIMEOUT_S = 30.0
+
+
+class WorkerListener:
+  """Accepts, authenticates and registers island workers."""
+
+  def __init__(self, bind_host: str, port: int, token: str | None,
+               topology: Topology, dispatcher: Dispatcher):
+    self._token = token
+    self._topology = topology
+    self._dispatcher = dispatcher
+    self._sock = socket.create_server((bind_host, port))
+    self.port = self._sock.getsockname()[1]
+    self._thread = threading.Thread(target=self._accept_loop,
+                                    name="worker-listener", daemon=True)
+
+  def start(self) -> None:
+    self._thread.start()
+
+  def close(self) -> None:
+    self._sock.close()
+
+  def _accept_loop(self) -> None:
+    while True:
+      try:
+        sock, addr = self._sock.accept()
+      except OSError:
+        return  # closed
+      threading.Thread(target=self._join, args=(sock, addr), daemon=True,
+                       name="worker-join").start()
+
+  def _join(self, sock: socket.socket, addr: Any) -> None:
+    admitted = []
+
+    def decide(hello: dict[str, Any]) -> dict[str, Any]:
+      if hello.get("role") != "worker":
+        raise handshake.HandshakeError("only workers connect here")
+      if hello.get("wire_version") != _core.WIRE_VERSION:
+        raise handshake.HandshakeError(
+            f"worker speaks wire version {hello.get('wire_version')}, the "
+            f"controller {_core.WIRE_VERSION}: install the same jax_pathways")
+      try:
+        island = self._topology.register(hello)
+      except ValueError as e:
+        raise handshake.HandshakeError(str(e)) from None
+      admitted.append(island)
+      return {"island": int(island.id)}
+
+    try:
+      handshake.accept(sock, self._token, decide, HANDSHAKE_TIMEOUT_S)
+    except handshake.HandshakeError as e:
+      logging.warning("refused worker from %s: %s", addr, e)
+      sock.close()
+      return
+    island = admitted[0]
+    sock.settimeout(None)
+    self._dispatcher.add_island(island.id, sock, island.name)
+    self._topology.connected(island.id)
+    logging.info("%s joined with %d devices", island.name, island.num_devices)

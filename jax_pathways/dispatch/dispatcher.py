@@ -1,0 +1,109 @@
+"""Dispatcher: the Python face of the C++ _core.Dispatcher.
+
+Handlers describe work as IslandOps and get called back when it finishes; the
+C++ core numbers the ops in each island's gang order, tracks every buffer as
+a future, bounds launches in flight and never blocks the caller on device
+data. One thread here turns the core's completions into callbacks, so the
+core holds no Python references.
+"""
+from __future__ import annotations
+
+import itertools
+import socket
+import threading
+from typing import Callable, NamedTuple, Sequence
+
+from absl import logging
+
+from jax_pathways import _core
+from jax_pathways.status import Status
+
+OpKind = _core.OpKind
+# on_done(status, payloads): one payload per op of the gang, in gang order.
+OnDone = Callable[[Status, list[bytes]], None]
+
+
+class IslandOp(NamedTuple):
+  island: int
+  kind: OpKind
+  program: int = 0
+  args: Sequence[int] = ()
+  results: Sequence[int] = ()
+  payload: bytes = b""
+
+
+class Dispatcher:
+  """Submits gangs of ops to islands; one instance per controller."""
+
+  def __init__(self, max_in_flight: int):
+    self.max_in_flight = max_in_flight
+    self._core = _core.Dispatcher(max_in_flight)
+    self._tags = itertools.count(1)
+    self._buffer_ids = itertools.count(1)
+    self._callbacks: dict[int, Callable[[Status, list[bytes]], None]] = {}
+    self._lock = threading.Lock()
+    self._stopping = False
+    self._thread = threading.Thread(target=self._run, name="completions",
+                                    daemon=True)
+    self._thread.start()
+
+  def new_buffers(self, n: int) -> list[int]:
+    return [next(self._buffer_ids) for _ in range(n)]
+
+  def add_island(self, island: int, sock: socket.socket, name: str) -> None:
+    self._core.add_island(island, sock.detach(), name)
+
+  def submit(self, gang: Sequence[IslandOp], on_done: OnDone | None = None
+             ) -> None:
+    """Enqueues the gang on its islands; `on_done` runs when all finished."""
+    tag = self._file(on_done) if on_done is not None else 0
+    self._core.submit([(op.island, op.kind, op.program, list(op.args),
+                        list(op.results), op.payload) for op in gang], tag)
+
+  def when_ready(self, buffers: Sequence[int],
+                 on_done: Callable[[Status], None]) -> None:
+    """Calls `on_done` once every buffer is ready, or with the first error."""
+    self._core.when_ready(list(buffers),
+                          self._file(lambda status, _: on_done(status)))
+
+  def state(self, buffer: int) -> tuple[str, Status]:
+    name, (code, message) = self._core.state(buffer)
+    return name, Status(code, message)
+
+  def forget(self, buffers: Sequence[int]) -> None:
+    self._core.forget(list(buffers))
+
+  def fail_island(self, island: int, status: Status) -> None:
+    self._core.fail_island(island, int(status.code), status.message)
+
+  def stats(self) -> list[dict]:
+    return self._core.stats()
+
+  def live_buffers(self) -> int:
+    return self._core.live_buffers()
+
+  def shutdown(self) -> None:
+    self._stopping = True
+    self._core.shutdown()
+    self._thread.join(timeout=10)
+
+  def _file(self, callback: OnDone) -> int:
+    tag = next(self._tags)
+    with self._lock:
+      self._callbacks[tag] = callback
+    return tag
+
+  def _run(self) -> None:
+    while True:
+      done = self._core.poll(0.5, 1024)
+      if not done and self._stopping:
+        return
+      for tag, code, message, payloads in done:
+        with self._lock:
+          callback = self._callbacks.pop(tag, None)
+        if callback is None:
+          continue
+        try:
+          callback(Status(code, message), payloads)
+        except Exception:  # pylint: disable=broad-except
+          logging.exception("completion callback for tag %d failed", tag)

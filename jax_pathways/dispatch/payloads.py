@@ -1,0 +1,46 @@
+"""Payloads: the bytes inside an op or event, between controller and workers.
+
+The C++ core moves payloads without reading them. Each is a small JSON header
+followed by zero or more raw blobs (programs, array bytes), so array data is
+never base64-encoded or pickled:
+
+    u32 header_length | header JSON | blob 0 | blob 1 | ...
+
+The header lists the blob lengths under "_blobs". What each op kind's header
+holds is documented where it is built (controller handlers) and read
+(worker/worker.py).
+"""
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+_U32 = struct.Struct("<I")
+
+
+def encode(header: dict[str, Any], *blobs: bytes | memoryview) -> bytes:
+  head = dict(header)
+  head["_blobs"] = [len(memoryview(b).cast("B")) for b in blobs]
+  text = json.dumps(head, separators=(",", ":")).encode()
+  return b"".join([_U32.pack(len(text)), text, *blobs])
+
+
+def decode(payload: Any) -> tuple[dict[str, Any], list[memoryview]]:
+  """Splits a payload (bytes or uint8 array) into its header and blob views."""
+  view = memoryview(payload).cast("B")
+  if len(view) == 0:
+    return {}, []
+  if len(view) < 4:
+    raise ValueError("payload shorter than its header length")
+  (n,) = _U32.unpack(view[:4])
+  if 4 + n > len(view):
+    raise ValueError("payload header runs past the payload")
+  header = json.loads(bytes(view[4:4 + n]))
+  blobs, pos = [], 4 + n
+  for size in header.pop("_blobs", []):
+    if pos + size > len(view):
+      raise ValueError("payload blob runs past the payload")
+    blobs.append(view[pos:pos + size])
+    pos += size
+  return header, blobs

@@ -1,0 +1,59 @@
+"""DType: IFRT's DTypeProto kinds <-> numpy dtype names."""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from jax_pathways import protos
+from jax_pathways.status import unimplemented
+
+_KIND_TO_NAME = {
+    "KIND_PRED": "bool", "KIND_S2": "int2", "KIND_S4": "int4",
+    "KIND_S8": "int8", "KIND_S16": "int16", "KIND_S32": "int32",
+    "KIND_S64": "int64", "KIND_U2": "uint2", "KIND_U4": "uint4",
+    "KIND_U8": "uint8", "KIND_U16": "uint16", "KIND_U32": "uint32",
+    "KIND_U64": "uint64", "KIND_F16": "float16", "KIND_F32": "float32",
+    "KIND_F64": "float64", "KIND_BF16": "bfloat16", "KIND_C64": "complex64",
+    "KIND_C128": "complex128", "KIND_F8E3M4": "float8_e3m4",
+    "KIND_F8E4M3": "float8_e4m3", "KIND_F8E4M3FN": "float8_e4m3fn",
+    "KIND_F8E4M3B11FNUZ": "float8_e4m3b11fnuz",
+    "KIND_F8E4M3FNUZ": "float8_e4m3fnuz", "KIND_F8E5M2": "float8_e5m2",
+    "KIND_F8E5M2FNUZ": "float8_e5m2fnuz", "KIND_F8E8M0FNU": "float8_e8m0fnu",
+    "KIND_F4E2M1FN": "float4_e2m1fn",
+}
+
+
+@functools.cache
+def _tables() -> tuple[dict[int, str], dict[str, int]]:
+  values = protos.enum_values("xla.ifrt.DTypeProto.Kind")
+  to_name = {values[k]: n for k, n in _KIND_TO_NAME.items() if k in values}
+  return to_name, {n: k for k, n in to_name.items()}
+
+
+def name_of(dtype_proto: Any) -> str:
+  """xla.ifrt.DTypeProto -> numpy dtype name, e.g. 'bfloat16'."""
+  to_name, _ = _tables()
+  if dtype_proto.kind not in to_name:
+    raise unimplemented(
+        f"dtype kind {dtype_proto.kind} (e.g. strings, tokens) is not "
+        "supported by jax_pathways")
+  return to_name[dtype_proto.kind]
+
+
+def to_proto(name: str, out: Any) -> None:
+  _, to_kind = _tables()
+  out.kind = to_kind[name]
+
+
+_ITEM_BITS = {"bool": 8, "int2": 8, "uint2": 8, "int4": 8, "uint4": 8,
+              "float4_e2m1fn": 8, "bfloat16": 16, "float16": 16}
+
+
+def itemsize(name: str) -> int:
+  """Bytes per element on the host (sub-byte types use one byte each)."""
+  if name in _ITEM_BITS:
+    return _ITEM_BITS[name] // 8
+  if name.startswith("float8"):
+    return 1
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  return np.dtype(name).itemsize

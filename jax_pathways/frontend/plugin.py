@@ -1,0 +1,84 @@
+"""jax_plugins entry point: JAX's own IFRT-proxy client as the 'proxy' backend.
+
+JAX imports this module when it discovers backends and calls initialize(),
+which only registers a backend factory (cheap, no connection). The factory
+runs when JAX initializes the 'proxy' platform: it connects jaxlib's built-in
+IFRT-proxy client to the controller named by `jax_backend_target`. No JAX
+internals are patched; scripts can also select it with
+JAX_PLATFORMS=proxy JAX_BACKEND_TARGET=grpc://host:port.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+BACKEND_NAME = "proxy"
+# Key and header under which the cluster token travels (see
+# controller/grpc_service.py).
+TOKEN_KEY = "jax_pathways_token"
+CONNECT_TIMEOUT_S = 60
+
+_token: str | None = None
+_quiet_disconnect = False
+
+
+def initialize() -> None:
+  """Called by JAX during backend discovery."""
+  register()
+
+
+def register() -> None:
+  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
+  # fail_quietly: a JAX that never asked for 'proxy' is not disturbed by an
+  # unconfigured jax_pathways install.
+  xla_bridge.register_backend_factory(BACKEND_NAME, _make_client,
+                                      priority=-1, fail_quietly=True)
+
+
+def configure(token: str | None) -> None:
+  global _token, _quiet_disconnect
+  _token = token
+  _quiet_disconnect = False
+
+
+def expect_disconnect() -> None:
+  """Silences the disconnect warning during a deliberate shutdown."""
+  global _quiet_disconnect
+  _quiet_disconnect = True
+
+
+def _target() -> str:
+  import jax  # pylint: disable=import-outside-toplevel
+  target = jax.config.read("jax_backend_target") or os.environ.get(
+      "JAX_BACKEND_TARGET", "")
+  if not target:
+    raise RuntimeError(
+        "jax_pathways: no controller to connect to. Call "
+        "jax_pathways.initialize() before using JAX, or set "
+        "JAX_BACKEND_TARGET=grpc://host:port")
+  if "://" not in target:
+    target = "grpc://" + target
+  return target
+
+
+def _on_disconnect(message: str) -> None:
+  if not _quiet_disconnect:
+    print(f"jax_pathways: lost the controller at {_target()}: {message}. "
+          "Every pending and later JAX call in this process fails; restart "
+          "the controller (and this program) to continue.",
+          file=sys.stderr, flush=True)
+
+
+def _make_client() -> Any:
+  from jax._src.lib import ifrt_proxy  # pylint: disable=import-outside-toplevel
+  # jaxlib's client refuses plaintext channels unless told; the controller
+  # listens on loopback by default and checks a token when it does not.
+  os.environ.setdefault("IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS", "true")
+  options = ifrt_proxy.ClientConnectionOptions()
+  options.connection_timeout_in_seconds = CONNECT_TIMEOUT_S
+  options.on_disconnect = _on_disconnect
+  token = _token or os.environ.get("JAX_PATHWAYS_TOKEN")
+  if token:
+    options.initialization_data = {TOKEN_KEY: token.encode()}
+  return ifrt_proxy.get_client(_target(), options)

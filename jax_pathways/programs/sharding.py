@@ -1,0 +1,129 @@
+"""Sharding: how an array or program output is laid over global devices.
+
+The controller's own form of IFRT's sharding protos: the IFRT device list
+(global ids, in order) plus an optional xla.OpSharding; None means every device
+holds the whole array. It converts from and to the ShardingProto the client
+speaks and to the island-local spec a worker builds a jax sharding from.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import math
+from typing import Any, Sequence
+
+from jax_pathways import protos
+from jax_pathways.resources.island import Island
+from jax_pathways.status import invalid_argument, unimplemented
+
+SINGLE_DEVICE = "xla::ifrt::SingleDeviceSharding"
+HLO = "xla::ifrt::HloSharding"
+CONCRETE_EVEN = "xla::ifrt::ConcreteEvenSharding"
+
+_REPLICATED = 0
+_MAXIMAL = 1
+_TILED = 3  # OpSharding.Type.OTHER
+
+
+@dataclasses.dataclass(frozen=True)
+class Sharding:
+  devices: tuple[int, ...]
+  op_sharding: bytes | None = None  # serialized xla.OpSharding
+  memory_kind: str | None = None
+
+  @property
+  def num_shards(self) -> int:
+    """Shards IFRT enumerates: one per device, replicated or not."""
+    return len(self.devices)
+
+  def with_devices(self, devices: Sequence[int],
+                   memory_kind: str | None = None) -> "Sharding":
+    if len(devices) != len(self.devices):
+      raise invalid_argument(
+          f"cannot move an array sharded over {len(self.devices)} devices "
+          f"onto {len(devices)} devices")
+    return Sharding(tuple(devices), self.op_sharding,
+                    memory_kind if memory_kind is not None else self.memory_kind)
+
+  def shard_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
+    """The shape of each shard (IFRT shardings here are even or padded)."""
+    if self.op_sharding is None:
+      return tuple(shape)
+    op = protos.msg("xla.OpSharding").FromString(self.op_sharding)
+    if op.type != _TILED:
+      return tuple(shape)
+    tiles = list(op.tile_assignment_dimensions)[:len(shape)]
+    return tuple(math.ceil(d / t) for d, t in zip(shape, tiles))
+
+  def worker_spec(self, island: Island) -> dict[str, Any]:
+    """The island-local form a worker builds a jax sharding from."""
+    return {
+        "devices": [island.local_index(d) for d in self.devices],
+        "op_sharding": (None if self.op_sharding is None else
+                        base64.b64encode(self.op_sharding).decode()),
+        "memory_kind": self.memory_kind,
+    }
+
+
+def from_proto(proto: Any) -> Sharding:
+  """xla.ifrt.ShardingProto -> Sharding."""
+  ser = proto.serialized_sharding
+  kind = ser.type_name
+  if kind == SINGLE_DEVICE:
+    p = protos.msg("xla.ifrt.SingleDeviceShardingProto").FromString(ser.data)
+    return Sharding((p.device_id,), None, _memory_kind(p))
+  if kind == HLO:
+    p = protos.msg("xla.ifrt.HloShardingProto").FromString(ser.data)
+    op = p.xla_op_sharding
+    if op.type == _REPLICATED or (op.type == _MAXIMAL and
+                                  len(p.devices.device_ids) == 1):
+      op_bytes = None
+    else:
+      op_bytes = op.SerializeToString()
+    return Sharding(tuple(p.devices.device_ids), op_bytes, _memory_kind(p))
+  if kind == CONCRETE_EVEN:
+    p = protos.msg("xla.ifrt.ConcreteEvenShardingProto").FromString(ser.data)
+    if p.is_fully_replicated or len(p.devices.device_ids) == 1:
+      return Sharding(tuple(p.devices.device_ids), None, _memory_kind(p))
+    raise unimplemented(
+        "ConcreteEvenSharding that is not fully replicated is not supported; "
+        "use a NamedSharding")
+  if not kind:
+    raise invalid_argument("request carries no sharding")
+  raise unimplemented(f"sharding type {kind} is not supported by jax_pathways")
+
+
+def to_proto(sharding: Sharding, out: Any) -> None:
+  """Writes `sharding` into an xla.ifrt.ShardingProto (`out`)."""
+  ser = out.serialized_sharding
+  if len(sharding.devices) == 1 and sharding.op_sharding is None:
+    p = protos.msg("xla.ifrt.SingleDeviceShardingProto")(
+        device_id=sharding.devices[0])
+    ser.type_name = SINGLE_DEVICE
+  else:
+    p = protos.msg("xla.ifrt.HloShardingProto")()
+    p.devices.device_ids.extend(sharding.devices)
+    if sharding.op_sharding is not None:
+      p.xla_op_sharding.ParseFromString(sharding.op_sharding)
+    else:
+      p.xla_op_sharding.type = _REPLICATED
+    ser.type_name = HLO
+  if sharding.memory_kind is not None:
+    p.memory_kind = sharding.memory_kind
+  ser.data = p.SerializeToString()
+
+
+def from_op_sharding(devices: Sequence[int], op_sharding_b64: str | None,
+                     memory_kind: str | None) -> Sharding:
+  """From the (base64) OpSharding a worker reports for a program output."""
+  if op_sharding_b64 is None:
+    return Sharding(tuple(devices), None, memory_kind)
+  raw = base64.b64decode(op_sharding_b64)
+  op = protos.msg("xla.OpSharding").FromString(raw)
+  if op.type == _REPLICATED:
+    return Sharding(tuple(devices), None, memory_kind)
+  return Sharding(tuple(devices), raw, memory_kind)
+
+
+def _memory_kind(p: Any) -> str | None:
+  return p.memory_kind if p.HasField("memory_kind") else None

@@ -1,0 +1,37 @@
+"""Island: devices joined by a fast interconnect, served by one worker.
+
+In tests an island is one worker process with N emulated CPU devices; on real
+hardware it is a TPU slice or a GPU node. Devices have global ids that the
+client sees; the worker knows them by local index.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import NewType
+
+IslandId = NewType("IslandId", int)
+DeviceId = NewType("DeviceId", int)
+
+
+@dataclasses.dataclass
+class Island:
+  id: IslandId
+  num_devices: int
+  platform: str
+  device_kind: str
+  worker_pid: int
+  worker_host: str
+  data_address: str
+  first_device: DeviceId = DeviceId(-1)  # set when the topology is complete
+
+  @property
+  def name(self) -> str:
+    """How errors and `jax-pathways status` name this island's worker."""
+    return f"island {self.id} (worker pid {self.worker_pid} on {self.worker_host})"
+
+  @property
+  def device_ids(self) -> range:
+    return range(self.first_device, self.first_device + self.num_devices)
+
+  def local_index(self, device: int) -> int:
+    return device - self.first_device

@@ -1,0 +1,107 @@
+"""Topology: the islands of a cluster and the global ids of their devices.
+
+Workers register in any order; once the expected number has joined, devices
+get global ids in island order (island 0's devices first), so the ids a
+client sees do not depend on who started first.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterable
+
+from jax_pathways.resources.island import DeviceId, Island, IslandId
+from jax_pathways.status import Code, StatusError, invalid_argument
+
+
+class Topology:
+  """Islands by id, device ids by island; thread-safe."""
+
+  def __init__(self, expected_islands: int):
+    self.expected_islands = expected_islands
+    self._mu = threading.Condition()
+    self._islands: dict[IslandId, Island] = {}
+    self._connected: set[IslandId] = set()
+
+  def register(self, hello: dict[str, Any]) -> Island:
+    """Admits a worker's hello; raises ValueError with the reason to refuse."""
+    with self._mu:
+      if len(self._islands) == self.expected_islands:
+        raise ValueError(
+            f"the cluster already has its {self.expected_islands} islands")
+      wanted = hello.get("island")
+      if wanted is None:
+        wanted = min(set(range(self.expected_islands)) - set(self._islands))
+      if not isinstance(wanted, int) or not 0 <= wanted < self.expected_islands:
+        raise ValueError(f"island {wanted!r} is not in 0..{self.expected_islands - 1}")
+      if wanted in self._islands:
+        raise ValueError(f"island {wanted} already has a worker: "
+                         f"{self._islands[IslandId(wanted)].name}")
+      num = hello.get("num_devices")
+      if not isinstance(num, int) or num < 1:
+        raise ValueError(f"worker reports {num!r} devices")
+      island = Island(IslandId(wanted), num, str(hello.get("platform", "")),
+                      str(hello.get("device_kind", "")),
+                      int(hello.get("pid", 0)), str(hello.get("host", "")),
+                      str(hello.get("data_address", "")))
+      self._islands[island.id] = island
+      if len(self._islands) == self.expected_islands:
+        first = 0
+        for i in sorted(self._islands):
+          self._islands[i].first_device = DeviceId(first)
+          first += self._islands[i].num_devices
+      return island
+
+  def connected(self, island: IslandId) -> None:
+    """The island's worker is reachable through the dispatcher."""
+    with self._mu:
+      self._connected.add(island)
+      self._mu.notify_all()
+
+  @property
+  def complete(self) -> bool:
+    return len(self._connected) == self.expected_islands
+
+  def wait_complete(self, timeout: float) -> None:
+    with self._mu:
+      if not self._mu.wait_for(lambda: self.complete, timeout):
+        raise StatusError(
+            Code.UNAVAILABLE,
+            f"only {len(self._connected)} of {self.expected_islands} island "
+            f"workers have joined the controller after {timeout:.0f} s; start "
+            "the missing workers (jax-pathways worker --controller ...)")
+
+  def islands(self) -> list[Island]:
+    with self._mu:
+      return [self._islands[i] for i in sorted(self._islands)]
+
+  def island(self, island: int) -> Island:
+    with self._mu:
+      if island not in self._islands:
+        raise StatusError(Code.NOT_FOUND, f"island {island} does not exist")
+      return self._islands[IslandId(island)]
+
+  def num_devices(self) -> int:
+    return sum(i.num_devices for i in self.islands())
+
+  def island_of_device(self, device: int) -> Island:
+    for island in self.islands():
+      if device in island.device_ids:
+        return island
+    raise invalid_argument(
+        f"device {device} does not exist; the cluster has devices "
+        f"0..{self.num_devices() - 1}")
+
+  def place(self, devices: Iterable[int], what: str) -> Island:
+    """The one island that holds all of `devices`; a clear error otherwise."""
+    devices = list(devices)
+    if not devices:
+      raise invalid_argument(f"{what} names no devices")
+    islands = {self.island_of_device(d).id for d in devices}
+    if len(islands) > 1:
+      raise StatusError(
+          Code.UNIMPLEMENTED,
+          f"{what} spans islands {sorted(islands)} (devices {devices}); "
+          "programs and arrays must stay within one island for now. Use a "
+          "mesh of one island's devices (see jax.devices()[i].slice_index) "
+          "and move data between islands with jax.device_put.")
+    return self.island(islands.pop())

@@ -1,0 +1,74 @@
+"""Status: an error code and message as they travel between the layers.
+
+Codes use the absl/gRPC numbering, the same as the C++ core and the IFRT
+proxy's tensorflow.StatusProto, so a worker's error reaches the user unchanged.
+"""
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+
+class Code(enum.IntEnum):
+  OK = 0
+  CANCELLED = 1
+  UNKNOWN = 2
+  INVALID_ARGUMENT = 3
+  DEADLINE_EXCEEDED = 4
+  NOT_FOUND = 5
+  ALREADY_EXISTS = 6
+  PERMISSION_DENIED = 7
+  RESOURCE_EXHAUSTED = 8
+  FAILED_PRECONDITION = 9
+  ABORTED = 10
+  OUT_OF_RANGE = 11
+  UNIMPLEMENTED = 12
+  INTERNAL = 13
+  UNAVAILABLE = 14
+  DATA_LOSS = 15
+  UNAUTHENTICATED = 16
+
+
+class Status(NamedTuple):
+  code: int = Code.OK
+  message: str = ""
+
+  @property
+  def ok(self) -> bool:
+    return self.code == Code.OK
+
+  def __str__(self) -> str:
+    if self.ok:
+      return "OK"
+    return f"{Code(self.code).name}: {self.message}"
+
+
+OK = Status()
+
+
+class StatusError(Exception):
+  """An error that carries the Status a reply should report."""
+
+  def __init__(self, code: int, message: str):
+    super().__init__(message)
+    self.status = Status(int(code), message)
+
+
+def invalid_argument(message: str) -> StatusError:
+  return StatusError(Code.INVALID_ARGUMENT, message)
+
+
+def not_found(message: str) -> StatusError:
+  return StatusError(Code.NOT_FOUND, message)
+
+
+def unimplemented(message: str) -> StatusError:
+  return StatusError(Code.UNIMPLEMENTED, message)
+
+
+def failed_precondition(message: str) -> StatusError:
+  return StatusError(Code.FAILED_PRECONDITION, message)
+
+
+def unavailable(message: str) -> StatusError:
+  return StatusError(Code.UNAVAILABLE, message)

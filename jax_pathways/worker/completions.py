@@ -1,0 +1,84 @@
+"""Completions: reports each op to the controller once its arrays are ready.
+
+Ops are issued asynchronously (PJRT returns arrays as futures), so an op is not
+finished when the op loop moves on. One thread waits for the ops' arrays in
+issue order and sends exactly one event per op. Waiting in order is cheap (an
+island finishes its work roughly in order) and needs no thread per op.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable, Sequence
+
+from absl import logging
+
+from jax_pathways.status import Code, Status, StatusError
+
+# finish() -> payload bytes; runs on the completion thread after the arrays
+# are ready, so it may block on device data (fetches, sends).
+Finish = Callable[[], bytes]
+
+
+def error_status(e: BaseException) -> Status:
+  """An exception from jaxlib or our own code as a Status for the user."""
+  if isinstance(e, StatusError):
+    return e.status
+  if isinstance(e, MemoryError):
+    return Status(Code.RESOURCE_EXHAUSTED, f"worker out of host memory: {e}")
+  text = str(e) or type(e).__name__
+  prefix = text.split(":", 1)[0].strip()
+  if prefix in Code.__members__ and prefix != "OK":
+    return Status(Code[prefix], text.split(":", 1)[1].strip())
+  if isinstance(e, (ValueError, TypeError)):
+    return Status(Code.INVALID_ARGUMENT, text)
+  if isinstance(e, NotImplementedError):
+    return Status(Code.UNIMPLEMENTED, text)
+  return Status(Code.INTERNAL, f"{type(e).__name__}: {text}")
+
+
+class Completions:
+  """The in-order completion thread of one worker."""
+
+  def __init__(self, report: Callable[[int, Status, bytes], None]):
+    self._report = report
+    self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    self._thread = threading.Thread(target=self._run, name="completions",
+                                    daemon=True)
+    self._thread.start()
+
+  def add(self, seq: int, arrays: Sequence[Any], finish: Finish | None = None
+          ) -> None:
+    self._queue.put((seq, arrays, finish))
+
+  def fail(self, seq: int, status: Status) -> None:
+    """Reports a failed op, in order with the ops before it."""
+    self._queue.put((seq, status, None))
+
+  def close(self) -> None:
+    self._queue.put(None)
+    self._thread.join(timeout=30)
+
+  def _run(self) -> None:
+    while True:
+      item = self._queue.get()
+      if item is None:
+        return
+      seq, arrays, finish = item
+      if isinstance(arrays, Status):
+        self._send(seq, arrays, b"")
+        continue
+      try:
+        for a in arrays:
+          a.block_until_ready()
+        payload = finish() if finish is not None else b""
+        self._send(seq, Status(), payload)
+      except Exception as e:  # pylint: disable=broad-except
+        self._send(seq, error_status(e), b"")
+
+  def _send(self, seq: int, status: Status, payload: bytes) -> None:
+    try:
+      self._report(seq, status, payload)
+    except Exception as e:  # pylint: disable=broad-except
+      # The controller is gone; the op loop notices and exits.
+      logging.warning("could not report op %d: %s", seq, e)

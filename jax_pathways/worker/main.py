@@ -1,0 +1,67 @@
+"""The worker process: joins a controller and runs its island's ops.
+
+    jax-pathways worker --controller HOST:PORT [--island N] [--devices N]
+
+The cluster token comes from JAX_PATHWAYS_TOKEN. The worker exits when the
+controller tells it to or when the controller connection is lost.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+from absl import logging
+
+
+def run(controller: str, island: int | None, devices: int,
+        token: str | None, data_bind: str, connect_timeout: float) -> int:
+  """Joins `controller` and serves until told to stop; returns an exit code."""
+  # Configure JAX before anything initializes its backends: this process
+  # owns `devices` CPU devices and must keep every dtype the client sends.
+  os.environ["JAX_PLATFORMS"] = "cpu"
+  import jax  # pylint: disable=import-outside-toplevel
+  jax.config.update("jax_num_cpu_devices", devices)
+  jax.config.update("jax_enable_x64", True)
+
+  # pylint: disable=import-outside-toplevel
+  from jax_pathways import _core
+  from jax_pathways.cluster import handshake
+  from jax_pathways.worker.peers import Peers
+  from jax_pathways.worker.pjrt_backend import PjrtBackend
+  from jax_pathways.worker.worker import Worker
+
+  backend = PjrtBackend()
+  peers = Peers(token, data_bind)
+  hello = {
+      "role": "worker",
+      "island": island,
+      "num_devices": len(backend.devices),
+      "platform": backend.devices[0].platform,
+      "device_kind": backend.devices[0].device_kind,
+      "pid": os.getpid(),
+      "host": socket.gethostname(),
+      "data_address": peers.address,
+      "wire_version": _core.WIRE_VERSION,
+      "jax_version": jax.__version__,
+  }
+  try:
+    host, port = controller.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=connect_timeout)
+    welcome = handshake.connect(sock, token, hello, timeout=connect_timeout)
+  except (OSError, ValueError, handshake.HandshakeError) as e:
+    print(f"jax-pathways worker: could not join the controller at "
+          f"{controller}: {e}", file=sys.stderr)
+    peers.close()
+    return 2
+  sock.settimeout(None)
+  peers.island = int(welcome["island"])
+  logging.info("worker pid %d joined as island %d (%d devices); data at %s",
+               os.getpid(), peers.island, len(backend.devices), peers.address)
+  executor = _core.Executor(sock.detach())
+  try:
+    Worker(executor, backend, peers).run()
+  finally:
+    executor.shutdown()
+    peers.close()
+  return 0

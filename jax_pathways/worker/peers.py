@@ -1,0 +1,96 @@
+"""Peers: this worker's authenticated links to other workers, for array bytes.
+
+Each worker listens on a data address that it reports when it registers. A
+worker that must send to a peer connects on first use, authenticates with the
+cluster token, and keeps the link; the receiving side knows each incoming link
+by the island that opened it. Bytes then move through the C++ PeerLinks
+without the GIL.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+
+from absl import logging
+
+from jax_pathways import _core
+from jax_pathways.cluster import handshake
+
+
+class Peers:
+  """Outgoing and incoming data links of one worker (island)."""
+
+  def __init__(self, token: str | None, bind_host: str):
+    self.links = _core.PeerLinks()
+    self.island: int | None = None  # set once the controller assigns it
+    self._token = token
+    self._mu = threading.Condition()
+    self._outgoing: dict[int, int] = {}  # peer island -> link id
+    self._incoming: dict[int, int] = {}
+    self._closed = False
+    self._listener = socket.create_server((bind_host, 0))
+    host, port = self._listener.getsockname()[:2]
+    self.address = f"{host}:{port}"
+    self._accepter = threading.Thread(target=self._accept_loop,
+                                      name="peer-accept", daemon=True)
+    self._accepter.start()
+
+  def outgoing(self, island: int, address: str, timeout: float) -> int:
+    """The link for sending to `island`, connecting on first use."""
+    with self._mu:
+      link = self._outgoing.get(island)
+    if link is not None:
+      return link
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=timeout)
+    handshake.connect(sock, self._token, {"role": "peer",
+                                          "island": self.island}, timeout)
+    sock.settimeout(None)
+    with self._mu:
+      link = self._outgoing.get(island)
+      if link is None:
+        link = self.links.add(sock.detach(), f"island {island} ({address})")
+        self._outgoing[island] = link
+      else:
+        sock.close()
+      return link
+
+  def incoming(self, island: int, timeout: float) -> int:
+    """The link `island` opened to us; waits until it connects."""
+    with self._mu:
+      if not self._mu.wait_for(
+          lambda: island in self._incoming or self._closed, timeout):
+        raise TimeoutError(
+            f"worker of island {island} did not connect to send data within "
+            f"{timeout:.0f} s")
+      if island not in self._incoming:
+        raise ConnectionError("worker is shutting down")
+      return self._incoming[island]
+
+  def close(self) -> None:
+    with self._mu:
+      self._closed = True
+      self._mu.notify_all()
+    self._listener.close()
+    self.links.shutdown()
+
+  def _accept_loop(self) -> None:
+    while True:
+      try:
+        sock, addr = self._listener.accept()
+      except OSError:
+        return  # closed
+      try:
+        hello = handshake.accept(sock, self._token, lambda h: {}, timeout=10)
+        if hello.get("role") != "peer" or not isinstance(hello.get("island"), int):
+          raise handshake.HandshakeError(f"not a peer worker: {hello}")
+      except (OSError, handshake.HandshakeError) as e:
+        logging.warning("refused data connection from %s: %s", addr, e)
+        sock.close()
+        continue
+      sock.settimeout(None)
+      island = hello["island"]
+      link = self.links.add(sock.detach(), f"island {island} ({addr[0]})")
+      with self._mu:
+        self._incoming[island] = link
+        self._mu.notify_all()
