@@ -84,7 +84,7 @@ def initialize(address: str | None = None, *, islands: int | None = None,
     platforms = jax.config.jax_platforms or ""
     if plugin.BACKEND_NAME not in platforms.split(","):
       jax.config.update("jax_platforms", plugin.BACKEND_NAME)
-    atexit.register(shutdown)
+    atexit.register(_at_exit)
     logging.info("jax_pathways: JAX runs on the controller at %s", _address)
     return _address
 
@@ -96,8 +96,18 @@ def shutdown() -> None:
   with _lock:
     cluster, _cluster = _cluster, None
   if cluster is not None:
-    plugin.expect_disconnect()
     cluster.stop()
+
+
+def _at_exit() -> None:
+  # JAX's client still holds its session: let the controller go once that
+  # closes (moments later, during interpreter teardown) instead of cutting it
+  # off under live executables and arrays.
+  global _cluster
+  with _lock:
+    cluster, _cluster = _cluster, None
+  if cluster is not None:
+    cluster.drain()
 
 
 def local_cluster() -> LocalCluster | None:

@@ -20,10 +20,10 @@ from absl import logging
 from jax_pathways import config
 
 
-def _setup_logging() -> None:
+def _setup_logging(verbosity: int) -> None:
   flags.FLAGS.mark_as_parsed()  # absl logging without absl.app
   logging.use_absl_handler()
-  logging.set_verbosity(logging.INFO)
+  logging.set_verbosity(verbosity)  # 0: INFO; 1, 2: vlog levels
 
 
 def _print_status(s: dict[str, Any]) -> None:
@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
   if args.command == "controller":
-    _setup_logging()
+    _setup_logging(cfg.verbosity)
     from jax_pathways.controller import main as controller_main  # pylint: disable=import-outside-toplevel
     max_in_flight = args.max_in_flight or cfg.max_in_flight
     if not 1 <= max_in_flight <= config.MAX_SAFE_IN_FLIGHT:
@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                args.port, args.worker_port, cfg.token,
                                max_in_flight, args.parent_pid)
   if args.command == "worker":
-    _setup_logging()
+    _setup_logging(cfg.verbosity)
     from jax_pathways.worker import main as worker_main  # pylint: disable=import-outside-toplevel
     return worker_main.run(args.controller, args.island,
                            args.devices or cfg.devices_per_island, cfg.token,

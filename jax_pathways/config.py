@@ -14,6 +14,7 @@ MAX_IN_FLIGHT = "JAX_PATHWAYS_MAX_IN_FLIGHT"  # launches in flight per island
 TOKEN = "JAX_PATHWAYS_TOKEN"              # shared secret of a cluster
 START_TIMEOUT = "JAX_PATHWAYS_START_TIMEOUT"  # seconds to start a local cluster
 LOG_DIR = "JAX_PATHWAYS_LOG_DIR"          # where an embedded cluster logs
+VERBOSITY = "JAX_PATHWAYS_VERBOSITY"      # controller/worker log detail (0, 1, 2)
 
 DEFAULT_ISLANDS = 2
 DEFAULT_DEVICES_PER_ISLAND = 4
@@ -60,6 +61,7 @@ class Config:
   token: str | None
   start_timeout: float
   log_dir: str | None
+  verbosity: int
 
 
 def from_env() -> Config:
@@ -73,4 +75,5 @@ def from_env() -> Config:
       token=os.environ.get(TOKEN) or None,
       start_timeout=_float(START_TIMEOUT, DEFAULT_START_TIMEOUT),
       log_dir=os.environ.get(LOG_DIR) or None,
+      verbosity=_int(VERBOSITY, 0, 0, 3),
   )

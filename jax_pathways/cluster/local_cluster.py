@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -55,6 +56,9 @@ class LocalCluster:
     self.port = 0
     self.worker_port = 0
     self._logs: dict[int, str] = {}
+    self._stopping = threading.Event()
+    self._report_lock = threading.Lock()
+    self._reported = False
 
   @property
   def address(self) -> str:
@@ -103,6 +107,29 @@ class LocalCluster:
                  "(pids %s, logs in %s)", self.islands,
                  self.devices_per_island, self.address, self.pids,
                  self.log_dir)
+    threading.Thread(target=self._watch, args=(self.controller,),
+                     name="jax-pathways-watch", daemon=True).start()
+
+  def _watch(self, controller: subprocess.Popen) -> None:
+    while not self._stopping.wait(0.1):
+      if self._report_if_dead(controller):
+        return
+
+  def _report_if_dead(self, controller: subprocess.Popen | None) -> bool:
+    """Says so, loudly, when the controller died under a running program:
+    JAX's own error then only reads UNAVAILABLE."""
+    code = None if controller is None else controller.poll()
+    if code is None:
+      return False
+    with self._report_lock:
+      if self._reported:
+        return True
+      self._reported = True
+    log = self._logs.get(controller.pid, "")
+    print(f"jax_pathways: the controller (pid {controller.pid}) exited with "
+          f"code {code}; every pending and later JAX call fails. Its log "
+          f"({log}) ends with:\n{_tail(log, 10)}", file=sys.stderr, flush=True)
+    return True
 
   def _read_ready_line(self, proc: subprocess.Popen, deadline: float
                        ) -> dict[str, Any]:
@@ -143,8 +170,19 @@ class LocalCluster:
         f"the {what} (pid {proc.pid}) exited with code {proc.returncode} "
         f"while starting; its log ({path}) ends with:\n{_tail(path)}")
 
+  def drain(self) -> None:
+    """Asks the controller to stop once this process's session has closed
+    (at interpreter exit, before JAX's client is torn down); the workers
+    follow their controller. Does not wait."""
+    self._stopping.set()
+    if self._report_if_dead(self.controller):
+      return
+    if self.controller is not None:
+      self.controller.send_signal(signal.SIGUSR1)
+
   def stop(self) -> None:
     """Stops every process this cluster started; idempotent."""
+    self._stopping.set()
     procs = [p for p in [self.controller, *self.workers] if p is not None]
     for p in procs:
       if p.poll() is None:

@@ -3,8 +3,10 @@
     jax-pathways controller --islands N [--bind HOST] [--port P] [--worker-port P]
 
 Prints one JSON line {"port", "worker_port", "pid"} on stdout once it is
-listening (the embedded cluster reads it), then serves until SIGTERM/SIGINT.
-The cluster token comes from JAX_PATHWAYS_TOKEN.
+listening (the embedded cluster reads it), then serves until SIGTERM/SIGINT,
+or after SIGUSR1 until its last client has disconnected (so a client that is
+exiting can close its session cleanly). The cluster token comes from
+JAX_PATHWAYS_TOKEN.
 """
 from __future__ import annotations
 
@@ -13,8 +15,12 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from absl import logging
+
+# After SIGUSR1, how long to wait for clients to disconnect.
+DRAIN_TIMEOUT_S = 30.0
 
 
 def run(islands: int, bind_host: str, port: int, worker_port: int,
@@ -33,9 +39,15 @@ def run(islands: int, bind_host: str, port: int, worker_port: int,
                     "worker_port": controller.worker_port,
                     "pid": os.getpid()}), flush=True)
   stop = threading.Event()
+  drain_until: list[float] = []
   for sig in (signal.SIGTERM, signal.SIGINT):
     signal.signal(sig, lambda *_: stop.set())
-  while not stop.wait(0.5):
+  signal.signal(signal.SIGUSR1,
+                lambda *_: drain_until.append(time.monotonic() + DRAIN_TIMEOUT_S))
+  while not stop.wait(0.1):
+    if drain_until and (not controller.service.sessions or
+                        time.monotonic() > drain_until[0]):
+      break
     if parent_pid is not None and os.getppid() != parent_pid:
       logging.warning("the process that started this controller is gone; "
                       "stopping")

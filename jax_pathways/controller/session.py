@@ -125,6 +125,9 @@ class Session:
       return
     reply = Reply(self, op_id, kind[:-len("_request")] + "_response")
     body = getattr(request, kind)
+    if logging.vlog_is_on(1):
+      logging.vlog(1, "session %d op %d: %s %s", self.id, op_id, kind,
+                   str(body).replace("\n", " ")[:500])
     handler = self._handlers.get(kind)
     try:
       if handler is None:

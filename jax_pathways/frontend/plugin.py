@@ -10,7 +10,6 @@ JAX_PLATFORMS=proxy JAX_BACKEND_TARGET=grpc://host:port.
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 BACKEND_NAME = "proxy"
@@ -20,7 +19,6 @@ TOKEN_KEY = "jax_pathways_token"
 CONNECT_TIMEOUT_S = 60
 
 _token: str | None = None
-_quiet_disconnect = False
 
 
 def initialize() -> None:
@@ -37,15 +35,8 @@ def register() -> None:
 
 
 def configure(token: str | None) -> None:
-  global _token, _quiet_disconnect
+  global _token
   _token = token
-  _quiet_disconnect = False
-
-
-def expect_disconnect() -> None:
-  """Silences the disconnect warning during a deliberate shutdown."""
-  global _quiet_disconnect
-  _quiet_disconnect = True
 
 
 def _target() -> str:
@@ -62,14 +53,6 @@ def _target() -> str:
   return target
 
 
-def _on_disconnect(message: str) -> None:
-  if not _quiet_disconnect:
-    print(f"jax_pathways: lost the controller at {_target()}: {message}. "
-          "Every pending and later JAX call in this process fails; restart "
-          "the controller (and this program) to continue.",
-          file=sys.stderr, flush=True)
-
-
 def _make_client() -> Any:
   from jax._src.lib import ifrt_proxy  # pylint: disable=import-outside-toplevel
   # jaxlib's client refuses plaintext channels unless told; the controller
@@ -77,7 +60,9 @@ def _make_client() -> Any:
   os.environ.setdefault("IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS", "true")
   options = ifrt_proxy.ClientConnectionOptions()
   options.connection_timeout_in_seconds = CONNECT_TIMEOUT_S
-  options.on_disconnect = _on_disconnect
+  # No on_disconnect callback: jaxlib may call it during interpreter
+  # finalization, and calling into Python then aborts the process. The
+  # embedded cluster watches its controller instead (cluster/local_cluster).
   token = _token or os.environ.get("JAX_PATHWAYS_TOKEN")
   if token:
     options.initialization_data = {TOKEN_KEY: token.encode()}

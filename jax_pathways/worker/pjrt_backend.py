@@ -19,6 +19,7 @@ import jax
 from jax._src import core as jax_core
 from jax._src import sharding_impls
 from jax._src.interpreters import mlir
+from jax._src.lax import linalg
 from jax._src.lib import _jax
 from jax._src.lib import xla_client as xc
 from jax._src.lib.mlir import ir
@@ -41,6 +42,10 @@ class PjrtBackend:
   """One worker's devices, compiled programs and the arrays they produce."""
 
   def __init__(self):
+    # Programs lowered by the client may call LAPACK kernels, whose function
+    # pointers jaxlib fills in lazily in the process that lowers; this one
+    # only runs them (as jax.export does for deserialized modules).
+    linalg.initialize_lapack()
     self.client = jax.devices()[0].client
     self.devices = tuple(sorted(jax.local_devices(), key=lambda d: d.id))
     self._cache: dict[str, Program] = {}  # compile key -> Program

@@ -1,0 +1,66 @@
+"""Array life: dtypes, random, donation, printing, blocking, deletion."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int8,
+                                   jnp.bool_, jnp.int32, jnp.uint8,
+                                   jnp.float16])
+def test_dtypes(run_both, dtype):
+  def program(devices):
+    x = (jnp.arange(12) % 5).astype(dtype).reshape(3, 4)
+    y = jax.jit(lambda a: (a.astype(jnp.float32) * 3).astype(dtype))(x)
+    return x, y, jax.device_put(np.ones((2, 2), dtype), devices[5])
+  run_both(program)
+
+
+def test_random(run_both):
+  def program(devices):
+    key = jax.random.key(42)
+    k1, k2 = jax.random.split(key)
+    return (jax.random.normal(k1, (4, 3)), jax.random.uniform(k2, (5,)),
+            jax.random.randint(k1, (6,), 0, 100),
+            jax.random.permutation(k2, 10), jax.random.key_data(k1))
+  run_both(program)
+
+
+def test_donation(run_both):
+  def program(devices):
+    step = jax.jit(lambda x, y: (x * 2 + y, y), donate_argnums=0)
+    x = jnp.arange(6.0)
+    y = jnp.ones(6)
+    out, y2 = step(x, y)
+    assert x.is_deleted() and not y.is_deleted()
+    out, _ = step(out, y2)
+    with pytest.raises(RuntimeError, match="deleted"):
+      np.asarray(x)
+    return out
+  run_both(program)
+
+
+def test_print_block_delete(proxy_devices):
+  with jax.default_device(proxy_devices[0]):
+    x = jnp.arange(4) * 3
+    assert str(x) == "[0 3 6 9]"
+    assert repr(x) == "Array([0, 3, 6, 9], dtype=int32)"
+    assert x.block_until_ready() is x
+    jax.block_until_ready([x, x + 1])
+    assert not x.is_deleted()
+    x.delete()
+    assert x.is_deleted()
+    with pytest.raises(RuntimeError, match="deleted"):
+      np.asarray(x)
+
+
+def test_addressable_shards(proxy_devices):
+  mesh = jax.sharding.Mesh(np.array(proxy_devices[4:]), ("d",))
+  x = jax.device_put(np.arange(8.0), jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec("d")))
+  shards = x.addressable_shards
+  assert [s.device for s in shards] == proxy_devices[4:]
+  assert [np.asarray(s.data).tolist() for s in shards] == [
+      [0, 1], [2, 3], [4, 5], [6, 7]]

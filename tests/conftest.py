@@ -1,0 +1,86 @@
+"""Shared fixtures.
+
+Integration tests run in this process against an embedded cluster (2 islands
+x 4 emulated CPU devices) and compare with plain JAX on this process's own CPU
+backend (8 devices): JAX runs with both backends, 'proxy' as the default and
+'cpu' as the reference. Tests that kill processes start clusters of their own
+in subprocesses.
+"""
+from __future__ import annotations
+
+import os
+
+# Before JAX initializes: the reference CPU backend gets as many devices as
+# the cluster, and both backends exist in this process.
+os.environ.setdefault("JAX_PLATFORMS", "proxy,cpu")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import jax_pathways  # noqa: E402
+
+ISLANDS = 2
+DEVICES_PER_ISLAND = 4
+
+jax.config.update("jax_num_cpu_devices", ISLANDS * DEVICES_PER_ISLAND)
+
+
+@pytest.fixture(scope="session")
+def pathways():
+  """The embedded cluster; stopped (all pids) at the end of the session."""
+  jax_pathways.initialize(islands=ISLANDS,
+                          devices_per_island=DEVICES_PER_ISLAND)
+  cluster = jax_pathways.local_cluster()
+  yield cluster
+  jax_pathways.shutdown()
+  for pid in cluster.pids:
+    assert not _alive(pid), f"process {pid} outlived the cluster"
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  return True
+
+
+@pytest.fixture(scope="session")
+def proxy_devices(pathways):
+  devices = jax.devices("proxy")
+  assert len(devices) == ISLANDS * DEVICES_PER_ISLAND
+  return devices
+
+
+@pytest.fixture(scope="session")
+def cpu_devices(pathways):
+  return jax.devices("cpu")
+
+
+def assert_bitwise_equal(expected, actual) -> None:
+  """Same structure, dtypes, shapes and bits (NaNs included)."""
+  e_leaves, e_tree = jax.tree.flatten(expected)
+  a_leaves, a_tree = jax.tree.flatten(actual)
+  assert e_tree == a_tree
+  for e, a in zip(e_leaves, a_leaves):
+    e, a = np.asarray(e), np.asarray(a)
+    assert e.dtype == a.dtype, (e.dtype, a.dtype)
+    assert e.shape == a.shape, (e.shape, a.shape)
+    assert e.tobytes() == a.tobytes(), f"values differ:\n{e}\n{a}"
+
+
+@pytest.fixture
+def run_both(proxy_devices, cpu_devices):
+  """run_both(fn): fn(devices) on plain CPU and through jax_pathways; the
+  results must be bit-identical. Returns the jax_pathways result."""
+
+  def run(fn):
+    with jax.default_device(cpu_devices[0]):
+      expected = jax.tree.map(np.asarray, fn(cpu_devices))
+    with jax.default_device(proxy_devices[0]):
+      actual = jax.tree.map(np.asarray, fn(proxy_devices))
+    assert_bitwise_equal(expected, actual)
+    return actual
+
+  return run

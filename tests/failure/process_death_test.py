@@ -1,0 +1,131 @@
+"""A dead worker or controller: clear errors within seconds, no hang, no
+client abort, no leftover processes. Each test runs its own client process
+with its own embedded cluster."""
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+VICTIM = os.path.join(os.path.dirname(__file__), "victim.py")
+
+
+class Client:
+  """The victim client process and its JSON lines, read with deadlines."""
+
+  def __init__(self, what: str):
+    env = dict(os.environ)
+    env.pop("JAX_PLATFORMS", None)
+    self.proc = subprocess.Popen([sys.executable, VICTIM, what], env=env,
+                                 stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+    self._stderr = None
+
+  def read(self, key: str, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+      ready, _, _ = select.select([self.proc.stdout], [], [], 0.1)
+      if ready:
+        line = self.proc.stdout.readline()
+        if not line:
+          break
+        msg = json.loads(line)
+        if key in msg:
+          return msg
+    raise AssertionError(f"no {key!r} from the client within {timeout} s; "
+                         f"stderr ends:\n{self.stderr()[-3000:]}")
+
+  def stderr(self) -> str:
+    if self.proc.poll() is None:
+      self.proc.kill()
+    if self._stderr is None:
+      self._stderr = self.proc.stderr.read()
+    return self._stderr
+
+  def close(self) -> None:
+    if self.proc.poll() is None:
+      self.proc.kill()
+    self.proc.wait(timeout=10)
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  try:  # a zombie of an exited child is not alive
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().split()[2] != "Z"
+  except OSError:
+    return False
+
+
+def _wait_gone(pids, timeout: float) -> list[int]:
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    alive = [p for p in pids if _alive(p)]
+    if not alive:
+      return []
+    time.sleep(0.1)
+  return [p for p in pids if _alive(p)]
+
+
+@pytest.fixture
+def client(request):
+  c = Client(request.param)
+  pids = c.read("controller", 120)
+  yield c, pids
+  c.close()
+  leftovers = _wait_gone([pids["controller"], *pids["workers"]], 15)
+  for p in leftovers:
+    os.kill(p, signal.SIGKILL)
+  assert not leftovers, f"processes {leftovers} outlived their client"
+
+
+@pytest.mark.parametrize("client", ["worker"], indirect=True)
+def test_worker_death_fails_calls_with_clear_error(client):
+  c, pids = client
+  c.read("ready", 60)
+  victim = pids["workers"][1]
+  time.sleep(0.5)  # let it run steps with launches in flight
+  killed_at = time.time()
+  os.kill(victim, signal.SIGKILL)
+  seen = c.read("error", 30)
+  assert seen["error"] is not None
+  assert "island 1" in seen["error"] and f"pid {victim}" in seen["error"]
+  assert seen["t"] - killed_at < 5.0, seen
+  later = c.read("later_error", 10)
+  assert "island 1" in later["later_error"]
+  assert later["later_s"] < 2.0
+  assert c.read("island0", 30)["island0"] == [1.0, 2.0, 3.0, 4.0]
+  c.read("done", 30)
+  assert c.proc.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize("client", ["controller"], indirect=True)
+def test_controller_death_fails_calls_without_abort(client):
+  c, pids = client
+  c.read("ready", 60)
+  time.sleep(0.5)
+  killed_at = time.time()
+  os.kill(pids["controller"], signal.SIGKILL)
+  seen = c.read("error", 30)
+  # JAX's client reports the broken connection (from the session stream or
+  # the host-buffer channel, whichever notices first)...
+  assert "UNAVAILABLE" in seen["error"], seen
+  assert seen["t"] - killed_at < 5.0, seen
+  later = c.read("later_error", 10)
+  assert "UNAVAILABLE" in later["later_error"], later
+  assert later["later_s"] < 2.0
+  c.read("done", 30)
+  assert c.proc.wait(timeout=30) == 0  # no abort at exit
+  # ... and jax_pathways names the dead process.
+  assert f"the controller (pid {pids['controller']}) exited" in c.stderr()
+  # Workers notice their controller is gone and exit on their own.
+  assert not _wait_gone(pids["workers"], 10)
