@@ -2,8 +2,11 @@
 import glob
 import os
 
-from pybind11.setup_helpers import Pybind11Extension, build_ext
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import find_packages, setup
+
+# Compile csrc/ on every core (the CI machine has two).
+ParallelCompile("JAX_PATHWAYS_BUILD_JOBS", default=0).install()
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -7,6 +7,7 @@ way JAX's own IFRT-proxy client becomes the backend, named 'proxy'.
 from __future__ import annotations
 
 import atexit
+import gc
 import threading
 
 from absl import logging
@@ -91,10 +92,21 @@ def initialize(address: str | None = None, *, islands: int | None = None,
 
 def shutdown() -> None:
   """Stops what initialize() started. JAX cannot be used in this process
-  afterwards (its backend is gone)."""
-  global _cluster
+  afterwards: its backend is gone."""
+  global _cluster, _address
   with _lock:
     cluster, _cluster = _cluster, None
+    if _address is None:
+      return
+    _address = None
+  plugin.close()
+  # Let JAX drop its client first, so it disconnects while the controller is
+  # still there (arrays the program still holds keep it alive regardless).
+  import jax  # pylint: disable=import-outside-toplevel
+  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
+  jax.clear_caches()
+  xla_bridge._clear_backends()  # pylint: disable=protected-access
+  gc.collect()
   if cluster is not None:
     cluster.stop()
 

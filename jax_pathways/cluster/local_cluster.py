@@ -82,7 +82,9 @@ class LocalCluster:
       proc = subprocess.Popen(
           [sys.executable, "-m", "jax_pathways.cli", *args],
           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-          env=env, start_new_session=True)
+          # Not the caller's directory: `-m` would import a source checkout
+          # found there (without its compiled core) instead of the install.
+          cwd=self.log_dir, env=env, start_new_session=True)
     self._logs[proc.pid] = log_path
     return proc
 

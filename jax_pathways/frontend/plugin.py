@@ -19,6 +19,7 @@ TOKEN_KEY = "jax_pathways_token"
 CONNECT_TIMEOUT_S = 60
 
 _token: str | None = None
+_closed = False
 
 
 def initialize() -> None:
@@ -35,8 +36,15 @@ def register() -> None:
 
 
 def configure(token: str | None) -> None:
-  global _token
+  global _token, _closed
   _token = token
+  _closed = False
+
+
+def close() -> None:
+  """After jax_pathways.shutdown(): JAX must not reconnect."""
+  global _closed
+  _closed = True
 
 
 def _target() -> str:
@@ -54,6 +62,9 @@ def _target() -> str:
 
 
 def _make_client() -> Any:
+  if _closed:
+    raise RuntimeError("jax_pathways.shutdown() was called in this process; "
+                       "JAX has no backend left here")
   from jax._src.lib import ifrt_proxy  # pylint: disable=import-outside-toplevel
   # jaxlib's client refuses plaintext channels unless told; the controller
   # listens on loopback by default and checks a token when it does not.

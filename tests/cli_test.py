@@ -1,0 +1,43 @@
+"""`jax-pathways status` shows islands, devices and queues."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def _cli(pathways, *args, token=True):
+  env = dict(os.environ)
+  env.pop("JAX_PATHWAYS_TOKEN", None)
+  if token:
+    env["JAX_PATHWAYS_TOKEN"] = pathways.token
+  return subprocess.run(
+      [sys.executable, "-m", "jax_pathways.cli", "status", "--address",
+       pathways.address, *args], env=env, capture_output=True, text=True,
+      timeout=60)
+
+
+def test_status_table(pathways, proxy_devices):
+  out = _cli(pathways)
+  assert out.returncode == 0, out.stderr
+  assert "islands 2/2" in out.stdout
+  assert "0..3" in out.stdout and "4..7" in out.stdout
+  assert "clients: 1" in out.stdout
+
+
+def test_status_json(pathways, proxy_devices):
+  out = _cli(pathways, "--json")
+  status = json.loads(out.stdout)
+  assert status["complete"] and len(status["islands"]) == 2
+  assert all(i["alive"] for i in status["islands"])
+  assert {i["pid"] for i in status["islands"]} == {
+      w.pid for w in pathways.workers}
+
+
+def test_status_needs_the_token(pathways):
+  out = _cli(pathways, token=False)
+  assert out.returncode == 1
+  assert "UNAUTHENTICATED" in out.stderr

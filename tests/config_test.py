@@ -1,0 +1,22 @@
+"""Environment variables: defaults and clear errors."""
+import pytest
+
+from jax_pathways import config
+from jax_pathways.status import StatusError
+
+
+def test_defaults(monkeypatch):
+  for name in (config.ISLANDS, config.DEVICES_PER_ISLAND, config.MAX_IN_FLIGHT):
+    monkeypatch.delenv(name, raising=False)
+  cfg = config.from_env()
+  assert (cfg.islands, cfg.devices_per_island, cfg.max_in_flight) == (2, 4, 16)
+
+
+def test_bad_values_are_echoed(monkeypatch):
+  monkeypatch.setenv(config.ISLANDS, "two")
+  with pytest.raises(StatusError, match="JAX_PATHWAYS_ISLANDS='two'"):
+    config.from_env()
+  monkeypatch.setenv(config.ISLANDS, "2")
+  monkeypatch.setenv(config.MAX_IN_FLIGHT, "64")
+  with pytest.raises(StatusError, match="out of range 1..63"):
+    config.from_env()

@@ -1,0 +1,181 @@
+"""The C++ dispatcher and executor, driven over socket pairs (no JAX)."""
+import socket
+import threading
+import time
+
+import pytest
+
+from jax_pathways import _core
+
+OpKind = _core.OpKind
+
+
+def _pair(window=2):
+  a, b = socket.socketpair()
+  d = _core.Dispatcher(window)
+  d.add_island(0, a.detach(), "w0")
+  return d, _core.Executor(b.detach())
+
+
+def _poll_all(d, n, timeout=5.0):
+  out, deadline = [], time.monotonic() + timeout
+  while len(out) < n and time.monotonic() < deadline:
+    out += d.poll(0.05, 100)
+  return out
+
+
+def test_ops_arrive_in_order_and_window_bounds_launches():
+  d, ex = _pair(window=2)
+  for i in range(5):
+    d.submit([(0, OpKind.LAUNCH, 7, [], [100 + i], b"p%d" % i)], 10 + i)
+  d.submit([(0, OpKind.FETCH, 0, [100], [], b"")], 20)
+  stats = d.stats()[0]
+  assert stats["in_flight"] == 2 and stats["queued"] == 4
+  seen = []
+  for _ in range(6):
+    op = ex.next(2.0)
+    seen.append((op.seq, op.kind, bytes(op.payload)))
+    ex.complete(op.seq, 0, "", b"r%d" % op.seq)
+  assert [s[0] for s in seen] == [1, 2, 3, 4, 5, 6]
+  assert seen[5][1] == OpKind.FETCH
+  done = sorted(_poll_all(d, 6))
+  assert done == [(10 + i, 0, "", [b"r%d" % (i + 1)]) for i in range(5)] + [
+      (20, 0, "", [b"r6"])]
+  assert d.state(104) == ("ready", (0, ""))
+
+
+def test_failure_poisons_results_and_later_users():
+  d, ex = _pair()
+  d.submit([(0, OpKind.LAUNCH, 1, [], [1], b"")], 1)
+  op = ex.next(2.0)
+  ex.complete(op.seq, 3, "bad shape", b"")
+  assert _poll_all(d, 1) == [(1, 3, "bad shape", [b""])]
+  assert d.state(1) == ("failed", (3, "bad shape"))
+  # A later op using the failed buffer fails at once, without being sent.
+  d.submit([(0, OpKind.LAUNCH, 1, [1], [2], b"")], 2)
+  assert _poll_all(d, 1) == [(2, 3, "bad shape", [b""])]
+  assert ex.next(0.2) is None
+  d.when_ready([2], 3)
+  assert _poll_all(d, 1) == [(3, 3, "bad shape", [])]
+
+
+def test_when_ready_waits_for_pending_buffers():
+  d, ex = _pair()
+  d.submit([(0, OpKind.PUT, 0, [], [5], b"")], 0)
+  d.when_ready([5], 9)
+  assert d.poll(0.1, 10) == []
+  op = ex.next(2.0)
+  ex.complete(op.seq, 0, "", b"")
+  assert _poll_all(d, 1) == [(9, 0, "", [])]
+
+
+def test_dead_worker_fails_pending_and_later_ops():
+  d, ex = _pair(window=1)
+  d.submit([(0, OpKind.LAUNCH, 1, [], [1], b"")], 1)
+  d.submit([(0, OpKind.LAUNCH, 1, [], [2], b"")], 2)  # held by the window
+  ex.shutdown()
+  done = sorted(_poll_all(d, 2))
+  assert [c[0] for c in done] == [1, 2]
+  assert all(c[1] == 14 and "w0" in c[2] for c in done)
+  d.submit([(0, OpKind.LAUNCH, 1, [], [3], b"")], 3)
+  (late,) = _poll_all(d, 1)
+  assert late[1] == 14 and "unreachable" in late[2]
+  assert d.stats()[0]["alive"] is False
+
+
+def test_unknown_island_and_malformed_gangs_fail_whole():
+  d, ex = _pair()
+  d.submit([(0, OpKind.LAUNCH, 1, [], [1], b""),
+            (3, OpKind.LAUNCH, 1, [], [2], b"")], 1)
+  (c,) = _poll_all(d, 1)
+  assert c[1] == 5 and "island 3 does not exist" in c[2]
+  assert ex.next(0.2) is None  # nothing was sent to island 0 either
+  d.submit([], 2)
+  assert _poll_all(d, 1)[0][1] == 3
+
+
+def test_gang_order_is_consistent_across_islands():
+  d = _core.Dispatcher(8)
+  executors = []
+  for island in range(3):
+    a, b = socket.socketpair()
+    d.add_island(island, a.detach(), f"w{island}")
+    executors.append(_core.Executor(b.detach()))
+  # Submitted from several threads at once: every pair of gangs that share
+  # islands must be in the same relative order on each island they share.
+  gangs = {}
+
+  def submit(start):
+    for g in range(start, start + 50):
+      islands = [i for i in range(3) if (g >> i) & 1] or [0]
+      gangs[g] = islands
+      d.submit([(i, OpKind.COPY, g, [], [], b"") for i in islands], 0)
+
+  threads = [threading.Thread(target=submit, args=(k * 50,)) for k in range(4)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  order = []
+  for ex in executors:
+    seq = []
+    while (op := ex.next(0.2)) is not None:
+      seq.append(op.program)
+      ex.complete(op.seq, 0, "", b"")
+    order.append(seq)
+  position = [{g: k for k, g in enumerate(seq)} for seq in order]
+  for g1 in gangs:
+    for g2 in gangs:
+      shared = set(gangs[g1]) & set(gangs[g2])
+      if g1 < g2 and len(shared) > 1:
+        signs = {position[i][g1] < position[i][g2] for i in shared}
+        assert len(signs) == 1, (g1, g2, shared)
+
+
+def test_executor_reorders_frames_by_sequence_number():
+  a, b = socket.socketpair()
+  d = _core.Dispatcher(64)
+  d.add_island(0, a.detach(), "w0")
+  ex = _core.Executor(b.detach())
+  for i in range(20):
+    d.submit([(0, OpKind.DELETE, 0, [i], [], b"")], 0)
+  assert [ex.next(1.0).seq for _ in range(20)] == list(range(1, 21))
+
+
+def test_garbage_from_worker_kills_only_that_island():
+  a, b = socket.socketpair()
+  d = _core.Dispatcher(4)
+  d.add_island(0, a.detach(), "w0")
+  d.submit([(0, OpKind.LAUNCH, 1, [], [1], b"")], 1)
+  b.sendall(b"this is not a frame header......")
+  (c,) = _poll_all(d, 1)
+  assert c[1] == 14 and "bad frame header" in c[2]
+  b.close()
+
+
+def test_executor_raises_once_controller_is_gone():
+  a, b = socket.socketpair()
+  ex = _core.Executor(b.detach())
+  a.close()
+  with pytest.raises(_core.JaxPathwaysError, match="controller connection lost") as e:
+    ex.next(2.0)
+  assert e.value.code == 14
+
+
+def test_peer_links_move_bytes_and_errors():
+  a, b = socket.socketpair()
+  sender, receiver = _core.PeerLinks(), _core.PeerLinks()
+  out = sender.add(a.detach(), "peer-b")
+  inc = receiver.add(b.detach(), "peer-a")
+  data = bytes(range(256)) * 1000
+  sender.send(out, 7, 0, "", data)
+  sender.send(out, 8, 13, "source failed", b"")
+  assert bytes(receiver.receive(inc, 7, 2.0)) == data
+  with pytest.raises(_core.JaxPathwaysError, match="source failed"):
+    receiver.receive(inc, 8, 2.0)
+  with pytest.raises(TimeoutError, match="did not arrive"):
+    receiver.receive(inc, 9, 0.1)
+  sender.shutdown()
+  with pytest.raises(_core.JaxPathwaysError, match="lost"):
+    receiver.receive(inc, 10, 2.0)
+  receiver.shutdown()

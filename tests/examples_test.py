@@ -1,0 +1,36 @@
+"""The examples run as a user runs them: a fresh process, its own cluster."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
+
+
+def _run(name):
+  env = dict(os.environ)
+  env.pop("JAX_PLATFORMS", None)
+  out = subprocess.run([sys.executable, os.path.join(EXAMPLES, name)],
+                       env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out.stdout
+
+
+def test_train_mlp():
+  out = _run("train_mlp.py")
+  assert "island 0: devices [0, 1, 2, 3]" in out
+  assert "island 1: devices [4, 5, 6, 7]" in out
+  losses = [float(v) for v in re.findall(r"loss (\d+\.\d+)", out)]
+  assert len(losses) >= 9 and losses[-1] < 0.1 * losses[0]
+  assert "accuracy 1.000" in out or float(
+      re.search(r"accuracy (\d\.\d+)", out).group(1)) > 0.95
+
+
+def test_data_parallel():
+  out = _run("data_parallel.py")
+  soup = re.search(r"averaged weights on island 0: \[([^\]]*)\]", out).group(1)
+  assert [round(float(v)) for v in soup.split()] == list(range(1, 9))

@@ -1,0 +1,56 @@
+"""Islands join in any order; device ids follow island order."""
+import pytest
+
+from jax_pathways.resources.topology import Topology
+from jax_pathways.status import StatusError
+
+
+def _hello(island=None, n=4, pid=1):
+  return {"island": island, "num_devices": n, "platform": "cpu",
+          "device_kind": "cpu", "pid": pid, "host": "h", "data_address": "x:1"}
+
+
+def test_device_ids_by_island_order():
+  t = Topology(3)
+  t.register(_hello(2, 2))
+  t.register(_hello(0, 4))
+  t.register(_hello(None, 3))  # takes the free island 1
+  for i in range(3):
+    t.connected(i)
+  assert t.complete
+  assert [list(i.device_ids) for i in t.islands()] == [
+      [0, 1, 2, 3], [4, 5, 6], [7, 8]]
+  assert t.island_of_device(5).id == 1
+  assert t.place([7, 8], "x").id == 2
+
+
+def test_refusals():
+  t = Topology(2)
+  t.register(_hello(0))
+  with pytest.raises(ValueError, match="already has a worker"):
+    t.register(_hello(0, pid=9))
+  with pytest.raises(ValueError, match="not in 0..1"):
+    t.register(_hello(5))
+  with pytest.raises(ValueError, match="devices"):
+    t.register(_hello(1, n=0))
+  t.register(_hello(1))
+  with pytest.raises(ValueError, match="already has its 2 islands"):
+    t.register(_hello())
+
+
+def test_placement_errors_name_the_islands():
+  t = Topology(2)
+  t.register(_hello(0))
+  t.register(_hello(1))
+  with pytest.raises(StatusError, match=r"spans islands \[0, 1\]"):
+    t.place([3, 4], "the program")
+  with pytest.raises(StatusError, match="device 8 does not exist"):
+    t.place([8], "the program")
+
+
+def test_incomplete_cluster_times_out_with_advice():
+  t = Topology(2)
+  t.register(_hello(0))
+  t.connected(0)
+  with pytest.raises(StatusError, match="only 1 of 2 island workers"):
+    t.wait_complete(0.05)
