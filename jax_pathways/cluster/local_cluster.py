@@ -123,14 +123,16 @@ class LocalCluster:
     code = None if controller is None else controller.poll()
     if code is None:
       return False
-    with self._report_lock:
-      if self._reported:
-        return True
-      self._reported = True
     log = self._logs.get(controller.pid, "")
-    print(f"jax_pathways: the controller (pid {controller.pid}) exited with "
-          f"code {code}; every pending and later JAX call fails. Its log "
-          f"({log}) ends with:\n{_tail(log, 10)}", file=sys.stderr, flush=True)
+    # Printed under the lock, so whoever returns True knows it was printed
+    # (at exit the daemon watcher may be cut off mid-way).
+    with self._report_lock:
+      if not self._reported:
+        print(f"jax_pathways: the controller (pid {controller.pid}) exited "
+              f"with code {code}; every pending and later JAX call fails. Its "
+              f"log ({log}) ends with:\n{_tail(log, 10)}", file=sys.stderr,
+              flush=True)
+        self._reported = True
     return True
 
   def _read_ready_line(self, proc: subprocess.Popen, deadline: float
