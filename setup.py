@@ -1,28 +1,69 @@
-"""Builds jax_pathways and its C++ core (jax_pathways._core, from csrc/)."""
+"""Builds jax_pathways and its C++ extensions from csrc/.
+
+* jax_pathways._core: dispatcher, worker executor, transport (no deps).
+* jax_pathways._frontend: the controller's gRPC server (links grpc++; only
+  the controller process loads it). Needs libgrpc++-dev and pkg-config:
+  scripts/install_system_deps.sh installs them.
+"""
 import glob
 import os
+import shlex
+import subprocess
 
 from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import find_packages, setup
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+
 # Compile csrc/ on every core (the CI machine has two).
 ParallelCompile("JAX_PATHWAYS_BUILD_JOBS", default=0).install()
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+_CXX_FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 
 
-def _core_sources() -> list[str]:
-  sources = glob.glob(os.path.join("csrc", "**", "*.cc"), recursive=True)
-  return sorted(s for s in sources if not s.endswith("_test.cc"))
+def _sources(*patterns: str) -> list[str]:
+  out = []
+  for pattern in patterns:
+    out += glob.glob(os.path.join("csrc", pattern), recursive=True)
+  return sorted(s for s in set(out) if not s.endswith("_test.cc"))
 
+
+def _pkg_config(package: str) -> tuple[list[str], list[str]]:
+  try:
+    cflags = subprocess.check_output(["pkg-config", "--cflags", package],
+                                     text=True)
+    libs = subprocess.check_output(["pkg-config", "--libs", package], text=True)
+  except (OSError, subprocess.CalledProcessError):
+    raise SystemExit(
+        f"jax_pathways: building the controller's gRPC frontend needs "
+        f"{package} (C++) and pkg-config. Install them with "
+        f"scripts/install_system_deps.sh (Debian/Ubuntu: apt-get install "
+        f"libgrpc++-dev pkg-config), then build again.") from None
+  return shlex.split(cflags), shlex.split(libs)
+
+
+_grpc_cflags, _grpc_libs = _pkg_config("grpc++")
 
 core = Pybind11Extension(
     "jax_pathways._core",
-    _core_sources(),
+    _sources("common/*.cc", "transport/*.cc", "dispatcher/*.cc",
+             "executor/*.cc", "python/module.cc", "python/status_bindings.cc",
+             "python/op_bindings.cc", "python/dispatcher_bindings.cc",
+             "python/executor_bindings.cc"),
     include_dirs=["csrc"],
     cxx_std=17,
-    extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+    extra_compile_args=_CXX_FLAGS,
     extra_link_args=["-pthread"],
+)
+
+frontend = Pybind11Extension(
+    "jax_pathways._frontend",
+    _sources("frontend/*.cc", "python/frontend_module.cc",
+             "python/frontend_bindings.cc", "python/status_bindings.cc"),
+    include_dirs=["csrc"],
+    cxx_std=17,
+    extra_compile_args=_CXX_FLAGS + _grpc_cflags,
+    extra_link_args=["-pthread"] + _grpc_libs,
 )
 
 setup(
@@ -34,8 +75,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["jax_pathways", "jax_pathways.*"]),
-    package_data={"jax_pathways": ["_core.pyi", "py.typed"]},
-    ext_modules=[core],
+    package_data={"jax_pathways": ["_core.pyi", "_frontend.pyi", "py.typed"]},
+    ext_modules=[core, frontend],
     cmdclass={"build_ext": build_ext},
     install_requires=[
         "jax==0.10.2",

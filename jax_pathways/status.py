@@ -72,3 +72,14 @@ def failed_precondition(message: str) -> StatusError:
 
 def unavailable(message: str) -> StatusError:
   return StatusError(Code.UNAVAILABLE, message)
+
+
+def from_exception(e: Exception) -> StatusError:
+  """An exception raised by the C++ extensions, as a StatusError."""
+  if isinstance(e, StatusError):
+    return e
+  if isinstance(e, TimeoutError):
+    return StatusError(Code.DEADLINE_EXCEEDED, str(e))
+  if isinstance(e, ValueError):
+    return StatusError(Code.INVALID_ARGUMENT, str(e))
+  return StatusError(getattr(e, "code", Code.INTERNAL), str(e))

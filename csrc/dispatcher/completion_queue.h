@@ -6,14 +6,11 @@
 #ifndef JAX_PATHWAYS_CSRC_DISPATCHER_COMPLETION_QUEUE_H_
 #define JAX_PATHWAYS_CSRC_DISPATCHER_COMPLETION_QUEUE_H_
 
-#include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "common/blocking_queue.h"
 #include "common/status.h"
 
 namespace jax_pathways {
@@ -25,44 +22,7 @@ struct Completion {
   std::vector<std::string> payloads;
 };
 
-class CompletionQueue {
- public:
-  void Push(Completion c) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      items_.push_back(std::move(c));
-    }
-    cv_.notify_one();
-  }
-
-  // Waits up to `timeout_s` for at least one completion; returns at most
-  // `max_items`. Returns empty on timeout or after Close().
-  std::vector<Completion> Pop(double timeout_s, size_t max_items) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
-                 [&] { return !items_.empty() || closed_; });
-    std::vector<Completion> out;
-    while (!items_.empty() && out.size() < max_items) {
-      out.push_back(std::move(items_.front()));
-      items_.pop_front();
-    }
-    return out;
-  }
-
-  void Close() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      closed_ = true;
-    }
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Completion> items_;
-  bool closed_ = false;
-};
+using CompletionQueue = BlockingQueue<Completion>;
 
 }  // namespace jax_pathways
 

@@ -7,7 +7,7 @@
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "jax_pathways C++ core: dispatcher, executor endpoint, transport.";
-  jax_pathways::RegisterStatus(m);
+  jax_pathways::RegisterStatus(m, jax_pathways::NewErrorType());
   jax_pathways::RegisterOp(m);
   jax_pathways::RegisterDispatcher(m);
   jax_pathways::RegisterExecutor(m);

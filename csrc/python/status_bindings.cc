@@ -4,15 +4,20 @@ namespace py = pybind11;
 
 namespace jax_pathways {
 
-void RegisterStatus(py::module_& m) {
-  // Leaked on purpose: the type must outlive every translator call, including
-  // ones during interpreter shutdown.
-  static PyObject* error_type = PyErr_NewExceptionWithDoc(
+py::handle NewErrorType() {
+  return PyErr_NewExceptionWithDoc(
       "jax_pathways._core.JaxPathwaysError",
       "A jax_pathways runtime error; `.code` holds the absl/gRPC status code.",
       PyExc_RuntimeError, nullptr);
-  m.attr("JaxPathwaysError") = py::handle(error_type);
-  py::register_exception_translator([](std::exception_ptr p) {
+}
+
+void RegisterStatus(py::module_& m, py::handle error_type_handle) {
+  // Leaked on purpose: the type must outlive every translator call, including
+  // ones during interpreter shutdown.
+  static PyObject* error_type = error_type_handle.inc_ref().ptr();
+  m.attr("JaxPathwaysError") = error_type_handle;
+  // Module-local: each extension has its own (hidden) StatusError type.
+  py::register_local_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const StatusError& e) {

@@ -35,7 +35,11 @@ inline pybind11::tuple StatusTuple(const Status& s) {
   return pybind11::make_tuple(static_cast<int>(s.code()), s.message());
 }
 
-void RegisterStatus(pybind11::module_& m);
+// Installs this module's translator for StatusError. `error_type` is the
+// JaxPathwaysError class (created by _core, shared by every module).
+void RegisterStatus(pybind11::module_& m, pybind11::handle error_type);
+// Creates JaxPathwaysError (in _core only).
+pybind11::handle NewErrorType();
 
 }  // namespace jax_pathways
 

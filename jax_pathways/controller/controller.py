@@ -11,9 +11,9 @@ from typing import Any
 from absl import logging
 
 import jax_pathways
+from jax_pathways import _frontend
 from jax_pathways.controller.compile_cache import CompileCache
-from jax_pathways.controller.grpc_service import GrpcService, build_server
-from jax_pathways.controller.host_buffer_store import HostBufferStore
+from jax_pathways.controller.grpc_service import GrpcService
 from jax_pathways.controller.session import Services
 from jax_pathways.controller.worker_listener import WorkerListener
 from jax_pathways.dispatch.dispatcher import Dispatcher
@@ -29,27 +29,29 @@ class Controller:
     self.started = time.time()
     self.topology = Topology(islands)
     self.dispatcher = Dispatcher(max_in_flight)
-    self.host_buffers = HostBufferStore()
+    server = _frontend.GrpcServer()
+    self.host_buffers = server.host_buffers
     self.compile_cache = CompileCache(self.dispatcher)
     self.services = Services(
         topology=self.topology, dispatcher=self.dispatcher,
         host_buffers=self.host_buffers, compile_cache=self.compile_cache,
         platform_version=f"jax_pathways {jax_pathways.__version__}")
-    self.service = GrpcService(self.services, token, self.status)
+    self.service = GrpcService(server, self.services, token, self.status)
     host = f"[{bind_host}]" if ":" in bind_host else bind_host
-    self._server, self.port = build_server(self.service, f"{host}:{port}")
+    self._bind = f"{host}:{port}"
+    self.port = 0
     self._workers = WorkerListener(bind_host, worker_port, token,
                                    self.topology, self.dispatcher)
     self.worker_port = self._workers.port
 
   def start(self) -> None:
     self._workers.start()
-    self._server.start()
+    self.port = self.service.start(self._bind)
     logging.info("controller serving clients on port %d, workers on port %d",
                  self.port, self.worker_port)
 
   def stop(self) -> None:
-    self._server.stop(grace=1.0).wait(5.0)
+    self.service.stop()
     self._workers.close()
     self.dispatcher.shutdown()
 
@@ -73,9 +75,9 @@ class Controller:
           "finished": s.get("finished", 0),
       })
     with self.service._lock:  # pylint: disable=protected-access
-      sessions = [{"session": sid, "arrays": len(s.arrays),
+      sessions = [{"session": s.id, "arrays": len(s.arrays),
                    "executables": len(s.executables)}
-                  for sid, s in self.service.sessions.items()]
+                  for s in self.service.sessions.values()]
     return {
         "version": jax_pathways.__version__,
         "uptime_s": round(time.time() - self.started, 1),

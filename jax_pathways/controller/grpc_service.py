@@ -1,123 +1,145 @@
 """GrpcService: the controller's gRPC face, and nothing else.
 
-Serves xla.ifrt.proxy.GrpcIfrtService (GetVersion, IfrtSession, HostBuffer*)
-with messages from jaxlib's own schema, plus jax_pathways.Admin/Status for
-`jax-pathways status`. Sessions do the work; this module only moves
-messages, checks the cluster token and cleans up when a stream ends.
+The C++ _frontend.GrpcServer terminates gRPC (xla.ifrt.proxy.GrpcIfrtService
+and jax_pathways.Admin) and serves the host-buffer side channel itself; this
+module takes its events in batches on one thread: it opens sessions (checking
+version and cluster token), feeds them their requests in order, closes them,
+and answers GetVersion and the admin Status. Sessions do the work.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import secrets
 import threading
-from concurrent import futures
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from absl import logging
-import grpc
 
+from jax_pathways import _frontend
 from jax_pathways import protos
 from jax_pathways.controller import versions
 from jax_pathways.controller.handlers import HANDLERS, RESULT_HANDLES
 from jax_pathways.controller.session import Services, Session
 from jax_pathways.status import Code, StatusError
 
-SERVICE = "xla.ifrt.proxy.GrpcIfrtService"
-ADMIN_SERVICE = "jax_pathways.Admin"
 SESSION_METADATA = "ifrt-proxy-grpc-ifrt-session-metadata-bin"
-STORE_METADATA = "ifrt-proxy-grpc-host-buffer-store-metadata-bin"
-# The key a client puts its cluster token under (session initialization data,
-# or gRPC metadata for the admin service).
+GET_VERSION = "/xla.ifrt.proxy.GrpcIfrtService/GetVersion"
+ADMIN_STATUS = "/jax_pathways.Admin/Status"
+# Where a client puts its cluster token: the session's initialization data,
+# or this header for the admin service.
 TOKEN_KEY = "jax_pathways_token"
 ADMIN_TOKEN_HEADER = "jax-pathways-token"
-_CHUNK = 1 << 20
-_END = object()
 
-_GRPC_CODES = {c.value[0]: c for c in grpc.StatusCode}
-
-
-def _grpc_code(code: int) -> grpc.StatusCode:
-  return _GRPC_CODES.get(int(code), grpc.StatusCode.UNKNOWN)
+Event = _frontend.EventKind
 
 
 class GrpcService:
-  """Implements the IFRT-proxy service over Services."""
+  """Sessions over the C++ gRPC server."""
 
-  def __init__(self, services: Services, token: str | None,
+  def __init__(self, server: Any, services: Services, token: str | None,
                status: Callable[[], dict[str, Any]]):
     self.services = services
     self._token = token
     self._status = status
-    # Session ids name a session's host buffers; random, so one client
-    # cannot guess another's.
+    self._server = server  # _frontend.GrpcServer
+    self.host_buffers = services.host_buffers
     self._lock = threading.Lock()
-    self.sessions: dict[int, Session] = {}
-    self._counter = itertools.count(1)
+    self.sessions: dict[int, Session] = {}  # by stream id
+    self._stopping = False
+    self._thread = threading.Thread(target=self._loop, name="grpc-events",
+                                    daemon=True)
 
-  # ------------------------------------------------------------- GetVersion
-  def get_version(self, req: Any, context: grpc.ServicerContext) -> Any:
-    try:
-      protocol, serdes = versions.negotiate(req.min_version, req.max_version)
-    except StatusError as e:
-      context.abort(_grpc_code(e.status.code), e.status.message)
-    resp = protos.msg("xla.ifrt.proxy.GrpcGetVersionResponse")()
-    resp.version.protocol_version = protocol
-    resp.version.ifrt_serdes_version_number = serdes
-    return resp
+  def start(self, bind: str) -> int:
+    port = self._server.start(bind)
+    self._thread.start()
+    return port
 
-  # ------------------------------------------------------------ IfrtSession
-  def ifrt_session(self, requests: Iterator[Any],
-                   context: grpc.ServicerContext) -> Iterator[Any]:
-    metadata = dict(context.invocation_metadata())
+  def stop(self) -> None:
+    self._stopping = True
+    self._server.shutdown()
+    self._thread.join(timeout=10)
+    with self._lock:
+      sessions = list(self.sessions.values())
+      self.sessions.clear()
+    for session in sessions:
+      session.close()
+
+  def _loop(self) -> None:
+    handlers = {Event.OPEN: self._open, Event.REQUEST: self._request,
+                Event.CLOSED: self._closed, Event.UNARY: self._unary}
+    while True:
+      events = self._server.poll(0.5, 256)
+      if not events and self._stopping:
+        return
+      for kind, call, data, method, metadata, peer in events:
+        try:
+          handlers[kind](call, data, method, metadata, peer)
+        except Exception:  # pylint: disable=broad-except
+          logging.exception("frontend event %s on call %d failed", kind, call)
+
+  # --------------------------------------------------------------- sessions
+  def _open(self, stream: int, data: bytes, method: str,
+            metadata: dict[str, bytes], peer: str) -> None:
     raw = metadata.get(SESSION_METADATA)
     if raw is None:
-      context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                    "IfrtSession without session metadata")
+      self._server.finish(stream, Code.INVALID_ARGUMENT,
+                          "IfrtSession without session metadata")
+      return
     meta = protos.msg("xla.ifrt.proxy.GrpcIfrtSessionMetadata").FromString(raw)
     if not self._token_ok(meta):
-      context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                    "jax_pathways: wrong or missing cluster token; pass "
-                    "jax_pathways.initialize(address, token=...) or set "
-                    "JAX_PATHWAYS_TOKEN")
+      self._server.finish(
+          stream, Code.UNAUTHENTICATED,
+          "jax_pathways: wrong or missing cluster token; pass "
+          "jax_pathways.initialize(address, token=...) or set "
+          "JAX_PATHWAYS_TOKEN")
+      return
     version = meta.version.protocol_version
     if not (versions.MIN_PROTOCOL_VERSION <= version <=
             versions.MAX_PROTOCOL_VERSION):
-      context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                    f"protocol version {version} is not supported")
+      self._server.finish(stream, Code.INVALID_ARGUMENT,
+                          f"protocol version {version} is not supported")
+      return
+    # Session ids name a session's host buffers: random, so one client
+    # cannot guess another's.
     session_id = secrets.randbits(62) | 1
+    self.host_buffers.open_session(session_id)
+    server = self._server
     session = Session(session_id, version, self.services, HANDLERS,
-                      RESULT_HANDLES)
+                      RESULT_HANDLES,
+                      send=lambda r: server.send(stream, r.SerializeToString()))
     with self._lock:
-      self.sessions[session_id] = session
+      self.sessions[stream] = session
     logging.info("session %d opened (protocol %d, peer %s)", session_id,
-                 version, context.peer())
-    context.add_callback(lambda: session.outbox.put(_END))
+                 version, peer)
 
-    def read() -> None:
-      try:
-        for request in requests:
-          session.handle(request)
-      except grpc.RpcError:
-        pass  # the client went away; the callback above ends the stream
-      except Exception:  # pylint: disable=broad-except
-        logging.exception("session %d reader failed", session_id)
-      session.outbox.put(_END)
-
-    reader = threading.Thread(target=read, name=f"session-{session_id}",
-                              daemon=True)
-    reader.start()
+  def _request(self, stream: int, data: bytes, *_: Any) -> None:
+    session = self.sessions.get(stream)
+    if session is None:
+      return  # refused at open; its stream is finishing
     try:
-      while True:
-        item = session.outbox.get()
-        if item is _END:
-          return
-        yield item
-    finally:
+      request = protos.msg("xla.ifrt.proxy.IfrtRequest").FromString(data)
+    except Exception:  # pylint: disable=broad-except
+      # No op_id to answer: end this client's stream, nobody else's.
+      self._server.finish(stream, Code.INVALID_ARGUMENT,
+                          "unparsable IfrtRequest")
+      return
+    session.handle(request)
+
+  def _closed(self, stream: int, *_: Any) -> None:
+    """No more requests: end the stream once every reply is out."""
+    session = self.sessions.get(stream)
+    if session is None:
+      return
+
+    def end() -> None:
       with self._lock:
-        self.sessions.pop(session_id, None)
+        self.sessions.pop(stream, None)
+      self._server.finish(stream, 0, "")
       session.close()
-      logging.info("session %d closed", session_id)
+      self.host_buffers.close_session(session.id)
+      logging.info("session %d closed", session.id)
+
+    session.when_answered(end)
 
   def _token_ok(self, meta: Any) -> bool:
     if not self._token:
@@ -126,119 +148,33 @@ class GrpcService:
     given = value.string_value.decode() if value is not None else ""
     return secrets.compare_digest(given, self._token)
 
-  # ------------------------------------------------------------ host buffers
-  def host_buffer_store(self, chunks: Iterator[Any],
-                        context: grpc.ServicerContext) -> Any:
-    metadata = dict(context.invocation_metadata())
-    raw = metadata.get(STORE_METADATA)
-    if raw is None:
-      context.abort(grpc.StatusCode.INTERNAL,
-                    "HostBufferStore without its metadata header")
+  # ----------------------------------------------------------- unary calls
+  def _unary(self, call: int, data: bytes, method: str,
+             metadata: dict[str, bytes], peer: str) -> None:
     try:
-      meta = protos.msg("xla.ifrt.proxy.GrpcHostBufferStoreMetadata"
-                        ).FromString(raw)
-    except Exception:  # pylint: disable=broad-except
-      context.abort(grpc.StatusCode.DATA_LOSS, "unparsable store metadata")
-    data = b"".join(c.data for c in chunks)
-    if len(data) != meta.buffer_size:
-      context.abort(grpc.StatusCode.DATA_LOSS,
-                    f"host buffer {meta.handle}: got {len(data)} bytes, "
-                    f"expected {meta.buffer_size}")
-    try:
-      self.services.host_buffers.store(meta.session_id, meta.handle, data)
+      if method == GET_VERSION:
+        reply = self._get_version(data)
+      elif method == ADMIN_STATUS:
+        reply = self._admin_status(metadata)
+      else:
+        raise StatusError(Code.UNIMPLEMENTED, f"no method {method}")
     except StatusError as e:
-      context.abort(_grpc_code(e.status.code), e.status.message)
-    return protos.msg("xla.ifrt.proxy.GrpcHostBufferStoreResponse")()
+      self._server.reply(call, int(e.status.code), e.status.message, b"")
+      return
+    self._server.reply(call, 0, "", reply)
 
-  def host_buffer_lookup(self, req: Any, context: grpc.ServicerContext
-                         ) -> Iterator[Any]:
-    try:
-      data = self.services.host_buffers.lookup(req.session_id, req.handle)
-    except StatusError as e:
-      context.abort(_grpc_code(e.status.code), e.status.message)
-    cls = protos.msg("xla.ifrt.proxy.GrpcHostBufferLookupResponse")
-    view = memoryview(data)
-    yield cls(data=bytes(view[:_CHUNK]))  # at least one message
-    for i in range(_CHUNK, len(view), _CHUNK):
-      yield cls(data=bytes(view[i:i + _CHUNK]))
+  def _get_version(self, data: bytes) -> bytes:
+    req = protos.msg("xla.ifrt.proxy.GrpcGetVersionRequest").FromString(data)
+    protocol, serdes = versions.negotiate(req.min_version, req.max_version)
+    resp = protos.msg("xla.ifrt.proxy.GrpcGetVersionResponse")()
+    resp.version.protocol_version = protocol
+    resp.version.ifrt_serdes_version_number = serdes
+    return resp.SerializeToString()
 
-  def host_buffer_delete(self, req: Any, context: grpc.ServicerContext) -> Any:
-    try:
-      self.services.host_buffers.delete(req.session_id, req.handle)
-    except StatusError as e:
-      context.abort(_grpc_code(e.status.code), e.status.message)
-    return protos.msg("xla.ifrt.proxy.GrpcHostBufferDeleteResponse")()
-
-  def host_buffer_read_from_disk(self, req: Any,
-                                 context: grpc.ServicerContext) -> Any:
-    context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                  "jax_pathways does not read host buffers from disk; unset "
-                  "IFRT_PROXY_GRPC_LARGE_TRANSFER_OPTIMIZATION_DIRECTORY")
-
-  # ------------------------------------------------------------------ admin
-  def admin_status(self, req: bytes, context: grpc.ServicerContext) -> bytes:
+  def _admin_status(self, metadata: dict[str, bytes]) -> bytes:
     if self._token:
-      given = dict(context.invocation_metadata()).get(ADMIN_TOKEN_HEADER, "")
+      given = metadata.get(ADMIN_TOKEN_HEADER, b"").decode(errors="replace")
       if not secrets.compare_digest(given, self._token):
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong cluster token")
+        raise StatusError(Code.UNAUTHENTICATED, "wrong cluster token")
     return json.dumps(self._status()).encode()
 
-
-def build_server(service: GrpcService, bind: str, max_workers: int = 256
-                 ) -> tuple[grpc.Server, int]:
-  """A started-ready (not started) server bound to `bind` ('host:port')."""
-  m = protos.msg
-
-  def unary(fn, req, resp):
-    return grpc.unary_unary_rpc_method_handler(
-        fn, request_deserializer=req.FromString,
-        response_serializer=resp.SerializeToString)
-
-  handlers = {
-      "GetVersion": unary(service.get_version,
-                          m("xla.ifrt.proxy.GrpcGetVersionRequest"),
-                          m("xla.ifrt.proxy.GrpcGetVersionResponse")),
-      "IfrtSession": grpc.stream_stream_rpc_method_handler(
-          service.ifrt_session,
-          request_deserializer=m("xla.ifrt.proxy.IfrtRequest").FromString,
-          response_serializer=m("xla.ifrt.proxy.IfrtResponse").SerializeToString),
-      "HostBufferStore": grpc.stream_unary_rpc_method_handler(
-          service.host_buffer_store,
-          request_deserializer=m(
-              "xla.ifrt.proxy.GrpcHostBufferStoreRequest").FromString,
-          response_serializer=m(
-              "xla.ifrt.proxy.GrpcHostBufferStoreResponse").SerializeToString),
-      "HostBufferLookup": grpc.unary_stream_rpc_method_handler(
-          service.host_buffer_lookup,
-          request_deserializer=m(
-              "xla.ifrt.proxy.GrpcHostBufferLookupRequest").FromString,
-          response_serializer=m(
-              "xla.ifrt.proxy.GrpcHostBufferLookupResponse").SerializeToString),
-      "HostBufferDelete": unary(
-          service.host_buffer_delete,
-          m("xla.ifrt.proxy.GrpcHostBufferDeleteRequest"),
-          m("xla.ifrt.proxy.GrpcHostBufferDeleteResponse")),
-      "HostBufferReadFromDisk": unary(
-          service.host_buffer_read_from_disk,
-          m("xla.ifrt.proxy.GrpcHostBufferReadFromDiskRequest"),
-          m("xla.ifrt.proxy.GrpcHostBufferReadFromDiskResponse")),
-  }
-  admin = {
-      "Status": grpc.unary_unary_rpc_method_handler(
-          service.admin_status, request_deserializer=None,
-          response_serializer=None),
-  }
-  server = grpc.server(
-      futures.ThreadPoolExecutor(max_workers=max_workers,
-                                 thread_name_prefix="grpc"),
-      options=[("grpc.max_receive_message_length", -1),
-               ("grpc.max_send_message_length", -1),
-               ("grpc.so_reuseport", 0)])
-  server.add_generic_rpc_handlers((
-      grpc.method_handlers_generic_handler(SERVICE, handlers),
-      grpc.method_handlers_generic_handler(ADMIN_SERVICE, admin),
-  ))
-  port = server.add_insecure_port(bind)
-  if port == 0:
-    raise OSError(f"could not bind the controller to {bind}")
-  return server, port

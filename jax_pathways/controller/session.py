@@ -10,7 +10,6 @@ replies leave in completion order, matched by op_id.
 from __future__ import annotations
 
 import dataclasses
-import queue
 import threading
 from typing import Any, Callable
 
@@ -20,7 +19,6 @@ from jax_pathways import protos
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.compile_cache import CompileCache
 from jax_pathways.controller.handle_store import HandleStore, ServerHandles
-from jax_pathways.controller.host_buffer_store import HostBufferStore
 from jax_pathways.dispatch.dispatcher import Dispatcher, IslandOp, OpKind
 from jax_pathways.resources.topology import Topology
 from jax_pathways.status import Code, Status, StatusError
@@ -31,7 +29,7 @@ class Services:
   """What the controller lends every session."""
   topology: Topology
   dispatcher: Dispatcher
-  host_buffers: HostBufferStore
+  host_buffers: Any  # _frontend.HostBuffers: take(), store()
   compile_cache: CompileCache
   platform_version: str
   wait_for_topology_s: float = 120.0
@@ -83,7 +81,8 @@ class Reply:
         logging.error("second reply to op %d dropped", self._op_id)
         return
       self._sent = True
-    self._session.outbox.put(response)
+    self._session.send(response)
+    self._session.replied()
 
 
 # handler(session, request_body, reply); registered in handlers/__init__.py.
@@ -95,7 +94,8 @@ class Session:
 
   def __init__(self, session_id: int, protocol_version: int,
                services: Services, handlers: dict[str, Handler],
-               result_handles: dict[str, Callable[[Any], list[int]]]):
+               result_handles: dict[str, Callable[[Any], list[int]]],
+               send: Callable[[Any], Any]):
     self.id = session_id
     self.protocol_version = protocol_version
     self.services = services
@@ -104,11 +104,13 @@ class Session:
     self.futures: HandleStore[Any] = HandleStore("future")
     self.execute_results: HandleStore[Any] = HandleStore("result status")
     self.server_handles = ServerHandles()
-    self.outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    self.send = send  # an IfrtResponse to the client; any thread
     self._handlers = handlers
     self._result_handles = result_handles
     self._response_cls = protos.msg("xla.ifrt.proxy.IfrtResponse")
-    services.host_buffers.open_session(session_id)
+    self._lock = threading.Lock()
+    self._unanswered = 0
+    self._on_idle: Callable[[], None] | None = None
 
   def new_response(self, op_id: int) -> Any:
     response = self._response_cls()
@@ -120,9 +122,13 @@ class Session:
     kind = request.WhichOneof("request")
     op_id = request.request_metadata.op_id
     if kind is None:
+      with self._lock:
+        self._unanswered += 1
       reply = Reply(self, op_id, "")
       reply.error(Status(Code.INVALID_ARGUMENT, "request names no operation"))
       return
+    with self._lock:
+      self._unanswered += 1
     reply = Reply(self, op_id, kind[:-len("_request")] + "_response")
     body = getattr(request, kind)
     if logging.vlog_is_on(1):
@@ -142,6 +148,24 @@ class Session:
       status = Status(Code.INTERNAL, f"jax_pathways controller: {kind}: {e!r}")
       self._poison_results(kind, body, status)
       reply.error(status)
+
+  def replied(self) -> None:
+    with self._lock:
+      self._unanswered -= 1
+      on_idle = self._on_idle if self._unanswered == 0 else None
+      if on_idle is not None:
+        self._on_idle = None
+    if on_idle is not None:
+      on_idle()
+
+  def when_answered(self, on_idle: Callable[[], None]) -> None:
+    """Calls `on_idle` once every request has its reply (now, or from the
+    thread that sends the last one)."""
+    with self._lock:
+      if self._unanswered:
+        self._on_idle = on_idle
+        return
+    on_idle()
 
   def _poison_results(self, kind: str, body: Any, status: Status) -> None:
     """Leaves the error under the client's result handles (IFRT semantics)."""
@@ -165,4 +189,3 @@ class Session:
     self.executables.drain()
     self.futures.drain()
     self.execute_results.drain()
-    self.services.host_buffers.close_session(self.id)

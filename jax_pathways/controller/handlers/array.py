@@ -18,7 +18,7 @@ from jax_pathways.dispatch import payloads
 from jax_pathways.dispatch.dispatcher import IslandOp, OpKind
 from jax_pathways.programs import sharding as sharding_lib
 from jax_pathways.programs.sharding import Sharding
-from jax_pathways.status import Code, Status, StatusError, invalid_argument, unimplemented
+from jax_pathways.status import Code, Status, StatusError, from_exception, invalid_argument, unimplemented
 
 _PJRT_LAYOUT = "xla::ifrt::PjRtLayout"
 
@@ -63,9 +63,13 @@ def _put(session: Session, handle: int, dtype: str, shape: Sequence[int],
                 payload=payloads.encode(header, *blobs))])
 
 
-def _upload(session: Session, handle: int) -> bytes:
-  return session.services.host_buffers.take(
-      session.id, handle, session.services.upload_timeout_s)
+def _upload(session: Session, handle: int) -> Any:
+  """The client's upload (a uint8 array), waiting for it if need be."""
+  try:
+    return session.services.host_buffers.take(
+        session.id, handle, session.services.upload_timeout_s)
+  except Exception as e:  # pylint: disable=broad-except
+    raise from_exception(e) from None
 
 
 @handles("make_array_from_host_buffer_request",
@@ -129,8 +133,8 @@ def copy_to_host_buffer(session: Session, req: Any, reply: Reply) -> None:
     try:
       # Stored before the reply: the client looks it up only afterwards.
       store.store(session.id, req.host_buffer_handle, results[0])
-    except StatusError as e:
-      reply.error(e.status)
+    except Exception as e:  # pylint: disable=broad-except
+      reply.error(from_exception(e).status)
       return
     reply.ok()
 

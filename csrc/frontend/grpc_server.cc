@@ -1,0 +1,516 @@
+#include "frontend/grpc_server.h"
+
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <deque>
+#include <map>
+
+#include "frontend/proto_wire.h"
+
+namespace jax_pathways {
+namespace {
+
+constexpr char kService[] = "/xla.ifrt.proxy.GrpcIfrtService/";
+constexpr char kAdminService[] = "/jax_pathways.Admin/";
+constexpr char kStoreMetadata[] =
+    "ifrt-proxy-grpc-host-buffer-store-metadata-bin";
+constexpr size_t kChunk = 1 << 20;  // as the reference server streams
+
+enum class CallKind { kSession, kUnary, kStore, kLookup, kDelete, kRefused };
+
+CallKind KindOf(const std::string& method) {
+  std::string svc(kService);
+  if (method.rfind(svc, 0) == 0) {
+    std::string name = method.substr(svc.size());
+    if (name == "IfrtSession") return CallKind::kSession;
+    if (name == "GetVersion") return CallKind::kUnary;
+    if (name == "HostBufferStore") return CallKind::kStore;
+    if (name == "HostBufferLookup") return CallKind::kLookup;
+    if (name == "HostBufferDelete") return CallKind::kDelete;
+    return CallKind::kRefused;
+  }
+  if (method.rfind(kAdminService, 0) == 0) return CallKind::kUnary;
+  return CallKind::kRefused;
+}
+
+grpc::Status ToGrpc(const Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), s.message());
+}
+
+std::string Flatten(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  std::string out;
+  if (!buffer.Dump(&slices).ok()) return out;
+  out.reserve(buffer.Length());
+  for (const grpc::Slice& s : slices) {
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return out;
+}
+
+}  // namespace
+
+// One RPC of any method: a small state machine driven by the completion
+// queue thread (OnEvent) and by Python (Send/Reply/Finish), under `mu_`.
+class Call {
+ public:
+  enum TagKind { kNew, kRead, kWrite, kFinish, kDone, kNumTags };
+  struct Tag {
+    Call* call;
+    TagKind kind;
+  };
+
+  Call(GrpcServer* server, uint64_t id) : server_(server), id_(id) {
+    for (int k = 0; k < kNumTags; ++k) tags_[k] = Tag{this, TagKind(k)};
+  }
+
+  grpc::GenericServerContext* context() { return &ctx_; }
+  grpc::GenericServerAsyncReaderWriter* stream() { return &stream_; }
+  Tag* tag(TagKind k) { return &tags_[k]; }
+  void set_pending(int n) { pending_ = n; }
+
+  void OnEvent(TagKind kind, bool ok);
+  bool Send(std::string data);
+  void Finish(const Status& status);  // graceful if OK, else at once
+  void Reply(const Status& status, std::string data);
+
+ private:
+  void OnNew(bool ok);
+  void OnRead(bool ok);
+  void StartRead();
+  void WriteNext();
+  void RequestFinish(const Status& status, bool drop_writes);
+  void StartFinish();
+  void Push(FrontendEvent::Kind kind, std::string data);
+  void ServeLookup(const std::string& request);
+  void FinishUpload();
+
+  GrpcServer* const server_;
+  const uint64_t id_;
+  grpc::GenericServerContext ctx_;
+  grpc::GenericServerAsyncReaderWriter stream_{&ctx_};
+  Tag tags_[kNumTags];
+
+  std::mutex mu_;
+  CallKind kind_ = CallKind::kRefused;
+  int pending_ = 0;  // async ops in flight
+  grpc::ByteBuffer read_buf_;
+  grpc::ByteBuffer write_buf_;
+  std::deque<std::string> writes_;
+  bool writing_ = false;
+  bool broken_ = false;
+  bool closed_pushed_ = false;
+  bool finish_requested_ = false;
+  bool finish_started_ = false;
+  grpc::Status finish_status_;
+  // HostBufferStore
+  uint64_t session_ = 0, handle_ = 0, expected_ = 0;
+  std::string upload_;
+  // HostBufferLookup
+  HostBuffer download_;
+  size_t offset_ = 0;
+  bool download_started_ = false;
+};
+
+void Call::OnEvent(TagKind kind, bool ok) {
+  bool remove = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --pending_;
+    switch (kind) {
+      case kNew:
+        OnNew(ok);
+        break;
+      case kRead:
+        OnRead(ok);
+        break;
+      case kWrite:
+        writing_ = false;
+        if (!ok) {
+          broken_ = true;
+          writes_.clear();
+          download_.reset();
+        }
+        WriteNext();
+        if (!writing_ && finish_requested_) StartFinish();
+        break;
+      case kFinish:
+        break;
+      case kDone:
+        if (kind_ == CallKind::kSession && !closed_pushed_) {
+          Push(FrontendEvent::kClosed, "");
+        }
+        break;
+      default:
+        break;
+    }
+    remove = pending_ == 0;
+  }
+  if (remove) server_->Remove(id_);  // may destroy *this: last statement
+}
+
+void Call::OnNew(bool ok) {
+  if (!ok) return;  // the server is shutting down
+  server_->SpawnCall();
+  kind_ = KindOf(ctx_.method());
+  switch (kind_) {
+    case CallKind::kSession:
+      Push(FrontendEvent::kOpen, "");
+      StartRead();
+      return;
+    case CallKind::kUnary:
+    case CallKind::kLookup:
+    case CallKind::kDelete:
+      StartRead();
+      return;
+    case CallKind::kStore: {
+      auto md = ctx_.client_metadata().find(kStoreMetadata);
+      std::map<uint32_t, uint64_t> f;
+      if (md == ctx_.client_metadata().end()) {
+        RequestFinish(Internal("HostBufferStore without its metadata header"),
+                      true);
+        return;
+      }
+      if (!ReadScalarFields(std::string_view(md->second.data(),
+                                             md->second.size()), &f)) {
+        RequestFinish(DataLoss("unparsable HostBufferStore metadata"), true);
+        return;
+      }
+      session_ = f[1];
+      handle_ = f[2];
+      expected_ = f[3];
+      if (!server_->host_buffers_.HasSession(session_)) {
+        RequestFinish(NotFound("unknown session " + std::to_string(session_)),
+                      true);
+        return;
+      }
+      upload_.reserve(expected_);
+      StartRead();
+      return;
+    }
+    case CallKind::kRefused:
+      RequestFinish(Status(Code::kUnimplemented,
+                           "jax_pathways does not serve " + ctx_.method()),
+                    true);
+      return;
+  }
+}
+
+void Call::OnRead(bool ok) {
+  switch (kind_) {
+    case CallKind::kSession:
+      if (ok) {
+        Push(FrontendEvent::kRequest, Flatten(read_buf_));
+        StartRead();
+      } else if (!closed_pushed_) {
+        // No more requests; Python finishes the stream once it has sent
+        // every reply (the client may have only half-closed).
+        Push(FrontendEvent::kClosed, "");
+      }
+      return;
+    case CallKind::kUnary:
+      if (ok) {
+        Push(FrontendEvent::kUnary, Flatten(read_buf_));
+      } else {
+        RequestFinish(InvalidArgument("unary call without a request"), true);
+      }
+      return;
+    case CallKind::kStore:
+      if (!ok) {
+        FinishUpload();
+        return;
+      }
+      {
+        std::string message = Flatten(read_buf_);
+        std::string_view chunk;
+        if (!ReadBytesField1(message, &chunk)) {
+          RequestFinish(DataLoss("malformed HostBufferStore chunk"), true);
+          return;
+        }
+        upload_.append(chunk.data(), chunk.size());
+      }
+      if (upload_.size() > expected_) {
+        RequestFinish(DataLoss("host buffer " + std::to_string(handle_) +
+                               " is larger than announced"),
+                      true);
+        return;
+      }
+      StartRead();
+      return;
+    case CallKind::kLookup:
+      if (!ok) {
+        RequestFinish(InvalidArgument("lookup without a request"), true);
+        return;
+      }
+      ServeLookup(Flatten(read_buf_));
+      return;
+    case CallKind::kDelete: {
+      std::map<uint32_t, uint64_t> f;
+      if (!ok || !ReadScalarFields(Flatten(read_buf_), &f)) {
+        RequestFinish(InvalidArgument("malformed HostBufferDelete"), true);
+        return;
+      }
+      Status s = server_->host_buffers_.Delete(f[1], f[2]);
+      if (!s.ok()) {
+        RequestFinish(s, true);
+        return;
+      }
+      writes_.push_back("");
+      RequestFinish(Status::Ok(), false);
+      WriteNext();
+      return;
+    }
+    case CallKind::kRefused:
+      return;
+  }
+}
+
+void Call::FinishUpload() {
+  if (upload_.size() != expected_) {
+    RequestFinish(DataLoss("host buffer " + std::to_string(handle_) + ": got " +
+                           std::to_string(upload_.size()) + " bytes, expected " +
+                           std::to_string(expected_)),
+                  true);
+    return;
+  }
+  Status s = server_->host_buffers_.Store(
+      session_, handle_, std::make_shared<const std::string>(std::move(upload_)));
+  if (!s.ok()) {
+    RequestFinish(s, true);
+    return;
+  }
+  writes_.push_back("");  // an empty GrpcHostBufferStoreResponse
+  RequestFinish(Status::Ok(), false);
+  WriteNext();
+}
+
+void Call::ServeLookup(const std::string& request) {
+  std::map<uint32_t, uint64_t> f;
+  if (!ReadScalarFields(request, &f)) {
+    RequestFinish(InvalidArgument("malformed HostBufferLookup"), true);
+    return;
+  }
+  StatusOr<HostBuffer> found = server_->host_buffers_.Lookup(f[1], f[2]);
+  if (!found.ok()) {
+    RequestFinish(found.status(), true);
+    return;
+  }
+  download_ = found.value();
+  offset_ = 0;
+  RequestFinish(Status::Ok(), false);
+  WriteNext();
+}
+
+void Call::StartRead() {
+  if (finish_requested_) return;
+  if (server_->StartOp([&] { stream_.Read(&read_buf_, tag(kRead)); })) {
+    ++pending_;
+  }
+}
+
+void Call::WriteNext() {
+  if (writing_ || broken_) return;
+  std::string next;
+  if (!writes_.empty()) {
+    next = std::move(writes_.front());
+    writes_.pop_front();
+  } else if (download_ && (!download_started_ || offset_ < download_->size())) {
+    // Always at least one message, even for an empty buffer.
+    size_t n = std::min(kChunk, download_->size() - offset_);
+    next = BytesField1(std::string_view(download_->data() + offset_, n));
+    offset_ += n;
+    download_started_ = true;
+    if (offset_ >= download_->size()) download_.reset();
+  } else {
+    return;
+  }
+  grpc::Slice slice(next);
+  write_buf_ = grpc::ByteBuffer(&slice, 1);
+  if (server_->StartOp([&] { stream_.Write(write_buf_, tag(kWrite)); })) {
+    writing_ = true;
+    ++pending_;
+  }
+}
+
+void Call::RequestFinish(const Status& status, bool drop_writes) {
+  if (finish_requested_) return;
+  finish_requested_ = true;
+  finish_status_ = ToGrpc(status);
+  if (drop_writes) {
+    writes_.clear();
+    download_.reset();
+  }
+  if (!writing_ && writes_.empty() && !download_) StartFinish();
+}
+
+void Call::StartFinish() {
+  if (finish_started_ || !writes_.empty() || download_) return;
+  finish_started_ = true;
+  if (server_->StartOp([&] { stream_.Finish(finish_status_, tag(kFinish)); })) {
+    ++pending_;
+  }
+}
+
+void Call::Push(FrontendEvent::Kind kind, std::string data) {
+  FrontendEvent e;
+  e.kind = kind;
+  e.id = id_;
+  e.data = std::move(data);
+  if (kind == FrontendEvent::kOpen || kind == FrontendEvent::kUnary) {
+    e.method = ctx_.method();
+    e.peer = ctx_.peer();
+    for (const auto& [k, v] : ctx_.client_metadata()) {
+      e.metadata.emplace_back(std::string(k.data(), k.size()),
+                              std::string(v.data(), v.size()));
+    }
+  }
+  if (kind == FrontendEvent::kClosed) closed_pushed_ = true;
+  server_->events_.Push(std::move(e));
+}
+
+bool Call::Send(std::string data) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (kind_ != CallKind::kSession || finish_requested_ || broken_) return false;
+  writes_.push_back(std::move(data));
+  WriteNext();
+  return true;
+}
+
+void Call::Finish(const Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RequestFinish(status, !status.ok());
+}
+
+void Call::Reply(const Status& status, std::string data) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (kind_ != CallKind::kUnary || finish_requested_) return;
+  if (status.ok()) writes_.push_back(std::move(data));
+  RequestFinish(status, !status.ok());
+  WriteNext();
+}
+
+// ---------------------------------------------------------------- GrpcServer
+
+GrpcServer::GrpcServer()
+    : service_(std::make_unique<grpc::AsyncGenericService>()) {}
+
+GrpcServer::~GrpcServer() { Shutdown(); }
+
+StatusOr<int> GrpcServer::Start(const std::string& address) {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(-1);
+  builder.SetMaxSendMessageSize(-1);
+  builder.RegisterAsyncGenericService(service_.get());
+  cq_ = builder.AddCompletionQueue();
+  server_ = builder.BuildAndStart();
+  if (!server_ || port == 0) {
+    return Unavailable("could not listen on " + address);
+  }
+  // A few calls waiting to be matched, so bursts of new RPCs (host-buffer
+  // uploads) need not wait for the queue thread.
+  for (int i = 0; i < 8; ++i) SpawnCall();
+  cq_thread_ = std::thread([this] { Serve(); });
+  return port;
+}
+
+void GrpcServer::SpawnCall() {
+  std::shared_ptr<Call> call;
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    id = ++next_id_;
+    call = std::make_shared<Call>(this, id);
+    calls_[id] = call;
+  }
+  // Both tags always come back: kDone when the RPC ends, kNew when it
+  // starts (ok=false if the server shuts down first).
+  call->set_pending(2);
+  Call* raw = call.get();
+  bool started = StartOp([&] {
+    raw->context()->AsyncNotifyWhenDone(raw->tag(Call::kDone));
+    service_->RequestCall(raw->context(), raw->stream(), cq_.get(), cq_.get(),
+                          raw->tag(Call::kNew));
+  });
+  if (!started) Remove(id);
+}
+
+void GrpcServer::Serve() {
+  void* tag;
+  bool ok;
+  while (cq_->Next(&tag, &ok)) {
+    auto* t = static_cast<Call::Tag*>(tag);
+    t->call->OnEvent(t->kind, ok);
+  }
+}
+
+template <typename F>
+bool GrpcServer::StartOp(F start) {
+  std::lock_guard<std::mutex> lock(ops_mu_);
+  if (cq_shut_) return false;
+  start();
+  return true;
+}
+
+std::shared_ptr<Call> GrpcServer::Find(uint64_t id) {
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  auto it = calls_.find(id);
+  return it == calls_.end() ? nullptr : it->second;
+}
+
+void GrpcServer::Remove(uint64_t id) {
+  std::shared_ptr<Call> doomed;  // destroyed after the lock is released
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  auto it = calls_.find(id);
+  if (it == calls_.end()) return;
+  doomed = std::move(it->second);
+  calls_.erase(it);
+}
+
+std::vector<FrontendEvent> GrpcServer::Poll(double timeout_s,
+                                            size_t max_items) {
+  return events_.Pop(timeout_s, max_items);
+}
+
+bool GrpcServer::Send(uint64_t id, std::string data) {
+  std::shared_ptr<Call> call = Find(id);
+  return call != nullptr && call->Send(std::move(data));
+}
+
+void GrpcServer::Finish(uint64_t id, const Status& status) {
+  if (std::shared_ptr<Call> call = Find(id)) call->Finish(status);
+}
+
+void GrpcServer::Reply(uint64_t id, const Status& status, std::string data) {
+  if (std::shared_ptr<Call> call = Find(id)) {
+    call->Reply(status, std::move(data));
+  }
+}
+
+size_t GrpcServer::open_calls() {
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  return calls_.size();
+}
+
+void GrpcServer::Shutdown() {
+  if (shut_down_.exchange(true) || !server_) return;
+  // Cancels every RPC; their pending ops come back with ok=false.
+  server_->Shutdown(std::chrono::system_clock::now() +
+                    std::chrono::milliseconds(200));
+  {
+    std::lock_guard<std::mutex> lock(ops_mu_);
+    cq_shut_ = true;
+    cq_->Shutdown();
+  }
+  if (cq_thread_.joinable()) cq_thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(calls_mu_);
+    calls_.clear();
+  }
+  events_.Close();
+}
+
+}  // namespace jax_pathways

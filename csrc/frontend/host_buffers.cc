@@ -1,0 +1,98 @@
+#include "frontend/host_buffers.h"
+
+#include <chrono>
+
+namespace jax_pathways {
+namespace {
+
+Status UnknownSession(uint64_t session) {
+  return NotFound("unknown session " + std::to_string(session));
+}
+
+Status UnknownHandle(uint64_t handle) {
+  return NotFound("host buffer handle " + std::to_string(handle) +
+                  " not found");
+}
+
+}  // namespace
+
+void HostBuffers::OpenSession(uint64_t session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sessions_[session];
+}
+
+void HostBuffers::CloseSession(uint64_t session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return;
+  for (auto& [handle, buffer] : it->second) bytes_ -= buffer->size();
+  sessions_.erase(it);
+  cv_.notify_all();
+}
+
+bool HostBuffers::HasSession(uint64_t session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sessions_.count(session) > 0;
+}
+
+Status HostBuffers::Store(uint64_t session, uint64_t handle, HostBuffer data) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return UnknownSession(session);
+  size_t size = data->size();
+  if (!it->second.emplace(handle, std::move(data)).second) {
+    return Status(Code::kAlreadyExists,
+                  "host buffer " + std::to_string(handle) + " already exists");
+  }
+  bytes_ += size;
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+StatusOr<HostBuffer> HostBuffers::Lookup(uint64_t session, uint64_t handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return UnknownSession(session);
+  auto b = it->second.find(handle);
+  if (b == it->second.end()) return UnknownHandle(handle);
+  return b->second;
+}
+
+StatusOr<HostBuffer> HostBuffers::Take(uint64_t session, uint64_t handle,
+                                       double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto arrived = [&] {
+    auto it = sessions_.find(session);
+    return it == sessions_.end() || it->second.count(handle) > 0;
+  };
+  if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), arrived)) {
+    return DeadlineExceeded("the upload of host buffer " +
+                            std::to_string(handle) + " did not arrive within " +
+                            std::to_string(static_cast<int>(timeout_s)) + " s");
+  }
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return UnknownSession(session);
+  auto b = it->second.find(handle);
+  HostBuffer out = std::move(b->second);
+  it->second.erase(b);
+  bytes_ -= out->size();
+  return out;
+}
+
+Status HostBuffers::Delete(uint64_t session, uint64_t handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return UnknownSession(session);
+  auto b = it->second.find(handle);
+  if (b == it->second.end()) return UnknownHandle(handle);
+  bytes_ -= b->second->size();
+  it->second.erase(b);
+  return Status::Ok();
+}
+
+size_t HostBuffers::total_bytes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_;
+}
+
+}  // namespace jax_pathways

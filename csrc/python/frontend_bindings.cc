@@ -1,0 +1,119 @@
+#include <pybind11/stl.h>
+
+#include "frontend/grpc_server.h"
+#include "python/bytes_casters.h"
+#include "python/frontend_bindings.h"
+#include "python/status_casters.h"
+
+namespace py = pybind11;
+
+namespace jax_pathways {
+
+void RegisterGrpcServer(py::module_& m) {
+  py::class_<HostBuffers>(m, "HostBuffers")
+      .def("open_session", &HostBuffers::OpenSession, py::arg("session"))
+      .def("close_session", &HostBuffers::CloseSession, py::arg("session"))
+      .def(
+          "take",
+          [](HostBuffers& h, uint64_t session, uint64_t handle,
+             double timeout_s) {
+            StatusOr<HostBuffer> got = [&] {
+              py::gil_scoped_release nogil;
+              return h.Take(session, handle, timeout_s);
+            }();
+            // A zero-copy uint8 view that keeps the buffer alive.
+            auto* owner = new HostBuffer(ValueOrThrow(std::move(got)));
+            py::capsule free_when_done(
+                owner, [](void* p) { delete static_cast<HostBuffer*>(p); });
+            return py::array_t<uint8_t>(
+                {static_cast<py::ssize_t>((*owner)->size())}, {1},
+                reinterpret_cast<const uint8_t*>((*owner)->data()),
+                free_when_done);
+          },
+          py::arg("session"), py::arg("handle"), py::arg("timeout_s"))
+      .def(
+          "store",
+          [](HostBuffers& h, uint64_t session, uint64_t handle,
+             py::buffer data) {
+            auto copy =
+                std::make_shared<const std::string>(BytesView(data).view());
+            ThrowIfError(h.Store(session, handle, std::move(copy)));
+          },
+          py::arg("session"), py::arg("handle"), py::arg("data"))
+      .def("total_bytes", &HostBuffers::total_bytes);
+
+  py::enum_<FrontendEvent::Kind>(m, "EventKind")
+      .value("OPEN", FrontendEvent::kOpen)
+      .value("REQUEST", FrontendEvent::kRequest)
+      .value("CLOSED", FrontendEvent::kClosed)
+      .value("UNARY", FrontendEvent::kUnary);
+
+  py::class_<GrpcServer>(m, "GrpcServer")
+      .def(py::init<>())
+      .def(
+          "start",
+          [](GrpcServer& s, const std::string& address) {
+            StatusOr<int> port = [&] {
+              py::gil_scoped_release nogil;
+              return s.Start(address);
+            }();
+            return ValueOrThrow(std::move(port));
+          },
+          py::arg("address"))
+      .def(
+          "poll",
+          [](GrpcServer& s, double timeout_s, size_t max_items) {
+            std::vector<FrontendEvent> events;
+            {
+              py::gil_scoped_release nogil;
+              events = s.Poll(timeout_s, max_items);
+            }
+            // (kind, id, data, method, metadata, peer); the last three are
+            // empty except for OPEN and UNARY events.
+            py::list out;
+            for (FrontendEvent& e : events) {
+              py::dict metadata;
+              for (auto& [k, v] : e.metadata) {
+                metadata[py::str(k)] = py::bytes(v);
+              }
+              out.append(py::make_tuple(e.kind, e.id, py::bytes(e.data),
+                                        e.method, metadata, e.peer));
+            }
+            return out;
+          },
+          py::arg("timeout_s"), py::arg("max_items") = 256)
+      .def(
+          "send",
+          [](GrpcServer& s, uint64_t id, py::bytes data) {
+            std::string bytes = data;
+            py::gil_scoped_release nogil;
+            return s.Send(id, std::move(bytes));
+          },
+          py::arg("id"), py::arg("data"))
+      .def(
+          "finish",
+          [](GrpcServer& s, uint64_t id, int code, std::string message) {
+            py::gil_scoped_release nogil;
+            s.Finish(id, Status(static_cast<Code>(code), std::move(message)));
+          },
+          py::arg("id"), py::arg("code"), py::arg("message"))
+      .def(
+          "reply",
+          [](GrpcServer& s, uint64_t id, int code, std::string message,
+             py::bytes data) {
+            std::string bytes = data;
+            py::gil_scoped_release nogil;
+            s.Reply(id, Status(static_cast<Code>(code), std::move(message)),
+                    std::move(bytes));
+          },
+          py::arg("id"), py::arg("code"), py::arg("message"), py::arg("data"))
+      .def_property_readonly(
+          "host_buffers",
+          [](GrpcServer& s) -> HostBuffers& { return s.host_buffers(); },
+          py::return_value_policy::reference_internal)
+      .def("open_calls", &GrpcServer::open_calls)
+      .def("shutdown", &GrpcServer::Shutdown,
+           py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace jax_pathways
