@@ -74,7 +74,7 @@ void Dispatcher::Submit(std::vector<IslandOp> gang, uint64_t tag) {
         std::vector<Op> ready;
         island->queue.Push(std::move(op), std::move(slot), &ready);
         ++island->submitted;
-        for (Op& r : ready) outbox.emplace_back(island->channel, std::move(r));
+        Admitted(island, std::move(ready), &outbox, &done);
       }
     }
   }
@@ -139,10 +139,24 @@ void Dispatcher::HandleEvent(Island* island, Event event) {
     } else {
       ++island->finished;
       FinishSlot(*slot, event.status, std::move(event.payload), &done);
-      for (Op& r : ready) outbox.emplace_back(island->channel, std::move(r));
+      Admitted(island, std::move(ready), &outbox, &done);
     }
   }
   Flush(std::move(outbox), std::move(done));
+}
+
+void Dispatcher::Admitted(Island* island, std::vector<Op> ready, Outbox* outbox,
+                          std::vector<Completion>* done) {
+  for (size_t i = 0; i < ready.size(); ++i) {
+    if (!ExpectsEvent(ready[i].kind)) {
+      if (std::optional<GangSlot> slot =
+              island->queue.Finish(ready[i].seq, &ready)) {
+        ++island->finished;
+        FinishSlot(*slot, Status::Ok(), {}, done);
+      }
+    }
+    outbox->emplace_back(island->channel, std::move(ready[i]));
+  }
 }
 
 void Dispatcher::FinishSlot(const GangSlot& slot, const Status& status,

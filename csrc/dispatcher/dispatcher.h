@@ -94,6 +94,10 @@ class Dispatcher {
   using Outbox = std::vector<std::pair<std::shared_ptr<Channel>, Op>>;
 
   void ReadLoop(Island* island);
+  // Requires mu_. Moves ops the window admitted to the outbox; ops that
+  // expect no event are finished as they are sent.
+  void Admitted(Island* island, std::vector<Op> ready, Outbox* outbox,
+                std::vector<Completion>* done);
   void HandleEvent(Island* island, Event event);
   // Requires mu_. Records that one op of `slot`'s gang finished.
   void FinishSlot(const GangSlot& slot, const Status& status,

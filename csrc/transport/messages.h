@@ -34,6 +34,12 @@ enum class OpKind : uint32_t {
   kShutdown = 9,  // worker exits after finishing earlier ops
 };
 
+// Every op but DELETE is answered by exactly one Event. A DELETE is done as
+// soon as it has its place in the order (nothing can wait for it), so the
+// worker sends nothing back: on the hot path every call destructs the
+// previous step's arrays, and an event per deletion would double the traffic.
+inline bool ExpectsEvent(OpKind kind) { return kind != OpKind::kDelete; }
+
 struct Op {
   OpKind kind = OpKind::kLaunch;
   uint64_t seq = 0;

@@ -7,7 +7,6 @@ not cached, so a retry compiles again.
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import threading
@@ -21,28 +20,28 @@ from jax_pathways.resources.island import Island
 from jax_pathways.status import Code, Status
 
 
-@dataclasses.dataclass
 class CompiledProgram:
-  """A program compiled on its island's worker, with its metadata."""
-  program_id: int
-  island: Island
-  devices: tuple[int, ...]
-  metadata: dict[str, Any]
+  """A program compiled on its island's worker, with its metadata.
 
-  @property
-  def outputs(self) -> list[tuple[tuple[int, ...], str]]:
-    return [(tuple(o["shape"]), o["dtype"]) for o in self.metadata["outputs"]]
+  Everything Execute needs is computed once here: it runs on every call.
+  """
 
-  @property
-  def output_shardings(self) -> list[sharding_lib.Sharding]:
-    ops = self.metadata["output_shardings"]
-    kinds = (self.metadata["output_memory_kinds"] or [[]])[0]
-    out = []
-    for i in range(len(self.outputs)):
-      op = None if ops is None else ops[i]
-      kind = kinds[i] if i < len(kinds) else None
-      out.append(sharding_lib.from_op_sharding(self.devices, op, kind))
-    return out
+  def __init__(self, program_id: int, island: Island, devices: tuple[int, ...],
+               metadata: dict[str, Any]):
+    self.program_id = program_id
+    self.island = island
+    self.devices = devices
+    self.metadata = metadata
+    self.outputs: list[tuple[tuple[int, ...], str]] = [
+        (tuple(o["shape"]), o["dtype"]) for o in metadata["outputs"]]
+    self.donated: tuple[int, ...] = tuple(metadata["donated_input_indices"])
+    ops = metadata["output_shardings"]
+    kinds = (metadata["output_memory_kinds"] or [[]])[0]
+    self.output_shardings: list[sharding_lib.Sharding] = [
+        sharding_lib.from_op_sharding(
+            devices, None if ops is None else ops[i],
+            kinds[i] if i < len(kinds) else None)
+        for i in range(len(self.outputs))]
 
 
 OnCompiled = Callable[[Status, "CompiledProgram | None"], None]

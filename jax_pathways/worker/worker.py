@@ -76,7 +76,8 @@ class Worker:
           status = error_status(e)
           for b in op.results:
             self._buffers[b] = status
-          self._completions.fail(op.seq, status)
+          if op.kind != OpKind.DELETE:  # deletions are never answered
+            self._completions.fail(op.seq, status)
     except _core.JaxPathwaysError as e:
       logging.warning("controller is gone (%s); worker exits", e)
     finally:
@@ -157,9 +158,9 @@ class Worker:
   def _delete(self, op: Any) -> None:
     # Only drop the reference: arrays made by copies, shards and assembly can
     # share device buffers, which PJRT frees once nothing uses them.
+    # No event: a DELETE is done once ordered (see transport/messages.h).
     for b in op.args:
       self._buffers.pop(b, None)
-    self._completions.add(op.seq, [])
 
   def _copy(self, op: Any) -> None:
     header, _ = payloads.decode(op.payload)

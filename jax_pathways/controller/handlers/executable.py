@@ -105,28 +105,40 @@ def execute(session: Session, req: Any, reply: Reply) -> None:
 
   shardings = exe.output_shardings
   buffers = session.services.dispatcher.new_buffers(len(outputs))
-  status_future: concurrent.futures.Future = concurrent.futures.Future()
+  status_future: concurrent.futures.Future | None = (
+      concurrent.futures.Future() if fill_status else None)
   if failure is not None:
     if first_call:
       raise StatusError(failure.code, failure.message)
     for h in handles_:
       session.arrays.put(h, Array.failed(failure))
-    status_future.set_result(failure)
+    if status_future is not None:
+      status_future.set_result(failure)
   else:
     for h, b, (shape, dtype), s in zip(handles_, buffers, outputs, shardings):
       session.arrays.put(h, Array(b, island, dtype, shape, s))
-    for i in exe.metadata["donated_input_indices"]:
+    for i in exe.donated:
       if i < len(args):
         args[i].deleted = True  # the worker's launch consumes it
+    # Nobody waits for a launch unless the client asked for its status:
+    # readiness and errors travel through the output buffers' futures.
+    on_done = None
+    if status_future is not None:
+      on_done = lambda status, _: status_future.set_result(status)  # noqa: E731
     session.services.dispatcher.submit(
         [IslandOp(island.id, OpKind.LAUNCH, exe.program_id,
-                  [a.buffer for a in args], buffers)],
-        lambda status, _: status_future.set_result(status))
-  if fill_status:
+                  [a.buffer for a in args], buffers)], on_done)
+  if status_future is not None:
     store = (session.execute_results
              if session.protocol_version >= _EXECUTE_RESULT_VERSION
              else session.futures)
     store.put(status_handle, status_future)
+
+  if not first_call and not fill_status:
+    # The client reads nothing from later replies (it minted the handles
+    # and cached the output specs); an empty body is enough.
+    reply.ok()
+    return
 
   def fill(r: Any) -> None:
     # The client checks status_handle == 0 unless it asked for a status.

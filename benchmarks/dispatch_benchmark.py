@@ -1,0 +1,111 @@
+"""B1: dispatch cost, as in the Pathways paper's Figure 5.
+
+    python benchmarks/dispatch_benchmark.py [--chain 128] [--repeats 5]
+
+The computation is a scalar psum + add over 4 devices (shard_map). Three ways
+to run N of them, each through jax_pathways and in-process jax.jit on 4 CPU
+devices, in the same run:
+
+  OpByOp   one call per computation, waiting for each result
+  Chained  N calls issued without waiting, then one wait (in-process JAX
+           needs a bounded window here: it hangs with ~64 collective
+           launches in flight, so it blocks every 16 calls)
+  Fused    N computations in one program (fori_loop), one call
+
+Prints one JSON line per case: microseconds per computation for both and the
+ratio. Target (issue 2): Chained through jax_pathways costs no more per
+computation than in-process OpByOp.
+"""
+from __future__ import annotations
+
+import argparse
+
+from harness import emit, interleaved, log, setup, timed  # pylint: disable=g-bad-import-order
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+IN_PROCESS_WINDOW = 16
+
+
+def programs(devices):
+  mesh = Mesh(np.array(devices), ("i",))
+  step = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "i") * 0.25 + 1.0,
+                               mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+
+  def fused_body(a):
+    return jax.lax.fori_loop(
+        0, fused_n, lambda i, c: jax.lax.psum(c, "i") * 0.25 + 1.0, a)
+
+  fused_n = programs.chain
+  fused = jax.jit(jax.shard_map(fused_body, mesh=mesh, in_specs=P("i"),
+                                out_specs=P("i"), check_vma=False))
+  x = jax.device_put(jnp.zeros((len(devices),)), NamedSharding(mesh, P("i")))
+  return step, fused, x
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--chain", type=int, default=128)
+  parser.add_argument("--repeats", type=int, default=5)
+  args = parser.parse_args()
+  programs.chain = n = args.chain
+  pathways_devices, cpu_devices = setup()
+  state = {}
+  for name, devices in (("pathways", pathways_devices), ("jax", cpu_devices)):
+    step, fused, x = programs(devices)
+    jax.block_until_ready([step(x), fused(x)])  # compile and warm up
+    state[name] = (step, fused, x)
+
+  def opbyop(name):
+    step, _, x = state[name]
+    def run():
+      y = x
+      for _ in range(n):
+        y = step(y)
+        y.block_until_ready()
+    return lambda: timed(run) / n
+
+  def chained(name):
+    step, _, x = state[name]
+    window = n if name == "pathways" else IN_PROCESS_WINDOW
+    def run():
+      y, held = x, []
+      for _ in range(n):
+        y = step(y)
+        held.append(y)
+        if len(held) >= window:
+          held.pop(0).block_until_ready()
+      y.block_until_ready()
+    return lambda: timed(run) / n
+
+  def fused(name):
+    _, fused_fn, x = state[name]
+    return lambda: timed(lambda: fused_fn(x).block_until_ready()) / n
+
+  target = None
+  for case, make in (("OpByOp", opbyop), ("Chained", chained),
+                     ("Fused", fused)):
+    med = interleaved({"pathways": make("pathways"), "jax": make("jax")},
+                      args.repeats)
+    us = {k: v * 1e6 for k, v in med.items()}
+    emit("B1 dispatch", case, pathways_us=round(us["pathways"], 1),
+         jax_us=round(us["jax"], 1),
+         ratio=round(us["pathways"] / us["jax"], 2), computations=n)
+    log(f"{case:8s} jax_pathways {us['pathways']:8.1f} us   in-process "
+        f"{us['jax']:8.1f} us   ratio {us['pathways'] / us['jax']:.2f}")
+    if case == "OpByOp":
+      target = us["jax"]
+    if case == "Chained":
+      met = us["pathways"] <= target
+      emit("B1 dispatch", "target", chained_pathways_us=round(us["pathways"], 1),
+           opbyop_jax_us=round(target, 1), met=met,
+           miss_factor=round(us["pathways"] / target, 2))
+      log(f"target: Chained through jax_pathways ({us['pathways']:.1f} us) <= "
+          f"in-process OpByOp ({target:.1f} us): {'met' if met else 'missed'}")
+
+
+if __name__ == "__main__":
+  main()
