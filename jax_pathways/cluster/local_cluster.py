@@ -57,6 +57,7 @@ class LocalCluster:
     self.worker_port = 0
     self._logs: dict[int, str] = {}
     self._stopping = threading.Event()
+    self._watcher: threading.Thread | None = None
     self._report_lock = threading.Lock()
     self._reported = False
 
@@ -109,20 +110,31 @@ class LocalCluster:
                  "(pids %s, logs in %s)", self.islands,
                  self.devices_per_island, self.address, self.pids,
                  self.log_dir)
-    threading.Thread(target=self._watch, args=(self.controller,),
-                     name="jax-pathways-watch", daemon=True).start()
+    self._watcher = threading.Thread(target=self._watch,
+                                     args=(self.controller,),
+                                     name="jax-pathways-watch", daemon=True)
+    self._watcher.start()
 
   def _watch(self, controller: subprocess.Popen) -> None:
-    while not self._stopping.wait(0.1):
-      if self._report_if_dead(controller):
+    while not self._stopping.is_set():
+      if self._report_if_dead(controller, wait_s=0.1):
         return
 
-  def _report_if_dead(self, controller: subprocess.Popen | None) -> bool:
+  def _report_if_dead(self, controller: subprocess.Popen | None,
+                      wait_s: float = 0.0) -> bool:
     """Says so, loudly, when the controller died under a running program:
-    JAX's own error then only reads UNAVAILABLE."""
-    code = None if controller is None else controller.poll()
-    if code is None:
+    JAX's own error then only reads UNAVAILABLE. The controller's stdout
+    reaches EOF the moment it dies (before it can be reaped), as fast as the
+    client's sockets notice."""
+    if controller is None or controller.stdout is None:
       return False
+    readable, _, _ = select.select([controller.stdout], [], [], wait_s)
+    if not readable or os.read(controller.stdout.fileno(), 4096):
+      return False
+    try:
+      code: int | str = controller.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+      code = "unknown (it closed its output)"
     log = self._logs.get(controller.pid, "")
     # Printed under the lock, so whoever returns True knows it was printed
     # (at exit the daemon watcher may be cut off mid-way).
@@ -178,15 +190,22 @@ class LocalCluster:
     """Asks the controller to stop once this process's session has closed
     (at interpreter exit, before JAX's client is torn down); the workers
     follow their controller. Does not wait."""
-    self._stopping.set()
+    self._stop_watching()
     if self._report_if_dead(self.controller):
       return
     if self.controller is not None:
       self.controller.send_signal(signal.SIGUSR1)
 
+  def _stop_watching(self) -> None:
+    # Popen.poll() from two threads can return None for a dead child (the
+    # other holds the wait lock), so only one thread polls at a time.
+    self._stopping.set()
+    if self._watcher is not None:
+      self._watcher.join(timeout=2)
+
   def stop(self) -> None:
     """Stops every process this cluster started; idempotent."""
-    self._stopping.set()
+    self._stop_watching()
     procs = [p for p in [self.controller, *self.workers] if p is not None]
     for p in procs:
       if p.poll() is None:
