@@ -1,7 +1,7 @@
 """The `jax-pathways` command: controller, worker and status.
 
-    jax-pathways controller --islands 2 [--bind 127.0.0.1] [--port 8470]
-    jax-pathways worker --controller HOST:WORKER_PORT [--island 0] [--devices 4]
+    jax-pathways controller --islands 2 [--listen 127.0.0.1:8470] [--worker-listen 127.0.0.1:8471]
+    jax-pathways worker --controller HOST:PORT [--island 0] [--devices 4]
     jax-pathways status [--address grpc://HOST:PORT] [--json]
 
 The cluster token is read from JAX_PATHWAYS_TOKEN by all three.
@@ -55,12 +55,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   c.add_argument("--islands", type=int, default=None,
                  help=f"island workers to wait for (default ${config.ISLANDS} "
                  f"or {config.DEFAULT_ISLANDS})")
-  c.add_argument("--bind", default="127.0.0.1",
-                 help="address to listen on (default loopback); anything "
-                 "else requires JAX_PATHWAYS_TOKEN")
-  c.add_argument("--port", type=int, default=0, help="client port (0: any)")
-  c.add_argument("--worker-port", type=int, default=0,
-                 help="port workers join on (0: any)")
+  c.add_argument("--listen", default="127.0.0.1:0",
+                 help="where clients connect: HOST:PORT (port 0: any) or "
+                 "unix:/path; anything off loopback requires "
+                 "JAX_PATHWAYS_TOKEN (default 127.0.0.1:0)")
+  c.add_argument("--worker-listen", default="127.0.0.1:0",
+                 help="where workers join (same forms; default 127.0.0.1:0)")
   c.add_argument("--max-in-flight", type=int, default=None,
                  help="launches in flight per island (default 16)")
   c.add_argument("--parent-pid", type=int, default=None,
@@ -68,13 +68,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   w = sub.add_parser("worker", help="run an island worker")
   w.add_argument("--controller", required=True,
-                 help="HOST:PORT of the controller's worker port")
+                 help="the controller's worker address (HOST:PORT or "
+                 "unix:/path)")
   w.add_argument("--island", type=int, default=None,
                  help="island id to take (default: the next free one)")
   w.add_argument("--devices", type=int, default=None,
                  help="CPU devices this worker emulates (default 4)")
-  w.add_argument("--data-bind", default="127.0.0.1",
-                 help="address for worker-to-worker data (default loopback)")
+  w.add_argument("--data-listen", default="127.0.0.1:0",
+                 help="where other workers send data (HOST:PORT or "
+                 "unix:/path; default 127.0.0.1:0)")
   w.add_argument("--connect-timeout", type=float, default=60.0)
 
   s = sub.add_parser("status", help="show a controller's islands and queues")
@@ -96,15 +98,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 1 <= max_in_flight <= config.MAX_SAFE_IN_FLIGHT:
       parser.error(f"--max-in-flight={max_in_flight} must be in "
                    f"1..{config.MAX_SAFE_IN_FLIGHT} (XLA:CPU hangs at 64)")
-    return controller_main.run(args.islands or cfg.islands, args.bind,
-                               args.port, args.worker_port, cfg.token,
-                               max_in_flight, args.parent_pid)
+    return controller_main.run(args.islands or cfg.islands, args.listen,
+                               args.worker_listen, cfg.token, max_in_flight,
+                               args.parent_pid)
   if args.command == "worker":
     _setup_logging(cfg.verbosity)
     from jax_pathways.worker import main as worker_main  # pylint: disable=import-outside-toplevel
     return worker_main.run(args.controller, args.island,
                            args.devices or cfg.devices_per_island, cfg.token,
-                           args.data_bind, args.connect_timeout)
+                           args.data_listen, args.connect_timeout)
   from jax_pathways import admin  # pylint: disable=import-outside-toplevel
   address = args.address or cfg.address
   if not address:

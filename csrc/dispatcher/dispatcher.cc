@@ -1,5 +1,7 @@
 #include "dispatcher/dispatcher.h"
 
+#include "common/thread_name.h"
+
 #include <optional>
 #include <set>
 
@@ -21,7 +23,10 @@ Status Dispatcher::AddIsland(IslandId island, int fd, std::string name) {
                                         std::move(channel), max_in_flight_);
   Island* raw = owned.get();
   islands_.emplace(island, std::move(owned));
-  raw->reader = std::thread([this, raw] { ReadLoop(raw); });
+  raw->reader = std::thread([this, raw] {
+    NameThisThread("jp-island" + std::to_string(raw->id));
+    ReadLoop(raw);
+  });
   return Status::Ok();
 }
 
@@ -82,13 +87,49 @@ void Dispatcher::Submit(std::vector<IslandOp> gang, uint64_t tag) {
 }
 
 void Dispatcher::Flush(Outbox outbox, std::vector<Completion> done) {
-  for (auto& [channel, op] : outbox) {
-    Status s = channel->Send(FrameKind::kOp, EncodeOpHead(op), op.payload);
-    // A failed send means the worker is gone; its reader thread sees the
-    // same broken connection and fails the island's ops.
-    if (!s.ok()) channel->Shutdown();
+  if (!outbox.empty()) {
+    std::unique_lock<std::mutex> lock(cork_mu_);
+    if (corks_ > 0) {
+      for (auto& item : outbox) held_.push_back(std::move(item));
+    } else {
+      lock.unlock();
+      SendNow(std::move(outbox));
+    }
   }
   for (Completion& c : done) completions_.Push(std::move(c));
+}
+
+void Dispatcher::SendNow(Outbox outbox) {
+  // One batch per channel, in order.
+  size_t i = 0;
+  while (i < outbox.size()) {
+    std::shared_ptr<Channel> channel = outbox[i].first;
+    std::vector<Channel::Frame> frames;
+    size_t j = i;
+    for (; j < outbox.size() && outbox[j].first == channel; ++j) {
+      frames.push_back(Channel::Frame{EncodeOpHead(outbox[j].second),
+                                      outbox[j].second.payload});
+    }
+    // A failed send means the worker is gone; its reader thread sees the
+    // same broken connection and fails the island's ops.
+    if (!channel->SendMany(FrameKind::kOp, frames).ok()) channel->Shutdown();
+    i = j;
+  }
+}
+
+void Dispatcher::Cork() {
+  std::lock_guard<std::mutex> lock(cork_mu_);
+  ++corks_;
+}
+
+void Dispatcher::Uncork() {
+  Outbox held;
+  {
+    std::lock_guard<std::mutex> lock(cork_mu_);
+    if (corks_ == 0 || --corks_ > 0) return;
+    held.swap(held_);
+  }
+  SendNow(std::move(held));
 }
 
 void Dispatcher::ReadLoop(Island* island) {

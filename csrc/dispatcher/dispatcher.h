@@ -70,6 +70,12 @@ class Dispatcher {
   // Fails the island as if its connection had dropped.
   void FailIsland(IslandId island, const Status& why);
 
+  // While corked, ops are held and then sent together at the last Uncork():
+  // a burst of requests becomes one write per island instead of one per op
+  // (and one wake-up of the worker). Cork/Uncork nest.
+  void Cork();
+  void Uncork();
+
   std::vector<Completion> Poll(double timeout_s, size_t max_items);
   std::vector<IslandStats> Stats();
   size_t live_buffers();
@@ -108,7 +114,12 @@ class Dispatcher {
   // Sends `outbox` and publishes `done`; called without mu_.
   void Flush(Outbox outbox, std::vector<Completion> done);
 
+  void SendNow(Outbox outbox);
+
   const int max_in_flight_;
+  std::mutex cork_mu_;  // guards corks_ and held_ (never taken with mu_)
+  int corks_ = 0;
+  Outbox held_;
   std::mutex mu_;
   std::map<IslandId, std::unique_ptr<Island>> islands_;
   GangOrder order_;

@@ -1,5 +1,7 @@
 #include "executor/executor.h"
 
+#include "common/thread_name.h"
+
 #include <chrono>
 #include <string>
 
@@ -7,7 +9,10 @@ namespace jax_pathways {
 
 Executor::Executor(int controller_fd)
     : channel_(std::make_unique<Channel>(controller_fd)) {
-  reader_ = std::thread([this] { ReadLoop(); });
+  reader_ = std::thread([this] {
+    NameThisThread("jp-ops-in");
+    ReadLoop();
+  });
 }
 
 Executor::~Executor() { Shutdown(); }

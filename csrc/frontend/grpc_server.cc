@@ -7,6 +7,7 @@
 #include <deque>
 #include <map>
 
+#include "common/thread_name.h"
 #include "frontend/proto_wire.h"
 
 namespace jax_pathways {
@@ -407,14 +408,18 @@ StatusOr<int> GrpcServer::Start(const std::string& address) {
   builder.RegisterAsyncGenericService(service_.get());
   cq_ = builder.AddCompletionQueue();
   server_ = builder.BuildAndStart();
-  if (!server_ || port == 0) {
+  bool unix_socket = address.rfind("unix:", 0) == 0;
+  if (!server_ || (port == 0 && !unix_socket)) {
     return Unavailable("could not listen on " + address);
   }
   // A few calls waiting to be matched, so bursts of new RPCs (host-buffer
   // uploads) need not wait for the queue thread.
   for (int i = 0; i < 8; ++i) SpawnCall();
-  cq_thread_ = std::thread([this] { Serve(); });
-  return port;
+  cq_thread_ = std::thread([this] {
+    NameThisThread("jp-grpc-cq");
+    Serve();
+  });
+  return unix_socket ? 0 : port;
 }
 
 void GrpcServer::SpawnCall() {

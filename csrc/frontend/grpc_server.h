@@ -59,8 +59,8 @@ class GrpcServer {
   GrpcServer(const GrpcServer&) = delete;
   GrpcServer& operator=(const GrpcServer&) = delete;
 
-  // Binds `address` ("host:port", port 0 for any) and starts serving;
-  // returns the bound port.
+  // Binds `address` ("host:port", port 0 for any, or "unix:/path") and
+  // starts serving; returns the bound port (0 for a Unix socket).
   StatusOr<int> Start(const std::string& address);
   std::vector<FrontendEvent> Poll(double timeout_s, size_t max_items);
   // Queues one response message on stream `id`; false if it is gone.

@@ -71,6 +71,9 @@ void RegisterDispatcher(py::module_& m) {
             return py::make_tuple(StateName(s), StatusTuple(failure));
           },
           py::arg("id"))
+      .def("cork", &Dispatcher::Cork)
+      .def("uncork", &Dispatcher::Uncork,
+           py::call_guard<py::gil_scoped_release>())
       .def("forget", &Dispatcher::Forget, py::arg("ids"),
            py::call_guard<py::gil_scoped_release>())
       .def(

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 
@@ -35,6 +36,13 @@ class Channel {
   Status Send(FrameKind kind, std::string_view body) {
     return Send(kind, body, {});
   }
+  // Writes several frames (head + body each) with as few syscalls as the
+  // kernel allows; frames never interleave with other senders'.
+  struct Frame {
+    std::string head;
+    std::string_view body;
+  };
+  Status SendMany(FrameKind kind, const std::vector<Frame>& frames);
   // Reads one whole frame.
   Status Receive(FrameKind* kind, std::string* body);
   // Unblocks a pending Receive() and makes later calls fail.

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "common/thread_name.h"
 #include "transport/messages.h"
 
 namespace jax_pathways {
@@ -16,7 +17,10 @@ int PeerLinks::Add(int fd, std::string peer_name) {
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_down_) return -1;  // `link` closes the fd
   links_.push_back(std::move(link));
-  raw->reader = std::thread([this, raw] { ReadLoop(raw); });
+  raw->reader = std::thread([this, raw] {
+    NameThisThread("jp-peer-in");
+    ReadLoop(raw);
+  });
   return static_cast<int>(links_.size()) - 1;
 }
 

@@ -5,8 +5,10 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "transport/channel.h"
 
@@ -56,27 +58,47 @@ Channel::~Channel() {
 
 Status Channel::Send(FrameKind kind, std::string_view head,
                      std::string_view body) {
-  Header h{kMagic, static_cast<uint32_t>(kind), head.size() + body.size()};
-  iovec iov[3] = {{&h, sizeof(h)},
-                  {const_cast<char*>(head.data()), head.size()},
-                  {const_cast<char*>(body.data()), body.size()}};
-  int idx = 0;
+  return SendMany(kind, {Frame{std::string(head), body}});
+}
+
+Status Channel::SendMany(FrameKind kind, const std::vector<Frame>& frames) {
+  std::vector<Header> headers;
+  headers.reserve(frames.size());
+  std::vector<iovec> iov;
+  iov.reserve(frames.size() * 3);
+  for (const Frame& f : frames) {
+    headers.push_back(Header{kMagic, static_cast<uint32_t>(kind),
+                             f.head.size() + f.body.size()});
+  }
+  for (size_t i = 0; i < frames.size(); ++i) {
+    iov.push_back({&headers[i], sizeof(Header)});
+    if (!frames[i].head.empty()) {
+      iov.push_back({const_cast<char*>(frames[i].head.data()),
+                     frames[i].head.size()});
+    }
+    if (!frames[i].body.empty()) {
+      iov.push_back({const_cast<char*>(frames[i].body.data()),
+                     frames[i].body.size()});
+    }
+  }
+  constexpr size_t kMaxIov = 512;  // below IOV_MAX
+  size_t idx = 0;
   std::lock_guard<std::mutex> lock(send_mu_);
-  while (idx < 3) {
+  while (idx < iov.size()) {
     msghdr msg{};
-    msg.msg_iov = iov + idx;
-    msg.msg_iovlen = 3 - idx;
+    msg.msg_iov = iov.data() + idx;
+    msg.msg_iovlen = std::min(kMaxIov, iov.size() - idx);
     ssize_t sent = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
     if (sent < 0) {
       if (errno == EINTR) continue;
       return Errno("send");
     }
     size_t left = static_cast<size_t>(sent);
-    while (idx < 3 && left >= iov[idx].iov_len) {
+    while (idx < iov.size() && left >= iov[idx].iov_len) {
       left -= iov[idx].iov_len;
       ++idx;
     }
-    if (idx < 3) {
+    if (idx < iov.size()) {
       iov[idx].iov_base = static_cast<char*>(iov[idx].iov_base) + left;
       iov[idx].iov_len -= left;
     }

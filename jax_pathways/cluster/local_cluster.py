@@ -1,7 +1,7 @@
 """LocalCluster: the embedded cluster initialize() starts when given no address.
 
-One controller process and one worker process per island, all on loopback,
-with a fresh random token. The cluster knows every pid and stops them all;
+One controller process and one worker process per island, talking over Unix
+sockets in a private directory, with a fresh random token. The cluster knows every pid and stops them all;
 the controller also stops by itself if this process dies, and workers stop
 when their controller goes away. Logs go to files under `log_dir`; a failed
 start raises with the tail of the log that explains it.
@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,12 +50,13 @@ class LocalCluster:
     self.devices_per_island = devices_per_island
     self.max_in_flight = max_in_flight
     self.token = secrets.token_hex(16)
-    self.log_dir = log_dir or tempfile.mkdtemp(prefix="jax_pathways_")
+    # Sockets live in a directory only this user can enter (mode 0700).
+    self.socket_dir = tempfile.mkdtemp(prefix="jax_pathways_")
+    self.log_dir = log_dir or self.socket_dir
     self.start_timeout = start_timeout
     self.controller: subprocess.Popen | None = None
     self.workers: list[subprocess.Popen] = []
-    self.port = 0
-    self.worker_port = 0
+    self.controller_address = ""
     self._logs: dict[int, str] = {}
     self._stopping = threading.Event()
     self._watcher: threading.Thread | None = None
@@ -63,7 +65,7 @@ class LocalCluster:
 
   @property
   def address(self) -> str:
-    return f"grpc://127.0.0.1:{self.port}"
+    return f"grpc://{self.controller_address}"
 
   @property
   def pids(self) -> list[int]:
@@ -92,16 +94,20 @@ class LocalCluster:
   def start(self) -> None:
     deadline = time.monotonic() + self.start_timeout
     try:
+      sockets = self.socket_dir
       self.controller = self._spawn("controller", [
-          "controller", "--islands", str(self.islands), "--port", "0",
-          "--worker-port", "0", "--max-in-flight", str(self.max_in_flight),
+          "controller", "--islands", str(self.islands),
+          "--listen", f"unix:{sockets}/clients.sock",
+          "--worker-listen", f"unix:{sockets}/workers.sock",
+          "--max-in-flight", str(self.max_in_flight),
           "--parent-pid", str(os.getpid())])
       ready = self._read_ready_line(self.controller, deadline)
-      self.port, self.worker_port = ready["port"], ready["worker_port"]
+      self.controller_address = ready["address"]
       for i in range(self.islands):
         self.workers.append(self._spawn(f"worker{i}", [
-            "worker", "--controller", f"127.0.0.1:{self.worker_port}",
-            "--island", str(i), "--devices", str(self.devices_per_island)]))
+            "worker", "--controller", ready["worker_address"],
+            "--island", str(i), "--devices", str(self.devices_per_island),
+            "--data-listen", f"unix:{sockets}/data{i}.sock"]))
       self._wait_complete(deadline)
     except BaseException:
       self.stop()
@@ -224,3 +230,9 @@ class LocalCluster:
         p.stdout.close()
     self.controller = None
     self.workers = []
+    if self.socket_dir == self.log_dir:  # keep the logs, drop the sockets
+      for name in os.listdir(self.socket_dir):
+        if name.endswith(".sock"):
+          os.unlink(os.path.join(self.socket_dir, name))
+    else:
+      shutil.rmtree(self.socket_dir, ignore_errors=True)

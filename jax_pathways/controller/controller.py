@@ -12,6 +12,7 @@ from absl import logging
 
 import jax_pathways
 from jax_pathways import _frontend
+from jax_pathways.cluster import addresses
 from jax_pathways.controller.compile_cache import CompileCache
 from jax_pathways.controller.grpc_service import GrpcService
 from jax_pathways.controller.session import Services
@@ -23,9 +24,9 @@ from jax_pathways.resources.topology import Topology
 class Controller:
   """One controller: a gRPC port for clients, a port for workers."""
 
-  def __init__(self, islands: int, bind_host: str = "127.0.0.1",
-               port: int = 0, worker_port: int = 0,
-               token: str | None = None, max_in_flight: int = 16):
+  def __init__(self, islands: int, listen: str = "127.0.0.1:0",
+               worker_listen: str = "127.0.0.1:0", token: str | None = None,
+               max_in_flight: int = 16):
     self.started = time.time()
     self.topology = Topology(islands)
     self.dispatcher = Dispatcher(max_in_flight)
@@ -37,18 +38,19 @@ class Controller:
         host_buffers=self.host_buffers, compile_cache=self.compile_cache,
         platform_version=f"jax_pathways {jax_pathways.__version__}")
     self.service = GrpcService(server, self.services, token, self.status)
-    host = f"[{bind_host}]" if ":" in bind_host else bind_host
-    self._bind = f"{host}:{port}"
-    self.port = 0
-    self._workers = WorkerListener(bind_host, worker_port, token,
-                                   self.topology, self.dispatcher)
-    self.worker_port = self._workers.port
+    self._listen = listen
+    self.address = ""
+    self._workers = WorkerListener(worker_listen, token, self.topology,
+                                   self.dispatcher)
+    self.worker_address = self._workers.address
 
   def start(self) -> None:
     self._workers.start()
-    self.port = self.service.start(self._bind)
-    logging.info("controller serving clients on port %d, workers on port %d",
-                 self.port, self.worker_port)
+    port = self.service.start(self._listen)
+    self.address = (self._listen if addresses.is_unix(self._listen) else
+                    f"{self._listen.rsplit(':', 1)[0]}:{port}")
+    logging.info("controller serving clients at %s, workers at %s",
+                 self.address, self.worker_address)
 
   def stop(self) -> None:
     self.service.stop()

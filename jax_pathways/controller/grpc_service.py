@@ -17,6 +17,7 @@ from absl import logging
 
 from jax_pathways import _frontend
 from jax_pathways import protos
+from jax_pathways import threads
 from jax_pathways.controller import versions
 from jax_pathways.controller.handlers import HANDLERS, RESULT_HANDLES
 from jax_pathways.controller.session import Services, Session
@@ -46,18 +47,18 @@ class GrpcService:
     self._lock = threading.Lock()
     self.sessions: dict[int, Session] = {}  # by stream id
     self._stopping = False
-    self._thread = threading.Thread(target=self._loop, name="grpc-events",
-                                    daemon=True)
+    self._thread: threading.Thread | None = None
 
   def start(self, bind: str) -> int:
     port = self._server.start(bind)
-    self._thread.start()
+    self._thread = threads.start(self._loop, "jp-sessions")
     return port
 
   def stop(self) -> None:
     self._stopping = True
     self._server.shutdown()
-    self._thread.join(timeout=10)
+    if self._thread is not None:
+      self._thread.join(timeout=10)
     with self._lock:
       sessions = list(self.sessions.values())
       self.sessions.clear()
@@ -71,11 +72,14 @@ class GrpcService:
       events = self._server.poll(0.5, 256)
       if not events and self._stopping:
         return
-      for kind, call, data, method, metadata, peer in events:
-        try:
-          handlers[kind](call, data, method, metadata, peer)
-        except Exception:  # pylint: disable=broad-except
-          logging.exception("frontend event %s on call %d failed", kind, call)
+      # A burst of requests (chained calls) reaches each worker as one write.
+      with self.services.dispatcher.corked():
+        for kind, call, data, method, metadata, peer in events:
+          try:
+            handlers[kind](call, data, method, metadata, peer)
+          except Exception:  # pylint: disable=broad-except
+            logging.exception("frontend event %s on call %d failed", kind,
+                              call)
 
   # --------------------------------------------------------------- sessions
   def _open(self, stream: int, data: bytes, method: str,

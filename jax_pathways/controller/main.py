@@ -1,8 +1,8 @@
 """The controller process.
 
-    jax-pathways controller --islands N [--bind HOST] [--port P] [--worker-port P]
+    jax-pathways controller --islands N [--listen ADDR] [--worker-listen ADDR]
 
-Prints one JSON line {"port", "worker_port", "pid"} on stdout once it is
+Prints one JSON line {"address", "worker_address", "pid"} on stdout once it is
 listening (the embedded cluster reads it), then serves until SIGTERM/SIGINT,
 or after SIGUSR1 until its last client has disconnected (so a client that is
 exiting can close its session cleanly). The cluster token comes from
@@ -23,20 +23,22 @@ from absl import logging
 DRAIN_TIMEOUT_S = 30.0
 
 
-def run(islands: int, bind_host: str, port: int, worker_port: int,
-        token: str | None, max_in_flight: int, parent_pid: int | None) -> int:
+def run(islands: int, listen: str, worker_listen: str, token: str | None,
+        max_in_flight: int, parent_pid: int | None) -> int:
   # pylint: disable=import-outside-toplevel
+  from jax_pathways.cluster import addresses
   from jax_pathways.controller.controller import Controller
   from jax_pathways.status import invalid_argument
-  if bind_host not in ("127.0.0.1", "localhost", "::1") and not token:
-    raise invalid_argument(
-        f"refusing to listen on {bind_host} without a cluster token: set "
-        "JAX_PATHWAYS_TOKEN (workers and clients must present it)")
-  controller = Controller(islands, bind_host, port, worker_port, token,
+  for address in (listen, worker_listen):
+    if not addresses.is_loopback(address) and not token:
+      raise invalid_argument(
+          f"refusing to listen on {address} without a cluster token: set "
+          "JAX_PATHWAYS_TOKEN (workers and clients must present it)")
+  controller = Controller(islands, listen, worker_listen, token,
                           max_in_flight)
   controller.start()
-  print(json.dumps({"port": controller.port,
-                    "worker_port": controller.worker_port,
+  print(json.dumps({"address": controller.address,
+                    "worker_address": controller.worker_address,
                     "pid": os.getpid()}), flush=True)
   stop = threading.Event()
   drain_until: list[float] = []

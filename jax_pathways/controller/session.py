@@ -108,6 +108,7 @@ class Session:
     self._handlers = handlers
     self._result_handles = result_handles
     self._response_cls = protos.msg("xla.ifrt.proxy.IfrtResponse")
+    self._trace = logging.vlog_is_on(1)  # log every request
     self._lock = threading.Lock()
     self._unanswered = 0
     self._on_idle: Callable[[], None] | None = None
@@ -131,7 +132,7 @@ class Session:
       self._unanswered += 1
     reply = Reply(self, op_id, kind[:-len("_request")] + "_response")
     body = getattr(request, kind)
-    if logging.vlog_is_on(1):
+    if self._trace:
       logging.vlog(1, "session %d op %d: %s %s", self.id, op_id, kind,
                    str(body).replace("\n", " ")[:500])
     handler = self._handlers.get(kind)

@@ -7,12 +7,13 @@ id. Its socket then goes to the C++ dispatcher, which owns it from there on.
 from __future__ import annotations
 
 import socket
-import threading
 from typing import Any
 
 from absl import logging
 
 from jax_pathways import _core
+from jax_pathways import threads
+from jax_pathways.cluster import addresses
 from jax_pathways.cluster import handshake
 from jax_pathways.dispatch.dispatcher import Dispatcher
 from jax_pathways.resources.topology import Topology
@@ -23,18 +24,15 @@ HANDSHAKE_TIMEOUT_S = 30.0
 class WorkerListener:
   """Accepts, authenticates and registers island workers."""
 
-  def __init__(self, bind_host: str, port: int, token: str | None,
-               topology: Topology, dispatcher: Dispatcher):
+  def __init__(self, address: str, token: str | None, topology: Topology,
+               dispatcher: Dispatcher):
     self._token = token
     self._topology = topology
     self._dispatcher = dispatcher
-    self._sock = socket.create_server((bind_host, port))
-    self.port = self._sock.getsockname()[1]
-    self._thread = threading.Thread(target=self._accept_loop,
-                                    name="worker-listener", daemon=True)
-
+    self._sock = addresses.listen(address)
+    self.address = addresses.bound(self._sock)
   def start(self) -> None:
-    self._thread.start()
+    threads.start(self._accept_loop, "jp-workers-in")
 
   def close(self) -> None:
     self._sock.close()
@@ -45,8 +43,7 @@ class WorkerListener:
         sock, addr = self._sock.accept()
       except OSError:
         return  # closed
-      threading.Thread(target=self._join, args=(sock, addr), daemon=True,
-                       name="worker-join").start()
+      threads.start(self._join, "jp-worker-join", sock, addr)
 
   def _join(self, sock: socket.socket, addr: Any) -> None:
     admitted = []

@@ -8,14 +8,16 @@ core holds no Python references.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import socket
 import threading
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 from absl import logging
 
 from jax_pathways import _core
+from jax_pathways import threads
 from jax_pathways.status import Status
 
 OpKind = _core.OpKind
@@ -43,9 +45,7 @@ class Dispatcher:
     self._callbacks: dict[int, Callable[[Status, list[bytes]], None]] = {}
     self._lock = threading.Lock()
     self._stopping = False
-    self._thread = threading.Thread(target=self._run, name="completions",
-                                    daemon=True)
-    self._thread.start()
+    self._thread = threads.start(self._run, "jp-completions")
 
   def new_buffers(self, n: int) -> list[int]:
     return [next(self._buffer_ids) for _ in range(n)]
@@ -65,6 +65,15 @@ class Dispatcher:
     """Calls `on_done` once every buffer is ready, or with the first error."""
     self._core.when_ready(list(buffers),
                           self._file(lambda status, _: on_done(status)))
+
+  @contextlib.contextmanager
+  def corked(self) -> Iterator[None]:
+    """Holds ops submitted inside and sends them together on exit."""
+    self._core.cork()
+    try:
+      yield
+    finally:
+      self._core.uncork()
 
   def state(self, buffer: int) -> tuple[str, Status]:
     name, (code, message) = self._core.state(buffer)

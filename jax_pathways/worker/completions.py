@@ -8,11 +8,11 @@ island finishes its work roughly in order) and needs no thread per op.
 from __future__ import annotations
 
 import queue
-import threading
 from typing import Any, Callable, Sequence
 
 from absl import logging
 
+from jax_pathways import threads
 from jax_pathways.status import Code, Status, StatusError
 
 # finish() -> payload bytes; runs on the completion thread after the arrays
@@ -43,9 +43,7 @@ class Completions:
   def __init__(self, report: Callable[[int, Status, bytes], None]):
     self._report = report
     self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    self._thread = threading.Thread(target=self._run, name="completions",
-                                    daemon=True)
-    self._thread.start()
+    self._thread = threads.start(self._run, "jp-completions")
 
   def add(self, seq: int, arrays: Sequence[Any], finish: Finish | None = None
           ) -> None:

@@ -15,7 +15,7 @@ from absl import logging
 
 
 def run(controller: str, island: int | None, devices: int,
-        token: str | None, data_bind: str, connect_timeout: float) -> int:
+        token: str | None, data_listen: str, connect_timeout: float) -> int:
   """Joins `controller` and serves until told to stop; returns an exit code."""
   # Configure JAX before anything initializes its backends: this process
   # owns `devices` CPU devices and must keep every dtype the client sends.
@@ -26,13 +26,14 @@ def run(controller: str, island: int | None, devices: int,
 
   # pylint: disable=import-outside-toplevel
   from jax_pathways import _core
+  from jax_pathways.cluster import addresses
   from jax_pathways.cluster import handshake
   from jax_pathways.worker.peers import Peers
   from jax_pathways.worker.pjrt_backend import PjrtBackend
   from jax_pathways.worker.worker import Worker
 
   backend = PjrtBackend()
-  peers = Peers(token, data_bind)
+  peers = Peers(token, data_listen)
   hello = {
       "role": "worker",
       "island": island,
@@ -46,8 +47,7 @@ def run(controller: str, island: int | None, devices: int,
       "jax_version": jax.__version__,
   }
   try:
-    host, port = controller.rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout=connect_timeout)
+    sock = addresses.connect(controller, connect_timeout)
     welcome = handshake.connect(sock, token, hello, timeout=connect_timeout)
   except (OSError, ValueError, handshake.HandshakeError) as e:
     print(f"jax-pathways worker: could not join the controller at "

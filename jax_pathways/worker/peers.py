@@ -8,19 +8,20 @@ without the GIL.
 """
 from __future__ import annotations
 
-import socket
 import threading
 
 from absl import logging
 
 from jax_pathways import _core
+from jax_pathways import threads
+from jax_pathways.cluster import addresses
 from jax_pathways.cluster import handshake
 
 
 class Peers:
   """Outgoing and incoming data links of one worker (island)."""
 
-  def __init__(self, token: str | None, bind_host: str):
+  def __init__(self, token: str | None, listen: str):
     self.links = _core.PeerLinks()
     self.island: int | None = None  # set once the controller assigns it
     self._token = token
@@ -28,12 +29,9 @@ class Peers:
     self._outgoing: dict[int, int] = {}  # peer island -> link id
     self._incoming: dict[int, int] = {}
     self._closed = False
-    self._listener = socket.create_server((bind_host, 0))
-    host, port = self._listener.getsockname()[:2]
-    self.address = f"{host}:{port}"
-    self._accepter = threading.Thread(target=self._accept_loop,
-                                      name="peer-accept", daemon=True)
-    self._accepter.start()
+    self._listener = addresses.listen(listen)
+    self.address = addresses.bound(self._listener)
+    self._accepter = threads.start(self._accept_loop, "jp-peer-accept")
 
   def outgoing(self, island: int, address: str, timeout: float) -> int:
     """The link for sending to `island`, connecting on first use."""
@@ -41,8 +39,7 @@ class Peers:
       link = self._outgoing.get(island)
     if link is not None:
       return link
-    host, port = address.rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout=timeout)
+    sock = addresses.connect(address, timeout)
     handshake.connect(sock, self._token, {"role": "peer",
                                           "island": self.island}, timeout)
     sock.settimeout(None)
@@ -90,7 +87,7 @@ class Peers:
         continue
       sock.settimeout(None)
       island = hello["island"]
-      link = self.links.add(sock.detach(), f"island {island} ({addr[0]})")
+      link = self.links.add(sock.detach(), f"island {island}")
       with self._mu:
         self._incoming[island] = link
         self._mu.notify_all()

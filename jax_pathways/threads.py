@@ -1,0 +1,22 @@
+"""Threads with OS-visible names (top -H, perf), like the C++ core's."""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import threading
+from typing import Any, Callable
+
+_PR_SET_NAME = 15
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
+def start(target: Callable[..., Any], name: str, *args: Any) -> threading.Thread:
+  """Starts a daemon thread named `name` in Python and in the OS."""
+
+  def run() -> None:
+    _libc.prctl(_PR_SET_NAME, name[:15].encode(), 0, 0, 0)
+    target(*args)
+
+  thread = threading.Thread(target=run, name=name, daemon=True)
+  thread.start()
+  return thread
