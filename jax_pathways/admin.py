@@ -13,6 +13,10 @@ _TOKEN_HEADER = "jax-pathways-token"
 class AdminError(RuntimeError):
   """The controller could not be asked (down, wrong token, ...)."""
 
+  def __init__(self, message: str, code: grpc.StatusCode):
+    super().__init__(message)
+    self.code = code
+
 
 def _target(address: str) -> str:
   return address.split("://", 1)[1] if "://" in address else address
@@ -29,5 +33,5 @@ def status(address: str, token: str | None = None,
       raw = call(b"", timeout=timeout, metadata=metadata)
   except grpc.RpcError as e:
     raise AdminError(f"controller at {address}: {e.code().name}: "
-                     f"{e.details()}") from None
+                     f"{e.details()}", e.code()) from None
   return json.loads(raw)

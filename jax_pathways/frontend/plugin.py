@@ -10,6 +10,7 @@ JAX_PLATFORMS=proxy JAX_BACKEND_TARGET=grpc://host:port.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 BACKEND_NAME = "proxy"
@@ -61,6 +62,32 @@ def _target() -> str:
   return target
 
 
+def _preflight(target: str, token: str | None) -> None:
+  """Fails fast, with the real reason, where jaxlib's client would retry for
+  CONNECT_TIMEOUT_S and then report only CANCELLED: a wrong token or no
+  controller at all. A proxy server that is not jax_pathways' passes."""
+  import grpc  # pylint: disable=import-outside-toplevel
+  from jax_pathways import admin  # pylint: disable=import-outside-toplevel
+  deadline = time.monotonic() + CONNECT_TIMEOUT_S
+  while True:
+    try:
+      admin.status(target, token, timeout=5.0)
+      return
+    except admin.AdminError as e:
+      if e.code == grpc.StatusCode.UNAUTHENTICATED:
+        raise RuntimeError(
+            f"jax_pathways: the controller at {target} refused this "
+            "process's cluster token; pass jax_pathways.initialize(address, "
+            "token=...) or set JAX_PATHWAYS_TOKEN to the controller's token"
+        ) from None
+      if e.code != grpc.StatusCode.UNAVAILABLE:
+        return  # reachable; not ours to judge
+      if time.monotonic() > deadline:
+        raise RuntimeError(f"jax_pathways: no controller answers at {target} "
+                           f"after {CONNECT_TIMEOUT_S} s ({e})") from None
+      time.sleep(0.5)
+
+
 def _make_client() -> Any:
   if _closed:
     raise RuntimeError("jax_pathways.shutdown() was called in this process; "
@@ -77,4 +104,6 @@ def _make_client() -> Any:
   token = _token or os.environ.get("JAX_PATHWAYS_TOKEN")
   if token:
     options.initialization_data = {TOKEN_KEY: token.encode()}
-  return ifrt_proxy.get_client(_target(), options)
+  target = _target()
+  _preflight(target, token)
+  return ifrt_proxy.get_client(target, options)

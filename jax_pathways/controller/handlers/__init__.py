@@ -6,4 +6,6 @@ from jax_pathways.controller.handlers import executable
 from jax_pathways.controller.handlers import future
 from jax_pathways.controller.handlers.registry import HANDLERS, RESULT_HANDLES
 
+__all__ = ["HANDLERS", "RESULT_HANDLES"]
+
 del array, client, compile, executable, future

@@ -166,10 +166,9 @@ def cost_analysis(session: Session, req: Any, reply: Reply) -> None:
   try:
     exe: CompiledProgram = session.executables.get(req.loaded_executable_handle)
   except StatusError as e:
-    def fill_error(r: Any) -> None:
-      r.status.code = int(e.status.code)
-      r.status.message = e.status.message
-    reply.ok(fill_error)
+    failure = e.status
+    reply.ok(lambda r: (setattr(r.status, "code", int(failure.code)),
+                        setattr(r.status, "message", failure.message)))
     return
 
   def fill(r: Any) -> None:

@@ -1,0 +1,127 @@
+"""A cluster started by hand, as on real hosts: controller and workers from
+the CLI over TCP with a token, a client joining by address."""
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "by-hand-test-token"
+
+
+def _spawn(*args, env=None):
+  return subprocess.Popen([sys.executable, "-m", "jax_pathways.cli", *args],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env=env, text=True, start_new_session=True)
+
+
+def _ready_line(proc, timeout=60):
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if select.select([proc.stdout], [], [], 0.2)[0]:
+      return json.loads(proc.stdout.readline())
+    assert proc.poll() is None, proc.stderr.read()[-2000:]
+  raise AssertionError("controller did not start")
+
+
+@pytest.fixture
+def cluster():
+  env = dict(os.environ, JAX_PATHWAYS_TOKEN=TOKEN)
+  env.pop("JAX_PLATFORMS", None)
+  procs = []
+  try:
+    controller = _spawn("controller", "--islands", "2", "--listen",
+                        "127.0.0.1:0", "--worker-listen", "127.0.0.1:0",
+                        env=env)
+    procs.append(controller)
+    ready = _ready_line(controller)
+    for island in (1, 0):  # any order
+      procs.append(_spawn("worker", "--controller", ready["worker_address"],
+                          "--island", str(island), "--devices", "2", env=env))
+    yield ready, env
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        os.killpg(p.pid, signal.SIGTERM)
+    for p in procs:
+      try:
+        p.wait(timeout=10)
+      except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=5)
+
+
+CLIENT = textwrap.dedent("""
+    import sys, json
+    import jax_pathways
+    jax_pathways.initialize(sys.argv[1], token=sys.argv[2])
+    import jax, numpy as np
+    devices = jax.devices()
+    x = jax.device_put(np.arange(6.0), devices[3])      # island 1
+    y = jax.jit(lambda a: a * 2)(x)
+    z = jax.device_put(y, devices[0])                   # back to island 0
+    print(json.dumps({"n": len(devices),
+                      "islands": [d.slice_index for d in devices],
+                      "z": np.asarray(z).tolist()}))
+""")
+
+
+def _client(address, token):
+  env = dict(os.environ)
+  env.pop("JAX_PLATFORMS", None)
+  env.pop("JAX_PATHWAYS_TOKEN", None)
+  return subprocess.run([sys.executable, "-c", CLIENT, f"grpc://{address}",
+                         token], env=env, capture_output=True, text=True,
+                        timeout=120)
+
+
+def test_client_joins_by_address(cluster):
+  ready, env = cluster
+  out = _client(ready["address"], TOKEN)
+  assert out.returncode == 0, out.stderr[-3000:]
+  got = json.loads(out.stdout.strip().splitlines()[-1])
+  assert got == {"n": 4, "islands": [0, 0, 1, 1],
+                 "z": [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]}
+  status = subprocess.run(
+      [sys.executable, "-m", "jax_pathways.cli", "status", "--address",
+       f"grpc://{ready['address']}", "--json"], env=env, capture_output=True,
+      text=True, timeout=60)
+  assert status.returncode == 0, status.stderr
+  islands = json.loads(status.stdout)["islands"]
+  assert [i["devices"] for i in islands] == [[0, 1], [2, 3]]
+
+
+def test_wrong_token_is_refused(cluster):
+  ready, _ = cluster
+  out = _client(ready["address"], "not-the-token")
+  assert out.returncode != 0
+  assert "refused this process's cluster token" in out.stderr, out.stderr[-2000:]
+
+
+def test_worker_with_wrong_token_is_refused(cluster):
+  ready, env = cluster
+  bad = subprocess.run(
+      [sys.executable, "-m", "jax_pathways.cli", "worker", "--controller",
+       ready["worker_address"], "--devices", "1", "--connect-timeout", "10"],
+      env=dict(env, JAX_PATHWAYS_TOKEN="guess"), capture_output=True,
+      text=True, timeout=60)
+  assert bad.returncode == 2
+  assert "wrong cluster token" in bad.stderr
+
+
+def test_off_loopback_needs_a_token():
+  env = dict(os.environ)
+  env.pop("JAX_PATHWAYS_TOKEN", None)
+  out = subprocess.run(
+      [sys.executable, "-m", "jax_pathways.cli", "controller", "--islands",
+       "1", "--listen", "0.0.0.0:0"], env=env, capture_output=True,
+      text=True, timeout=60)
+  assert out.returncode != 0
+  assert "without a cluster token" in out.stderr

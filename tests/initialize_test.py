@@ -1,0 +1,69 @@
+"""initialize(): clear errors for misuse, in fresh processes."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def _run(code):
+  env = dict(os.environ)
+  env.pop("JAX_PLATFORMS", None)
+  return subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
+                        env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_after_jax_backends_started():
+  out = _run("""
+      import jax, jax.numpy as jnp
+      jnp.ones(3).block_until_ready()
+      import jax_pathways
+      try:
+        jax_pathways.initialize()
+      except RuntimeError as e:
+        print("ERROR", e)
+  """)
+  assert "ERROR jax_pathways.initialize() must run before JAX initializes" \
+      in out.stdout, out.stderr[-2000:]
+
+
+def test_bad_arguments():
+  out = _run("""
+      import jax_pathways
+      for kwargs in ({"address": "grpc://127.0.0.1:1", "islands": 2},
+                     {"address": None, "token": "t"}):
+        try:
+          jax_pathways.initialize(**kwargs)
+        except ValueError as e:
+          print("ERROR", e)
+  """)
+  assert out.stdout.count("ERROR") == 2, out.stderr[-2000:]
+  assert "shape an embedded cluster" in out.stdout
+  assert "makes its own" in out.stdout
+
+
+def test_shutdown_stops_the_cluster():
+  out = _run("""
+      import os, jax_pathways
+      jax_pathways.initialize(islands=1, devices_per_island=2)
+      import jax
+      assert len(jax.devices()) == 2
+      pids = jax_pathways.local_cluster().pids
+      jax_pathways.shutdown()
+      alive = []
+      for p in pids:
+        try:
+          os.kill(p, 0); alive.append(p)
+        except ProcessLookupError:
+          pass
+      print("ALIVE", alive)
+      try:
+        jax.devices()
+      except RuntimeError as e:
+        print("AFTER", "shutdown() was called" in str(e))
+  """)
+  assert "ALIVE []" in out.stdout, out.stderr[-2000:]
+  assert "AFTER True" in out.stdout, out.stdout + out.stderr[-2000:]
