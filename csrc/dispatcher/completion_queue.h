@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/blocking_queue.h"
+#include "common/bytes.h"
 #include "common/status.h"
 
 namespace jax_pathways {
@@ -19,7 +20,7 @@ struct Completion {
   uint64_t tag = 0;
   Status status;
   // One payload per island of the finished gang, in gang order.
-  std::vector<std::string> payloads;
+  std::vector<Bytes> payloads;
 };
 
 using CompletionQueue = BlockingQueue<Completion>;

@@ -108,7 +108,7 @@ void Dispatcher::SendNow(Outbox outbox) {
     size_t j = i;
     for (; j < outbox.size() && outbox[j].first == channel; ++j) {
       frames.push_back(Channel::Frame{EncodeOpHead(outbox[j].second),
-                                      outbox[j].second.payload});
+                                      outbox[j].second.payload.view()});
     }
     // A failed send means the worker is gone; its reader thread sees the
     // same broken connection and fails the island's ops.
@@ -140,7 +140,7 @@ void Dispatcher::ReadLoop(Island* island) {
   }
   while (true) {
     FrameKind kind;
-    std::string body;
+    Bytes body;
     Status s = channel->Receive(&kind, &body);
     Event event;
     if (s.ok() && kind != FrameKind::kEvent) {
@@ -201,7 +201,7 @@ void Dispatcher::Admitted(Island* island, std::vector<Op> ready, Outbox* outbox,
 }
 
 void Dispatcher::FinishSlot(const GangSlot& slot, const Status& status,
-                            std::string payload,
+                            Bytes payload,
                             std::vector<Completion>* done) {
   Gang& g = *slot.gang;
   g.payloads[slot.index] = std::move(payload);

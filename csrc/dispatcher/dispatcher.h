@@ -107,7 +107,7 @@ class Dispatcher {
   void HandleEvent(Island* island, Event event);
   // Requires mu_. Records that one op of `slot`'s gang finished.
   void FinishSlot(const GangSlot& slot, const Status& status,
-                  std::string payload, std::vector<Completion>* done);
+                  Bytes payload, std::vector<Completion>* done);
   // Requires mu_. Marks `island` dead and fails everything it held.
   void KillLocked(Island* island, const Status& why,
                   std::vector<Completion>* done);

@@ -26,7 +26,7 @@ struct Gang {
   uint64_t tag = 0;
   size_t remaining = 0;
   Status status;
-  std::vector<std::string> payloads;  // per island, in gang order
+  std::vector<Bytes> payloads;  // per island, in gang order
   std::vector<BufferId> results;      // of every island's op
 };
 

@@ -20,7 +20,7 @@ Executor::~Executor() { Shutdown(); }
 void Executor::ReadLoop() {
   while (true) {
     FrameKind kind;
-    std::string body;
+    Bytes body;
     Status s = channel_->Receive(&kind, &body);
     Op op;
     if (s.ok() && kind != FrameKind::kOp) {

@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "common/bytes.h"
+
 namespace jax_pathways {
 
 // Views any bytes-like object (bytes, bytearray, memoryview, numpy array)
@@ -25,14 +27,18 @@ class BytesView {
   pybind11::buffer_info info_;
 };
 
-// Hands `s` to Python as a uint8 numpy array that owns it (no copy).
-inline pybind11::array_t<uint8_t> OwnedBytes(std::string s) {
-  auto* owned = new std::string(std::move(s));
+// Hands `b` to Python as a read-only uint8 numpy array that keeps its
+// buffer alive (no copy).
+inline pybind11::array_t<uint8_t> ToNumpy(Bytes b) {
+  auto* owned = new Bytes(std::move(b));
   pybind11::capsule free_when_done(
-      owned, [](void* p) { delete static_cast<std::string*>(p); });
-  return pybind11::array_t<uint8_t>(
+      owned, [](void* p) { delete static_cast<Bytes*>(p); });
+  pybind11::array_t<uint8_t> out(
       {static_cast<pybind11::ssize_t>(owned->size())}, {1},
       reinterpret_cast<const uint8_t*>(owned->data()), free_when_done);
+  pybind11::detail::array_proxy(out.ptr())->flags &=
+      ~pybind11::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  return out;
 }
 
 }  // namespace jax_pathways

@@ -54,7 +54,7 @@ void RegisterDispatcher(py::module_& m) {
               io.op.program = program;
               io.op.args = args;
               io.op.results = results;
-              io.op.payload = std::string(BytesView(payload).view());
+              io.op.payload = Bytes::Copy(BytesView(payload).view());
               ops.push_back(std::move(io));
             }
             py::gil_scoped_release nogil;
@@ -95,7 +95,7 @@ void RegisterDispatcher(py::module_& m) {
             py::list out;
             for (Completion& c : done) {
               py::list payloads;
-              for (std::string& p : c.payloads) payloads.append(py::bytes(p));
+              for (Bytes& p : c.payloads) payloads.append(ToNumpy(std::move(p)));
               out.append(py::make_tuple(c.tag, static_cast<int>(c.status.code()),
                                         c.status.message(), payloads));
             }

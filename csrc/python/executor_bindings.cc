@@ -68,11 +68,11 @@ void RegisterPeerLinks(py::module_& m) {
       .def(
           "receive",
           [](PeerLinks& p, int link, uint64_t transfer_id, double timeout_s) {
-            StatusOr<std::string> got = [&] {
+            StatusOr<Bytes> got = [&] {
               py::gil_scoped_release nogil;
               return p.Receive(link, transfer_id, timeout_s);
             }();
-            return OwnedBytes(ValueOrThrow(std::move(got)));
+            return ToNumpy(ValueOrThrow(std::move(got)));
           },
           py::arg("link"), py::arg("transfer_id"), py::arg("timeout_s"))
       .def("shutdown", &PeerLinks::Shutdown,

@@ -27,15 +27,8 @@ void RegisterOp(py::module_& m) {
       .def_readonly("args", &Op::args)
       .def_readonly("results", &Op::results)
       // A read-only uint8 view that keeps the Op alive.
-      .def_property_readonly("payload", [](py::object self) {
-        const Op& op = self.cast<const Op&>();
-        py::array_t<uint8_t> view(
-            {static_cast<py::ssize_t>(op.payload.size())}, {1},
-            reinterpret_cast<const uint8_t*>(op.payload.data()), self);
-        py::detail::array_proxy(view.ptr())->flags &=
-            ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
-        return view;
-      })
+      .def_property_readonly(
+          "payload", [](const Op& op) { return ToNumpy(op.payload); })
       .def("__repr__", [](const Op& op) {
         return "Op(kind=" + std::to_string(static_cast<int>(op.kind)) +
                ", seq=" + std::to_string(op.seq) +

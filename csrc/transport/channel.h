@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/bytes.h"
 #include "common/status.h"
 
 namespace jax_pathways {
@@ -43,8 +44,8 @@ class Channel {
     std::string_view body;
   };
   Status SendMany(FrameKind kind, const std::vector<Frame>& frames);
-  // Reads one whole frame.
-  Status Receive(FrameKind* kind, std::string* body);
+  // Reads one whole frame into a fresh buffer.
+  Status Receive(FrameKind* kind, Bytes* body);
   // Unblocks a pending Receive() and makes later calls fail.
   void Shutdown();
 

@@ -11,18 +11,20 @@ std::string EncodeOpHead(const Op& op) {
   w.U64(op.program);
   w.Ids(op.args);
   w.Ids(op.results);
-  w.U64(op.payload.size());
+  w.PayloadSize(op.payload.size());
   return w.Take();
 }
 
-Status DecodeOp(const std::string& body, Op* op) {
-  WireReader r(body);
+Status DecodeOp(const Bytes& body, Op* op) {
+  WireReader r(body.view());
   uint32_t kind;
+  std::string_view payload;
   if (!r.U32(&kind) || !r.U64(&op->seq) || !r.U64(&op->program) ||
-      !r.Ids(&op->args) || !r.Ids(&op->results) || !r.Bytes(&op->payload) ||
+      !r.Ids(&op->args) || !r.Ids(&op->results) || !r.Payload(&payload) ||
       !r.AtEnd()) {
     return DataLoss("malformed op frame");
   }
+  op->payload = body.Slice(payload.data() - body.data(), payload.size());
   if (kind < static_cast<uint32_t>(OpKind::kCompile) ||
       kind > static_cast<uint32_t>(OpKind::kShutdown)) {
     return DataLoss("unknown op kind " + std::to_string(kind));
@@ -37,18 +39,20 @@ std::string EncodeEventHead(uint64_t seq, const Status& status,
   w.U64(seq);
   w.I32(static_cast<int32_t>(status.code()));
   w.Bytes(status.message());
-  w.U64(payload_size);
+  w.PayloadSize(payload_size);
   return w.Take();
 }
 
-Status DecodeEvent(const std::string& body, Event* event) {
-  WireReader r(body);
+Status DecodeEvent(const Bytes& body, Event* event) {
+  WireReader r(body.view());
   int32_t code;
   std::string message;
+  std::string_view payload;
   if (!r.U64(&event->seq) || !r.I32(&code) || !r.Bytes(&message) ||
-      !r.Bytes(&event->payload) || !r.AtEnd() || code < 0 || code > 16) {
+      !r.Payload(&payload) || !r.AtEnd() || code < 0 || code > 16) {
     return DataLoss("malformed event frame");
   }
+  event->payload = body.Slice(payload.data() - body.data(), payload.size());
   event->status = Status(static_cast<Code>(code), std::move(message));
   return Status::Ok();
 }

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/bytes.h"
 #include "common/status.h"
 
 namespace jax_pathways {
@@ -20,7 +21,7 @@ using BufferId = uint64_t;
 using IslandId = int32_t;
 
 // Version of the controller <-> worker wire format; bumped on any change.
-inline constexpr uint32_t kWireVersion = 1;
+inline constexpr uint32_t kWireVersion = 2;
 
 enum class OpKind : uint32_t {
   kCompile = 1,   // payload: program + options; program = compile key
@@ -34,6 +35,8 @@ enum class OpKind : uint32_t {
   kShutdown = 9,  // worker exits after finishing earlier ops
 };
 
+// Heads are padded so payloads start 64-byte aligned in a received frame.
+
 // Every op but DELETE is answered by exactly one Event. A DELETE is done as
 // soon as it has its place in the order (nothing can wait for it), so the
 // worker sends nothing back: on the hot path every call destructs the
@@ -46,22 +49,23 @@ struct Op {
   uint64_t program = 0;
   std::vector<BufferId> args;
   std::vector<BufferId> results;
-  std::string payload;
+  Bytes payload;
 };
 
 struct Event {
   uint64_t seq = 0;
   Status status;
-  std::string payload;
+  Bytes payload;
 };
 
 // A frame body is the head followed by the payload bytes, so large payloads
 // go to the socket without another copy (Channel::Send(kind, head, payload)).
+// Decoded payloads are slices of the frame body (no copy).
 std::string EncodeOpHead(const Op& op);
-Status DecodeOp(const std::string& body, Op* op);
+Status DecodeOp(const Bytes& body, Op* op);
 std::string EncodeEventHead(uint64_t seq, const Status& status,
                             size_t payload_size);
-Status DecodeEvent(const std::string& body, Event* event);
+Status DecodeEvent(const Bytes& body, Event* event);
 
 }  // namespace jax_pathways
 

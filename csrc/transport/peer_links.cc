@@ -32,7 +32,7 @@ PeerLinks::Link* PeerLinks::Find(int link) {
 void PeerLinks::ReadLoop(Link* link) {
   while (true) {
     FrameKind kind;
-    std::string body;
+    Bytes body;
     Status s = link->channel->Receive(&kind, &body);
     Event event;
     if (s.ok() && kind != FrameKind::kTransfer) {
@@ -70,8 +70,8 @@ Status PeerLinks::Send(int link_id, uint64_t transfer_id, const Status& status,
                        EncodeEventHead(transfer_id, status, data.size()), data);
 }
 
-StatusOr<std::string> PeerLinks::Receive(int link_id, uint64_t transfer_id,
-                                         double timeout_s) {
+StatusOr<Bytes> PeerLinks::Receive(int link_id, uint64_t transfer_id,
+                                   double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);
   Link* link = Find(link_id);
   if (link == nullptr) return NotFound("no peer link " + std::to_string(link_id));
@@ -86,7 +86,7 @@ StatusOr<std::string> PeerLinks::Receive(int link_id, uint64_t transfer_id,
   if (it == link->arrived.end()) {
     return shut_down_ ? Cancelled("worker is shutting down") : link->dead;
   }
-  StatusOr<std::string> out = std::move(it->second);
+  StatusOr<Bytes> out = std::move(it->second);
   link->arrived.erase(it);
   return out;
 }

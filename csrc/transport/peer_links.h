@@ -39,8 +39,7 @@ class PeerLinks {
   Status Send(int link, uint64_t transfer_id, const Status& status,
               std::string_view data);
   // Waits up to `timeout_s` for transfer `transfer_id` to arrive on `link`.
-  StatusOr<std::string> Receive(int link, uint64_t transfer_id,
-                                double timeout_s);
+  StatusOr<Bytes> Receive(int link, uint64_t transfer_id, double timeout_s);
   void Shutdown();
 
  private:
@@ -48,7 +47,7 @@ class PeerLinks {
     std::string name;
     std::shared_ptr<Channel> channel;
     Status dead;  // OK while connected
-    std::map<uint64_t, StatusOr<std::string>> arrived;
+    std::map<uint64_t, StatusOr<Bytes>> arrived;
     std::thread reader;
   };
   void ReadLoop(Link* link);

@@ -106,15 +106,16 @@ Status Channel::SendMany(FrameKind kind, const std::vector<Frame>& frames) {
   return Status::Ok();
 }
 
-Status Channel::Receive(FrameKind* kind, std::string* body) {
+Status Channel::Receive(FrameKind* kind, Bytes* body) {
   Header h;
   Status s = ReadFull(fd_, reinterpret_cast<char*>(&h), sizeof(h));
   if (!s.ok()) return s;
   if (h.magic != kMagic || h.length > kMaxFrameBytes) {
     return DataLoss("bad frame header (wrong peer or version?)");
   }
-  body->resize(h.length);
-  s = ReadFull(fd_, body->data(), h.length);
+  char* w;
+  *body = Bytes::Allocate(h.length, &w);
+  s = ReadFull(fd_, w, h.length);
   if (!s.ok()) return s;
   *kind = static_cast<FrameKind>(h.kind);
   return Status::Ok();

@@ -27,6 +27,17 @@ class WireWriter {
     U64(ids.size());
     Raw(ids.data(), ids.size() * sizeof(uint64_t));
   }
+  // Ends a frame head whose payload (of `payload_size` bytes) follows it:
+  // pads the head to a multiple of `align` bytes first, so a payload
+  // received into an aligned buffer is aligned too (a device can then alias
+  // it instead of copying).
+  void PayloadSize(uint64_t payload_size, size_t align = 64) {
+    size_t used = out_.size() + sizeof(uint32_t) + sizeof(uint64_t);
+    uint32_t pad = static_cast<uint32_t>((align - used % align) % align);
+    U32(pad);
+    out_.append(pad, '\0');
+    U64(payload_size);
+  }
   std::string Take() { return std::move(out_); }
 
  private:
@@ -44,9 +55,21 @@ class WireReader {
   bool U64(uint64_t* v) { return Raw(v, sizeof(*v)); }
   bool I32(int32_t* v) { return Raw(v, sizeof(*v)); }
   bool Bytes(std::string* s) {
+    std::string_view v;
+    if (!View(&v)) return false;
+    s->assign(v.data(), v.size());
+    return true;
+  }
+  // The payload after a head written with WireWriter::PayloadSize().
+  bool Payload(std::string_view* v) {
+    uint32_t pad;
+    return U32(&pad) && Skip(pad) && View(v);
+  }
+  // A length-prefixed byte string, as a view into the input.
+  bool View(std::string_view* v) {
     uint64_t n;
     if (!U64(&n) || n > in_.size() - pos_) return false;
-    s->assign(in_.data() + pos_, n);
+    *v = in_.substr(pos_, n);
     pos_ += n;
     return true;
   }
@@ -55,6 +78,11 @@ class WireReader {
     if (!U64(&n) || n > (in_.size() - pos_) / sizeof(uint64_t)) return false;
     ids->resize(n);
     return Raw(ids->data(), n * sizeof(uint64_t));
+  }
+  bool Skip(size_t n) {
+    if (n > in_.size() - pos_) return false;
+    pos_ += n;
+    return true;
   }
   bool AtEnd() const { return pos_ == in_.size(); }
 

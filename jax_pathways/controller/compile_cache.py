@@ -78,7 +78,7 @@ class CompileCache:
       if status.ok:
         try:
           compiled = CompiledProgram(program_id, program.island,
-                                     program.devices, json.loads(results[0]))
+                                     program.devices, json.loads(bytes(results[0])))
         except ValueError as e:
           status = Status(Code.INTERNAL, f"malformed compile result: {e}")
       with self._lock:

@@ -170,9 +170,9 @@ class PjrtBackend:
       host = host.reshape(tuple(shape))
     else:
       host = np.lib.stride_tricks.as_strided(host, tuple(shape), tuple(strides))
-    # device_put may keep referencing host memory; the payload it views is
-    # freed when the op is done, so hand it a private copy.
-    return jax.device_put(np.array(host, copy=True), sharding)
+    # `host` views the op's payload and keeps it alive for as long as the
+    # device array may alias it (PJRT CPU can put without copying).
+    return jax.device_put(host, sharding)
 
   def assemble(self, shape: Sequence[int], sharding: jax.sharding.Sharding,
                parts: Sequence[jax.Array]) -> jax.Array:

@@ -15,8 +15,10 @@ Payload headers per op kind (built by the controller's handlers):
            with one blob per shard
   FETCH    {"strides"?}
   COPY     {"mode": "reshard" | "shards" | "assemble", ...}
-  SEND     {"island", "address", "transfers"}
-  RECEIVE  {"island", "transfers", "arrays": [{"dtype", "shape", "sharding"}]}
+  SEND     {"island", "address", "arrays": [{"transfer", "shape", "sharding"}]}
+  RECEIVE  {"island", "arrays": [{"transfer", "dtype", "shape", "source",
+           "sharding"}]}: each distinct piece k of an array travels as
+           transfer + k (see worker/shards.py)
 """
 from __future__ import annotations
 
@@ -32,7 +34,8 @@ from jax_pathways.dispatch import payloads
 from jax_pathways.status import Code, Status, StatusError
 from jax_pathways.worker.completions import Completions, error_status
 from jax_pathways.worker.peers import Peers
-from jax_pathways.worker.pjrt_backend import PjrtBackend, Program
+from jax_pathways.worker import shards
+from jax_pathways.worker.pjrt_backend import PjrtBackend, Program, np_dtype
 
 OpKind = _core.OpKind
 # How long a RECEIVE waits for its peer's bytes before failing the op.
@@ -192,20 +195,26 @@ class Worker:
         sources.append(e.status)
 
     def push() -> bytes:
-      # Every transfer is pushed, bytes or error, so the receiver never
-      # waits for one that will not come.
+      # Every piece is pushed, bytes or error, so the receiver never waits
+      # for one that will not come.
       failure = None
-      for source, transfer in zip(sources, header["transfers"]):
-        try:
-          if isinstance(source, Status):
-            raise StatusError(source.code, source.message)
-          data = np.ascontiguousarray(np.asarray(source)).reshape(-1)
-          self._peers.links.send(link, transfer, 0, "", data.view(np.uint8))
-        except Exception as e:  # pylint: disable=broad-except
-          status = error_status(e)
-          failure = failure or StatusError(status.code, status.message)
-          self._peers.links.send(link, transfer, int(status.code),
-                                 status.message, b"")
+      for source, meta in zip(sources, header["arrays"]):
+        positions = shards.distinct(shards.indices(meta["sharding"],
+                                                   meta["shape"]))
+        for k, pos in enumerate(positions):
+          transfer = meta["transfer"] + k
+          try:
+            if isinstance(source, Status):
+              raise StatusError(source.code, source.message)
+            piece = np.asarray(self._backend.shards(source)[pos])
+            self._peers.links.send(
+                link, transfer, 0, "",
+                np.ascontiguousarray(piece).reshape(-1).view(np.uint8))
+          except Exception as e:  # pylint: disable=broad-except
+            status = error_status(e)
+            failure = failure or StatusError(status.code, status.message)
+            self._peers.links.send(link, transfer, int(status.code),
+                                   status.message, b"")
       if failure is not None:
         raise failure
       return b""
@@ -216,10 +225,24 @@ class Worker:
     header, _ = payloads.decode(op.payload)
     link = self._peers.incoming(header["island"], timeout=RECEIVE_TIMEOUT_S)
     outputs = []
-    for transfer, spec in zip(header["transfers"], header["arrays"]):
-      data = self._peers.links.receive(link, transfer, RECEIVE_TIMEOUT_S)
-      outputs.append(self._backend.put(
-          memoryview(data), spec["dtype"], spec["shape"],
-          self._backend.sharding(spec["sharding"]), None))
+    for meta in header["arrays"]:
+      shape, dtype = meta["shape"], np_dtype(meta["dtype"])
+      src = shards.indices(meta["source"], shape)
+      pieces = {}
+      for k, pos in enumerate(shards.distinct(src)):
+        data = self._peers.links.receive(link, meta["transfer"] + k,
+                                         RECEIVE_TIMEOUT_S)
+        size = [b - a for a, b in src[pos]]
+        pieces[src[pos]] = np.frombuffer(data, dtype).reshape(size)
+      sharding = self._backend.sharding(meta["sharding"])
+      dst = shards.indices(meta["sharding"], shape)
+      if all(d in pieces for d in dst):  # same layout: no host assembly
+        devices = sharding._device_assignment  # pylint: disable=protected-access
+        parts = [jax.device_put(pieces[d], dev) for d, dev in zip(dst, devices)]
+        outputs.append(jax.make_array_from_single_device_arrays(
+            tuple(shape), sharding, parts))
+      else:
+        outputs.append(jax.device_put(
+            shards.assemble_on_host(shape, dtype, pieces), sharding))
     self._store(op, outputs)
     self._completions.add(op.seq, outputs)

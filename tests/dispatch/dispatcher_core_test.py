@@ -18,9 +18,11 @@ def _pair(window=2):
 
 
 def _poll_all(d, n, timeout=5.0):
+  """Completions, payloads (uint8 arrays viewing the frames) as bytes."""
   out, deadline = [], time.monotonic() + timeout
   while len(out) < n and time.monotonic() < deadline:
-    out += d.poll(0.05, 100)
+    out += [(tag, code, msg, [bytes(p) for p in payloads])
+            for tag, code, msg, payloads in d.poll(0.05, 100)]
   return out
 
 

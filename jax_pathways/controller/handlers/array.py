@@ -8,6 +8,7 @@ the ops run later.
 """
 from __future__ import annotations
 
+import secrets
 from typing import Any, Sequence
 
 from jax_pathways import dtypes
@@ -170,15 +171,20 @@ def _move(session: Session, src: Array, handle: int, dtype: str,
         f"cannot change dtype or shape ({src.dtype}{list(src.shape)} -> "
         f"{dtype}{list(shape)}) while moving between islands")
   buffer = session.services.dispatcher.new_buffers(1)[0]
-  transfer = buffer  # unique, like buffer ids
+  # Pieces travel as transfer, transfer + 1, ...: random, so nobody else's
+  # transfer ids can collide with (or guess) these.
+  transfer = secrets.randbits(48) << 12
   session.arrays.put(handle, Array(buffer, dst_island, dtype, tuple(shape),
                                    sharding))
-  send = payloads.encode({"island": dst_island.id,
-                          "address": dst_island.data_address,
-                          "transfers": [transfer]})
+  source = src.sharding.worker_spec(src.island)
+  send = payloads.encode({
+      "island": dst_island.id, "address": dst_island.data_address,
+      "arrays": [{"transfer": transfer, "shape": list(shape),
+                  "sharding": source}]})
   receive = payloads.encode({
-      "island": src.island.id, "transfers": [transfer],
-      "arrays": [{"dtype": dtype, "shape": list(shape),
+      "island": src.island.id,
+      "arrays": [{"transfer": transfer, "dtype": dtype, "shape": list(shape),
+                  "source": source,
                   "sharding": sharding.worker_spec(dst_island)}]})
   session.services.dispatcher.submit([
       IslandOp(src.island.id, OpKind.SEND, args=[src.buffer], payload=send),
