@@ -61,6 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "JAX_PATHWAYS_TOKEN (default 127.0.0.1:0)")
   c.add_argument("--worker-listen", default="127.0.0.1:0",
                  help="where workers join (same forms; default 127.0.0.1:0)")
+  c.add_argument("--coordinator-listen", default="127.0.0.1:0",
+                 help="the coordination service of the islands' global "
+                 "client, for programs that span islands (same forms)")
   c.add_argument("--max-in-flight", type=int, default=None,
                  help="launches in flight per island (default 16)")
   c.add_argument("--parent-pid", type=int, default=None,
@@ -99,8 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       parser.error(f"--max-in-flight={max_in_flight} must be in "
                    f"1..{config.MAX_SAFE_IN_FLIGHT} (XLA:CPU hangs at 64)")
     return controller_main.run(args.islands or cfg.islands, args.listen,
-                               args.worker_listen, cfg.token, max_in_flight,
-                               args.parent_pid)
+                               args.worker_listen, args.coordinator_listen,
+                               cfg.token, max_in_flight, args.parent_pid)
   if args.command == "worker":
     _setup_logging(cfg.verbosity)
     from jax_pathways.worker import main as worker_main  # pylint: disable=import-outside-toplevel

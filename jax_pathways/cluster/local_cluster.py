@@ -99,6 +99,7 @@ class LocalCluster:
           "controller", "--islands", str(self.islands),
           "--listen", f"unix:{sockets}/clients.sock",
           "--worker-listen", f"unix:{sockets}/workers.sock",
+          "--coordinator-listen", f"unix:{sockets}/coordination.sock",
           "--max-in-flight", str(self.max_in_flight),
           "--parent-pid", str(os.getpid())])
       ready = self._read_ready_line(self.controller, deadline)

@@ -1,7 +1,8 @@
 """Array: the controller's record of one client array.
 
-The bytes live on the worker of `island` under `buffer`; the controller keeps
-what it needs to place work on them. A request that could not produce its
+The bytes live on the workers of `islands` (one island, or several for an
+array that spans islands), under the same `buffer` id on each; the
+controller keeps what it needs to place work on them. A request that could not produce its
 arrays leaves Arrays with `error` set under the client's handles, so the
 failure reaches the user at the next synchronous call, as IFRT specifies.
 """
@@ -17,7 +18,7 @@ from jax_pathways.status import Code, Status, StatusError
 @dataclasses.dataclass
 class Array:
   buffer: int
-  island: Island | None
+  islands: tuple[Island, ...]
   dtype: str
   shape: tuple[int, ...]
   sharding: Sharding | None
@@ -27,7 +28,7 @@ class Array:
 
   @classmethod
   def failed(cls, status: Status) -> "Array":
-    return cls(0, None, "", (), None, error=status)
+    return cls(0, (), "", (), None, error=status)
 
   def check_usable(self) -> None:
     """Raises the error a request using this array should fail with."""

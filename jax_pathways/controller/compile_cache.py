@@ -1,9 +1,10 @@
-"""CompileCache: compile each island program once, whoever asks for it.
+"""CompileCache: compile each placed program once, whoever asks for it.
 
 Programs are keyed by their bytes, options and devices. The first request
-sends a COMPILE op to the island's worker; later ones (a re-jit, another
-client) reuse the result or wait for the compile already running. Failures are
-not cached, so a retry compiles again.
+sends a COMPILE op to the worker of each island the program runs on (one
+gang); later ones (a re-jit, another client) reuse the result or wait for
+the compile already running. Failures are not cached, so a retry compiles
+again.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any, Callable
 from jax_pathways.dispatch import payloads
 from jax_pathways.dispatch.dispatcher import Dispatcher, IslandOp, OpKind
 from jax_pathways.programs import sharding as sharding_lib
-from jax_pathways.programs.xla_program import IslandProgram
+from jax_pathways.programs.xla_program import PlacedProgram
 from jax_pathways.resources.island import Island
 from jax_pathways.status import Code, Status
 
@@ -26,10 +27,10 @@ class CompiledProgram:
   Everything Execute needs is computed once here: it runs on every call.
   """
 
-  def __init__(self, program_id: int, island: Island, devices: tuple[int, ...],
-               metadata: dict[str, Any]):
+  def __init__(self, program_id: int, islands: tuple[Island, ...],
+               devices: tuple[int, ...], metadata: dict[str, Any]):
     self.program_id = program_id
-    self.island = island
+    self.islands = islands
     self.devices = devices
     self.metadata = metadata
     self.outputs: list[tuple[tuple[int, ...], str]] = [
@@ -57,7 +58,7 @@ class CompileCache:
     self._done: dict[str, CompiledProgram] = {}
     self._waiting: dict[str, list[OnCompiled]] = {}
 
-  def compile(self, program: IslandProgram, on_done: OnCompiled) -> None:
+  def compile(self, program: PlacedProgram, on_done: OnCompiled) -> None:
     key = program.key
     with self._lock:
       compiled = self._done.get(key)
@@ -70,15 +71,17 @@ class CompileCache:
     if not first:
       return
     program_id = next(self._ids)
-    payload = payloads.encode({"devices": program.local_devices},
+    payload = payloads.encode({"devices": list(program.device_refs),
+                               "replicas": program.replicas},
                               program.program, program.options)
 
     def finished(status: Status, results: list[bytes]) -> None:
       compiled = None
       if status.ok:
         try:
-          compiled = CompiledProgram(program_id, program.island,
-                                     program.devices, json.loads(bytes(results[0])))
+          compiled = CompiledProgram(program_id, program.islands,
+                                     program.devices,
+                                     json.loads(bytes(results[0])))
         except ValueError as e:
           status = Status(Code.INTERNAL, f"malformed compile result: {e}")
       with self._lock:
@@ -89,8 +92,8 @@ class CompileCache:
         waiter(status, compiled)
 
     self._dispatcher.submit(
-        [IslandOp(program.island.id, OpKind.COMPILE, program_id,
-                  payload=payload)], finished)
+        [IslandOp(island.id, OpKind.COMPILE, program_id, payload=payload)
+         for island in program.islands], finished)
 
   def __len__(self) -> int:
     with self._lock:

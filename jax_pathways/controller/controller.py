@@ -14,6 +14,7 @@ import jax_pathways
 from jax_pathways import _frontend
 from jax_pathways.cluster import addresses
 from jax_pathways.controller.compile_cache import CompileCache
+from jax_pathways.controller.coordination import Coordinator
 from jax_pathways.controller.grpc_service import GrpcService
 from jax_pathways.controller.session import Services
 from jax_pathways.controller.worker_listener import WorkerListener
@@ -25,23 +26,29 @@ class Controller:
   """One controller: a gRPC port for clients, a port for workers."""
 
   def __init__(self, islands: int, listen: str = "127.0.0.1:0",
-               worker_listen: str = "127.0.0.1:0", token: str | None = None,
-               max_in_flight: int = 16):
+               worker_listen: str = "127.0.0.1:0",
+               coordinator_listen: str = "127.0.0.1:0",
+               token: str | None = None, max_in_flight: int = 16):
     self.started = time.time()
     self.topology = Topology(islands)
     self.dispatcher = Dispatcher(max_in_flight)
+    # Programs may span islands once the workers share a global client.
+    self.coordinator = (Coordinator(islands, coordinator_listen)
+                        if islands > 1 else None)
     server = _frontend.GrpcServer()
     self.host_buffers = server.host_buffers
     self.compile_cache = CompileCache(self.dispatcher)
     self.services = Services(
         topology=self.topology, dispatcher=self.dispatcher,
         host_buffers=self.host_buffers, compile_cache=self.compile_cache,
-        platform_version=f"jax_pathways {jax_pathways.__version__}")
+        platform_version=f"jax_pathways {jax_pathways.__version__}",
+        spmd_across_islands=self.coordinator is not None)
     self.service = GrpcService(server, self.services, token, self.status)
     self._listen = listen
     self.address = ""
-    self._workers = WorkerListener(worker_listen, token, self.topology,
-                                   self.dispatcher)
+    self._workers = WorkerListener(
+        worker_listen, token, self.topology, self.dispatcher,
+        self.coordinator.address if self.coordinator else None)
     self.worker_address = self._workers.address
 
   def start(self) -> None:
@@ -56,6 +63,8 @@ class Controller:
     self.service.stop()
     self._workers.close()
     self.dispatcher.shutdown()
+    if self.coordinator is not None:
+      self.coordinator.shutdown()
 
   def status(self) -> dict[str, Any]:
     """What `jax-pathways status` shows."""

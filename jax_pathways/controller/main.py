@@ -23,19 +23,20 @@ from absl import logging
 DRAIN_TIMEOUT_S = 30.0
 
 
-def run(islands: int, listen: str, worker_listen: str, token: str | None,
-        max_in_flight: int, parent_pid: int | None) -> int:
+def run(islands: int, listen: str, worker_listen: str,
+        coordinator_listen: str, token: str | None, max_in_flight: int,
+        parent_pid: int | None) -> int:
   # pylint: disable=import-outside-toplevel
   from jax_pathways.cluster import addresses
   from jax_pathways.controller.controller import Controller
   from jax_pathways.status import invalid_argument
-  for address in (listen, worker_listen):
+  for address in (listen, worker_listen, coordinator_listen):
     if not addresses.is_loopback(address) and not token:
       raise invalid_argument(
           f"refusing to listen on {address} without a cluster token: set "
           "JAX_PATHWAYS_TOKEN (workers and clients must present it)")
-  controller = Controller(islands, listen, worker_listen, token,
-                          max_in_flight)
+  controller = Controller(islands, listen, worker_listen, coordinator_listen,
+                          token, max_in_flight)
   controller.start()
   print(json.dumps({"address": controller.address,
                     "worker_address": controller.worker_address,

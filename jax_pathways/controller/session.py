@@ -32,6 +32,8 @@ class Services:
   host_buffers: Any  # _frontend.HostBuffers: take(), store()
   compile_cache: CompileCache
   platform_version: str
+  # Programs and arrays may span islands (the workers share a global client).
+  spmd_across_islands: bool = False
   wait_for_topology_s: float = 120.0
   upload_timeout_s: float = 600.0
 
@@ -181,8 +183,9 @@ class Session:
     """Frees everything the session held, on controller and workers."""
     by_island: dict[int, list[int]] = {}
     for array in self.arrays.drain():
-      if array.island is not None and not array.released:
-        by_island.setdefault(array.island.id, []).append(array.buffer)
+      if not array.released:
+        for island in array.islands:
+          by_island.setdefault(island.id, []).append(array.buffer)
     dispatcher = self.services.dispatcher
     for island, buffers in by_island.items():
       dispatcher.submit([IslandOp(island, OpKind.DELETE, args=buffers)])

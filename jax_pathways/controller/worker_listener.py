@@ -25,8 +25,9 @@ class WorkerListener:
   """Accepts, authenticates and registers island workers."""
 
   def __init__(self, address: str, token: str | None, topology: Topology,
-               dispatcher: Dispatcher):
+               dispatcher: Dispatcher, coordinator: str | None):
     self._token = token
+    self._coordinator = coordinator
     self._topology = topology
     self._dispatcher = dispatcher
     self._sock = addresses.listen(address)
@@ -60,7 +61,9 @@ class WorkerListener:
       except ValueError as e:
         raise handshake.HandshakeError(str(e)) from None
       admitted.append(island)
-      return {"island": int(island.id)}
+      return {"island": int(island.id),
+              "islands": self._topology.expected_islands,
+              "coordinator": self._coordinator}
 
     try:
       handshake.accept(sock, self._token, decide, HANDSHAKE_TIMEOUT_S)

@@ -13,7 +13,7 @@ import math
 from typing import Any, Sequence
 
 from jax_pathways import protos
-from jax_pathways.resources.island import Island
+from jax_pathways.resources.topology import Topology
 from jax_pathways.status import invalid_argument, unimplemented
 
 SINGLE_DEVICE = "xla::ifrt::SingleDeviceSharding"
@@ -55,10 +55,10 @@ class Sharding:
     tiles = list(op.tile_assignment_dimensions)[:len(shape)]
     return tuple(math.ceil(d / t) for d, t in zip(shape, tiles))
 
-  def worker_spec(self, island: Island) -> dict[str, Any]:
-    """The island-local form a worker builds a jax sharding from."""
+  def worker_spec(self, topology: Topology) -> dict[str, Any]:
+    """The form a worker builds a jax sharding from (Topology.device_refs)."""
     return {
-        "devices": [island.local_index(d) for d in self.devices],
+        "devices": topology.device_refs(self.devices),
         "op_sharding": (None if self.op_sharding is None else
                         base64.b64encode(self.op_sharding).decode()),
         "memory_kind": self.memory_kind,

@@ -1,10 +1,11 @@
-"""XlaProgram: an SPMD StableHLO program, placed onto the island that runs it.
+"""XlaProgram: an SPMD StableHLO program, placed onto the islands that run it.
 
-The client compiles for global device ids (its device assignment). A worker
-knows only its local devices, so placing a program finds the one island that
-holds all of them and rewrites the device assignment into that island's local
-indices. The StableHLO itself is passed on untouched: the worker compiles the
-very bytes the client's jaxlib wrote.
+The client compiles for global device ids (its device assignment). Placing a
+program finds the islands holding those devices; each of their workers
+compiles the very bytes the client's jaxlib wrote, with the device
+assignment rewritten (by the worker) into the devices it knows. A program
+within one island runs on that island's own client; one that spans islands
+runs as one SPMD program on every island's worker, gang-launched.
 """
 from __future__ import annotations
 
@@ -23,16 +24,14 @@ XLA_COMPILE_OPTIONS = "xla::ifrt::XlaCompileOptions"
 
 
 @dataclasses.dataclass(frozen=True)
-class IslandProgram:
-  """One island's program: what a worker compiles."""
-  island: Island
+class PlacedProgram:
+  """A program and where it runs: what each island's worker compiles."""
+  islands: tuple[Island, ...]
   program: bytes                 # StableHLO portable artifact
-  options: bytes                 # xla.CompileOptionsProto, island-local ids
+  options: bytes                 # xla.CompileOptionsProto, as the client sent
   devices: tuple[int, ...]       # global ids in the program's logical order
-
-  @property
-  def local_devices(self) -> list[int]:
-    return [self.island.local_index(d) for d in self.devices]
+  device_refs: tuple[Any, ...]   # the same, as workers name them
+  replicas: int
 
   @property
   def key(self) -> str:
@@ -56,9 +55,9 @@ def device_assignment(build_options: Any) -> list[int]:
           for c in range(da.computation_count)]
 
 
-def place(program: Any, compile_options: Any, topology: Topology
-          ) -> IslandProgram:
-  """Places a CompileRequest's program (xla.ifrt.Serialized) on one island."""
+def place(program: Any, compile_options: Any, topology: Topology,
+          spmd_across_islands: bool) -> PlacedProgram:
+  """Places a CompileRequest's program (xla.ifrt.Serialized)."""
   if program.type_name == IFRT_IR_PROGRAM:
     raise unimplemented(
         "MPMD programs (IFRT IR) are not supported yet by this controller")
@@ -70,25 +69,18 @@ def place(program: Any, compile_options: Any, topology: Topology
         "an XlaProgram")
   xla_options = protos.msg("xla.ifrt.XlaCompileOptionsProto").FromString(
       compile_options.data)
-  options = xla_options.compile_options
-  build = options.executable_build_options
+  build = xla_options.compile_options.executable_build_options
   devices = device_assignment(build)
-  if not devices:
-    n = max(1, build.num_replicas) * max(1, build.num_partitions)
-    devices = list(range(n))
-  island = topology.place(devices, "the program's device assignment")
-
-  local = options.__class__()
-  local.CopyFrom(options)
-  da = local.executable_build_options.device_assignment
-  da.Clear()
   replicas = max(1, build.num_replicas)
-  partitions = len(devices) // replicas
-  da.replica_count = replicas
-  da.computation_count = partitions
-  for c in range(partitions):
-    cd = da.computation_devices.add()
-    cd.replica_device_ids.extend(
-        island.local_index(devices[r * partitions + c]) for r in range(replicas))
-  return IslandProgram(island, program.data, local.SerializeToString(),
-                       tuple(devices))
+  if not devices:
+    devices = list(range(replicas * max(1, build.num_partitions)))
+  what = "the program's device assignment"
+  islands = topology.islands_of(devices, what)
+  if len(islands) > 1 and not spmd_across_islands:
+    raise unimplemented(
+        f"{what} spans islands {[i.id for i in islands]} (devices {devices}) "
+        "but this cluster runs programs within one island only")
+  return PlacedProgram(tuple(islands), program.data,
+                       xla_options.compile_options.SerializeToString(),
+                       tuple(devices), tuple(topology.device_refs(devices)),
+                       replicas)

@@ -91,17 +91,29 @@ class Topology:
         f"device {device} does not exist; the cluster has devices "
         f"0..{self.num_devices() - 1}")
 
-  def place(self, devices: Iterable[int], what: str) -> Island:
-    """The one island that holds all of `devices`; a clear error otherwise."""
+  def islands_of(self, devices: Iterable[int], what: str) -> list[Island]:
+    """The islands holding `devices`, in island order."""
     devices = list(devices)
     if not devices:
       raise invalid_argument(f"{what} names no devices")
-    islands = {self.island_of_device(d).id for d in devices}
+    ids = sorted({self.island_of_device(d).id for d in devices})
+    return [self.island(i) for i in ids]
+
+  def place(self, devices: Iterable[int], what: str) -> Island:
+    """The one island that holds all of `devices`; a clear error otherwise
+    (for what cannot span islands, such as one MPMD fragment)."""
+    islands = self.islands_of(devices, what)
     if len(islands) > 1:
-      raise StatusError(
-          Code.UNIMPLEMENTED,
-          f"{what} spans islands {sorted(islands)} (devices {devices}); "
-          "programs and arrays must stay within one island for now. Use a "
-          "mesh of one island's devices (see jax.devices()[i].slice_index) "
-          "and move data between islands with jax.device_put.")
-    return self.island(islands.pop())
+      raise invalid_argument(
+          f"{what} spans islands {[i.id for i in islands]} (devices "
+          f"{list(devices)}) but must stay within one island")
+    return islands[0]
+
+  def device_refs(self, devices: Iterable[int]) -> list[Any]:
+    """How a worker names `devices`: island-local indices when they share
+    one island, [island, local index] pairs when they span islands."""
+    devices = list(devices)
+    owners = [self.island_of_device(d) for d in devices]
+    if len({o.id for o in owners}) == 1:
+      return [o.local_index(d) for o, d in zip(owners, devices)]
+    return [[int(o.id), o.local_index(d)] for o, d in zip(owners, devices)]

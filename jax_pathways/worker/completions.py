@@ -49,6 +49,11 @@ class Completions:
           ) -> None:
     self._queue.put((seq, arrays, finish))
 
+  def add_side(self, arrays: Sequence[Any], finish: Finish) -> None:
+    """Work in order with the ops, answering none (e.g. the sending half of
+    an op whose own event comes from the op loop)."""
+    self._queue.put((None, arrays, finish))
+
   def fail(self, seq: int, status: Status) -> None:
     """Reports a failed op, in order with the ops before it."""
     self._queue.put((seq, status, None))
@@ -70,9 +75,13 @@ class Completions:
         for a in arrays:
           a.block_until_ready()
         payload = finish() if finish is not None else b""
-        self._send(seq, Status(), payload)
+        status = Status()
       except Exception as e:  # pylint: disable=broad-except
-        self._send(seq, error_status(e), b"")
+        payload, status = b"", error_status(e)
+      if seq is not None:
+        self._send(seq, status, payload)
+      elif not status.ok:
+        logging.warning("side work failed: %s", status)
 
   def _send(self, seq: int, status: Status, payload: bytes) -> None:
     try:

@@ -18,10 +18,10 @@ def run(controller: str, island: int | None, devices: int,
         token: str | None, data_listen: str, connect_timeout: float) -> int:
   """Joins `controller` and serves until told to stop; returns an exit code."""
   # Configure JAX before anything initializes its backends: this process
-  # owns `devices` CPU devices and must keep every dtype the client sends.
+  # must keep every dtype the client sends; its CPU backend is the
+  # backend's own client (PjrtBackend registers it).
   os.environ["JAX_PLATFORMS"] = "cpu"
   import jax  # pylint: disable=import-outside-toplevel
-  jax.config.update("jax_num_cpu_devices", devices)
   jax.config.update("jax_enable_x64", True)
 
   # pylint: disable=import-outside-toplevel
@@ -32,7 +32,7 @@ def run(controller: str, island: int | None, devices: int,
   from jax_pathways.worker.pjrt_backend import PjrtBackend
   from jax_pathways.worker.worker import Worker
 
-  backend = PjrtBackend()
+  backend = PjrtBackend(devices)
   peers = Peers(token, data_listen)
   hello = {
       "role": "worker",
@@ -56,6 +56,14 @@ def run(controller: str, island: int | None, devices: int,
     return 2
   sock.settimeout(None)
   peers.island = int(welcome["island"])
+  if welcome.get("coordinator"):
+    # Every island's worker does this at once; it returns when all have.
+    gloo_host = ("127.0.0.1" if addresses.is_loopback(data_listen)
+                 else data_listen.rpartition(":")[0].strip("[]"))
+    if gloo_host in ("0.0.0.0", "::"):
+      gloo_host = socket.gethostname()
+    backend.join_global(peers.island, int(welcome["islands"]),
+                        welcome["coordinator"], gloo_host)
   logging.info("worker pid %d joined as island %d (%d devices); data at %s",
                os.getpid(), peers.island, len(backend.devices), peers.address)
   executor = _core.Executor(sock.detach())

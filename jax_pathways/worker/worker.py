@@ -8,17 +8,18 @@ ids the controller chose; a failed op leaves its Status under its result ids,
 so later ops fail with the original cause.
 
 Payload headers per op kind (built by the controller's handlers):
-  COMPILE  {"devices"}, blobs [program, compile options]
+  COMPILE  {"devices", "replicas"}, blobs [program, compile options]
   LAUNCH   -                     (program = compiled program id)
   PUT      {"dtype", "shape", "sharding", "strides"?} blobs [bytes]
            or {..., "shards": [{"devices", "dtype", "shape", "strides"?}]}
            with one blob per shard
   FETCH    {"strides"?}
-  COPY     {"mode": "reshard" | "shards" | "assemble", ...}
-  SEND     {"island", "address", "arrays": [{"transfer", "shape", "sharding"}]}
-  RECEIVE  {"island", "arrays": [{"transfer", "dtype", "shape", "source",
-           "sharding"}]}: each distinct piece k of an array travels as
-           transfer + k (see worker/shards.py)
+  COPY     {"mode": "reshard" | "shards" (+"positions") | "assemble", ...}
+  SEND     {"source", "source_islands", "shape", "dtype", "transfer",
+  RECEIVE   "send_to": [{"island", "address"}], "sharding" (RECEIVE only)}:
+           one island's part of moving an array between islands; distinct
+           piece k of the source travels as transfer + k from the island
+           holding it first; see _exchange() and worker/shards.py
 """
 from __future__ import annotations
 
@@ -112,7 +113,7 @@ class Worker:
   def _compile(self, op: Any) -> None:
     header, (program, options) = payloads.decode(op.payload)
     prog = self._backend.compile(bytes(program), bytes(options),
-                                 header["devices"])
+                                 header["devices"], header["replicas"])
     self._programs[op.program] = prog
     metadata = json.dumps(prog.metadata).encode()
     self._completions.add(op.seq, [], lambda: metadata)
@@ -134,20 +135,25 @@ class Worker:
       array = self._backend.put(blobs[0], header["dtype"], header["shape"],
                                 sharding, header.get("strides"))
     else:
+      # This worker's devices only (the controller sends each island its
+      # shards of an array that spans islands).
       devices = sharding._device_assignment  # pylint: disable=protected-access
+      mine = set(self._backend.mine(sharding))
       per_device: dict[Any, jax.Array] = {}
       for spec, blob in zip(header["shards"], blobs):
         for index in spec["devices"]:
-          device = devices[index]
-          per_device[device] = self._backend.put(
-              blob, spec["dtype"], spec["shape"],
-              jax.sharding.SingleDeviceSharding(device), spec.get("strides"))
-      missing = [d for d in devices if d not in per_device]
+          if devices[index] in mine:
+            per_device[devices[index]] = self._backend.put(
+                blob, spec["dtype"], spec["shape"],
+                jax.sharding.SingleDeviceSharding(devices[index]),
+                spec.get("strides"))
+      missing = [d for d in devices if d in mine and d not in per_device]
       if missing:
         raise StatusError(Code.INVALID_ARGUMENT,
                           f"no shard given for devices {missing}")
       array = jax.make_array_from_single_device_arrays(
-          tuple(header["shape"]), sharding, [per_device[d] for d in devices])
+          tuple(header["shape"]), sharding,
+          [per_device[d] for d in devices if d in mine])
     self._store(op, [array])
     self._completions.add(op.seq, [array])
 
@@ -171,9 +177,9 @@ class Worker:
     if mode == "reshard":
       sharding = self._backend.sharding(header["sharding"])
       outputs = [jax.device_put(self._array(b), sharding) for b in op.args]
-    elif mode == "shards":
-      outputs = self._backend.shards(self._array(op.args[0]))
-      outputs = outputs[:len(op.results)]
+    elif mode == "shards":  # the local shards at these local positions
+      local = self._backend.shards(self._array(op.args[0]))
+      outputs = [local[i] for i in header["positions"]]
     elif mode == "assemble":
       sharding = self._backend.sharding(header["sharding"])
       outputs = [self._backend.assemble(
@@ -184,65 +190,110 @@ class Worker:
     self._completions.add(op.seq, outputs)
 
   def _send(self, op: Any) -> None:
+    self._exchange(op, receive=False)
+
+  def _receive(self, op: Any) -> None:
+    self._exchange(op, receive=True)
+
+  def _exchange(self, op: Any, receive: bool) -> None:
+    """One island's part of moving an array between islands: push the
+    distinct pieces it holds first to every destination island, and (if it
+    is a destination) build its part of the new array from its own pieces
+    and the ones pushed to it."""
     header, _ = payloads.decode(op.payload)
-    link = self._peers.outgoing(header["island"], header["address"],
-                                timeout=30.0)
-    sources: list[jax.Array | Status] = []
-    for b in op.args:
+    source_spec, shape = header["source"], header["shape"]
+    base = header["transfer"]
+    source: jax.Array | Status | None = None
+    if op.args:
       try:
-        sources.append(self._array(b))
+        source = self._array(op.args[0])
       except StatusError as e:
-        sources.append(e.status)
+        source = e.status
+    if header["send_to"]:
+      self._push(source, source_spec, shape, base, header["send_to"],
+                 op.seq if not receive else None)
+    if not receive:
+      return
+    pieces: dict[int, np.ndarray] = {}
+    if isinstance(source, Status):
+      raise StatusError(source.code, source.message)
+    if source is not None:
+      pieces.update(self._backend.pieces(source, source_spec, shape))
+    dtype = np_dtype(header["dtype"])
+    src_index = shards.indices(source_spec, shape)
+    positions = shards.distinct(src_index)
+    for k, pos in enumerate(positions):
+      if k in pieces:
+        continue
+      ref = source_spec["devices"][pos]  # the first device holding piece k
+      island = ref[0] if isinstance(ref, list) else header["source_islands"][0]
+      link = self._peers.incoming(island, timeout=RECEIVE_TIMEOUT_S)
+      data = self._peers.links.receive(link, base + k, RECEIVE_TIMEOUT_S)
+      size = [b - a for a, b in src_index[pos]]
+      pieces[k] = np.frombuffer(data, dtype).reshape(size)
+    by_index = {src_index[pos]: pieces[k] for k, pos in enumerate(positions)}
+    sharding = self._backend.sharding(header["sharding"])
+    dst_index = shards.indices(header["sharding"], shape)
+    devices = sharding._device_assignment  # pylint: disable=protected-access
+    mine = set(self._backend.mine(sharding))
+    if all(d in by_index for d in dst_index):  # same layout: no host assembly
+      parts = [jax.device_put(by_index[d], dev)
+               for d, dev in zip(dst_index, devices) if dev in mine]
+      output = jax.make_array_from_single_device_arrays(tuple(shape), sharding,
+                                                        parts)
+    else:
+      output = self._backend.from_host(
+          shards.assemble_on_host(shape, dtype, by_index), sharding)
+    self._store(op, [output])
+    self._completions.add(op.seq, [output])
+
+  def _push(self, source: jax.Array | Status | None, spec: dict[str, Any],
+            shape: list[int], base: int, send_to: list[dict[str, Any]],
+            seq: int | None) -> None:
+    """Pushes this island's first-held pieces to every destination, bytes or
+    the source's error, so no receiver waits for a piece that will not
+    come. Runs on the completion thread, after the source is ready; `seq`
+    (for a send-only op) is reported there."""
+    links = [self._peers.outgoing(d["island"], d["address"], timeout=30.0)
+             for d in send_to]
 
     def push() -> bytes:
-      # Every piece is pushed, bytes or error, so the receiver never waits
-      # for one that will not come.
-      failure = None
-      for source, meta in zip(sources, header["arrays"]):
-        positions = shards.distinct(shards.indices(meta["sharding"],
-                                                   meta["shape"]))
-        for k, pos in enumerate(positions):
-          transfer = meta["transfer"] + k
-          try:
-            if isinstance(source, Status):
-              raise StatusError(source.code, source.message)
-            piece = np.asarray(self._backend.shards(source)[pos])
-            self._peers.links.send(
-                link, transfer, 0, "",
-                np.ascontiguousarray(piece).reshape(-1).view(np.uint8))
-          except Exception as e:  # pylint: disable=broad-except
-            status = error_status(e)
-            failure = failure or StatusError(status.code, status.message)
-            self._peers.links.send(link, transfer, int(status.code),
-                                   status.message, b"")
+      failure: StatusError | None = None
+      try:
+        if isinstance(source, Status):
+          raise StatusError(source.code, source.message)
+        mine = self._backend.pieces(source, spec, shape)
+      except Exception as e:  # pylint: disable=broad-except
+        status = error_status(e)
+        failure = StatusError(status.code, status.message)
+        mine = {k: None for k in _first_held(spec, shape, self._backend)}
+      for link in links:
+        for k, piece in mine.items():
+          if failure is None:
+            data = np.ascontiguousarray(piece).reshape(-1).view(np.uint8)
+            self._peers.links.send(link, base + k, 0, "", data)
+          else:
+            self._peers.links.send(link, base + k, int(failure.status.code),
+                                   failure.status.message, b"")
       if failure is not None:
         raise failure
       return b""
 
-    self._completions.add(op.seq, [], push)
+    arrays = [source] if isinstance(source, jax.Array) else []
+    if seq is None:
+      self._completions.add_side(arrays, push)
+    else:
+      self._completions.add(seq, arrays, push)
 
-  def _receive(self, op: Any) -> None:
-    header, _ = payloads.decode(op.payload)
-    link = self._peers.incoming(header["island"], timeout=RECEIVE_TIMEOUT_S)
-    outputs = []
-    for meta in header["arrays"]:
-      shape, dtype = meta["shape"], np_dtype(meta["dtype"])
-      src = shards.indices(meta["source"], shape)
-      pieces = {}
-      for k, pos in enumerate(shards.distinct(src)):
-        data = self._peers.links.receive(link, meta["transfer"] + k,
-                                         RECEIVE_TIMEOUT_S)
-        size = [b - a for a, b in src[pos]]
-        pieces[src[pos]] = np.frombuffer(data, dtype).reshape(size)
-      sharding = self._backend.sharding(meta["sharding"])
-      dst = shards.indices(meta["sharding"], shape)
-      if all(d in pieces for d in dst):  # same layout: no host assembly
-        devices = sharding._device_assignment  # pylint: disable=protected-access
-        parts = [jax.device_put(pieces[d], dev) for d, dev in zip(dst, devices)]
-        outputs.append(jax.make_array_from_single_device_arrays(
-            tuple(shape), sharding, parts))
-      else:
-        outputs.append(jax.device_put(
-            shards.assemble_on_host(shape, dtype, pieces), sharding))
-    self._store(op, outputs)
-    self._completions.add(op.seq, outputs)
+
+def _first_held(spec: dict[str, Any], shape: list[int],
+                backend: PjrtBackend) -> list[int]:
+  """Distinct pieces this worker holds first (when the source array itself
+  is unavailable, to send errors for them)."""
+  refs = spec["devices"]
+  out = []
+  for k, pos in enumerate(shards.distinct(shards.indices(spec, shape))):
+    ref = refs[pos]
+    if isinstance(ref, int) or backend.is_local(ref):
+      out.append(k)
+  return out

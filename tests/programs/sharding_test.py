@@ -3,7 +3,7 @@ import pytest
 
 from jax_pathways import protos
 from jax_pathways.programs import sharding as sh
-from jax_pathways.resources.island import Island
+from jax_pathways.resources.topology import Topology
 from jax_pathways.status import StatusError
 
 
@@ -37,10 +37,24 @@ def test_single_device_and_replicated():
   assert replicated.op_sharding is None and replicated.shard_shape((5,)) == (5,)
 
 
-def test_worker_spec_uses_local_indices():
-  island = Island(1, 4, "cpu", "cpu", 1, "h", "a:1", first_device=4)
-  spec = sh.Sharding((6, 7), _tiled(2).SerializeToString()).worker_spec(island)
+def _topology():
+  t = Topology(2)
+  for i in range(2):
+    t.register({"island": i, "num_devices": 4})
+    t.connected(i)
+  return t
+
+
+def test_worker_spec_uses_local_indices_within_an_island():
+  spec = sh.Sharding((6, 7), _tiled(2).SerializeToString()).worker_spec(
+      _topology())
   assert spec["devices"] == [2, 3] and spec["op_sharding"]
+
+
+def test_worker_spec_names_islands_when_spanning():
+  spec = sh.Sharding((3, 4), _tiled(2).SerializeToString()).worker_spec(
+      _topology())
+  assert spec["devices"] == [[0, 3], [1, 0]]
 
 
 def test_unsupported_sharding_is_a_clear_error():

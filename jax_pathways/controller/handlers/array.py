@@ -1,13 +1,15 @@
 """Array requests: uploads, downloads, copies, reshards and deletion.
 
-Each request becomes ops on the island that holds the array; a copy to
-another island becomes a SEND on the source and a RECEIVE on the destination,
-submitted as one gang so the bytes go worker to worker. Requests that create
-arrays register them under the client's handles before returning, even though
-the ops run later.
+Each request becomes ops on the islands that hold the array (one island, or
+several for an array that spans islands, under the same buffer id on each),
+submitted as one gang. Moving an array between islands is an exchange: every
+island holding part of it pushes its distinct pieces to every destination
+island, worker to worker. Requests that create arrays register them under
+the client's handles before returning, even though the ops run later.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import secrets
 from typing import Any, Sequence
 
@@ -19,7 +21,9 @@ from jax_pathways.dispatch import payloads
 from jax_pathways.dispatch.dispatcher import IslandOp, OpKind
 from jax_pathways.programs import sharding as sharding_lib
 from jax_pathways.programs.sharding import Sharding
-from jax_pathways.status import Code, Status, StatusError, from_exception, invalid_argument, unimplemented
+from jax_pathways.resources.island import Island
+from jax_pathways.status import (Code, Status, StatusError, from_exception,
+                                 invalid_argument, unimplemented)
 
 _PJRT_LAYOUT = "xla::ifrt::PjRtLayout"
 
@@ -28,6 +32,16 @@ def _usable(session: Session, handle: int) -> Array:
   array = session.arrays.get(handle)
   array.check_usable()
   return array
+
+
+def _islands(session: Session, sharding: Sharding, what: str
+             ) -> tuple[Island, ...]:
+  islands = session.services.topology.islands_of(sharding.devices, what)
+  if len(islands) > 1 and not session.services.spmd_across_islands:
+    raise unimplemented(
+        f"{what} spans islands {[i.id for i in islands]} but this cluster "
+        "keeps arrays within one island")
+  return tuple(islands)
 
 
 def _check_layout(req: Any, rank: int) -> None:
@@ -51,19 +65,6 @@ def _strides(req: Any) -> list[int] | None:
   return None
 
 
-def _put(session: Session, handle: int, dtype: str, shape: Sequence[int],
-         sharding: Sharding, header: dict[str, Any], blobs: list[bytes]) -> None:
-  island = session.services.topology.place(sharding.devices, "the array")
-  buffer = session.services.dispatcher.new_buffers(1)[0]
-  session.arrays.put(handle, Array(buffer, island, dtype, tuple(shape),
-                                   sharding))
-  header.update(dtype=dtype, shape=list(shape),
-                sharding=sharding.worker_spec(island))
-  session.services.dispatcher.submit(
-      [IslandOp(island.id, OpKind.PUT, results=[buffer],
-                payload=payloads.encode(header, *blobs))])
-
-
 def _upload(session: Session, handle: int) -> Any:
   """The client's upload (a uint8 array), waiting for it if need be."""
   try:
@@ -71,6 +72,14 @@ def _upload(session: Session, handle: int) -> Any:
         session.id, handle, session.services.upload_timeout_s)
   except Exception as e:  # pylint: disable=broad-except
     raise from_exception(e) from None
+
+
+def _new_array(session: Session, handle: int, islands: tuple[Island, ...],
+               dtype: str, shape: Sequence[int], sharding: Sharding) -> Array:
+  buffer = session.services.dispatcher.new_buffers(1)[0]
+  array = Array(buffer, islands, dtype, tuple(shape), sharding)
+  session.arrays.put(handle, array)
+  return array
 
 
 @handles("make_array_from_host_buffer_request",
@@ -83,9 +92,17 @@ def make_array_from_host_buffer(session: Session, req: Any,
   data = _upload(session, req.host_buffer_handle)
   dtype = dtypes.name_of(req.dtype)
   _check_layout(req, len(req.shape.dims))
-  _put(session, req.array_handle, dtype, req.shape.dims,
-       sharding_lib.from_proto(req.sharding), {"strides": _strides(req)},
-       [data])
+  sharding = sharding_lib.from_proto(req.sharding)
+  islands = _islands(session, sharding, "the array")
+  array = _new_array(session, req.array_handle, islands, dtype,
+                     req.shape.dims, sharding)
+  # Every island gets the whole buffer and keeps its own shards.
+  payload = payloads.encode({
+      "dtype": dtype, "shape": list(req.shape.dims), "strides": _strides(req),
+      "sharding": sharding.worker_spec(session.services.topology)}, data)
+  session.services.dispatcher.submit(
+      [IslandOp(i.id, OpKind.PUT, results=[array.buffer], payload=payload)
+       for i in islands])
   reply.ok(lambda r: setattr(r, "array_handle", req.array_handle))
 
 
@@ -96,21 +113,39 @@ def make_arrays_from_host_buffer_shards(session: Session, req: Any,
   if len(req.array_handles) != len(req.specs):
     raise invalid_argument(f"{len(req.specs)} specs for "
                            f"{len(req.array_handles)} array handles")
+  topology = session.services.topology
+  gangs = []
   for handle, spec in zip(req.array_handles, req.specs):
     asp = spec.array_spec
     sharding = sharding_lib.from_proto(asp.sharding)
-    shards, blobs = [], []
+    islands = _islands(session, sharding, "the array")
+    dtype = dtypes.name_of(asp.dtype)
+    array = _new_array(session, handle, islands, dtype, asp.shape.dims,
+                       sharding)
+    # Each island gets only the shards that land on it.
+    per_island: dict[int, tuple[list[dict[str, Any]], list[Any]]] = {
+        i.id: ([], []) for i in islands}
     for indices, hb in zip(spec.addressable_shard_indices, spec.host_buffers):
-      shards.append({
+      shard = {
           "devices": list(indices.indices),
           "dtype": dtypes.name_of(hb.dtype),
           "shape": list(hb.shape.dims),
           "strides": (list(hb.byte_strides.strides)
                       if hb.HasField("byte_strides") else None),
-      })
-      blobs.append(_upload(session, hb.host_buffer_handle))
-    _put(session, handle, dtypes.name_of(asp.dtype), asp.shape.dims, sharding,
-         {"shards": shards}, blobs)
+      }
+      data = _upload(session, hb.host_buffer_handle)
+      for island in {topology.island_of_device(sharding.devices[i]).id
+                     for i in indices.indices}:
+        per_island[island][0].append(shard)
+        per_island[island][1].append(data)
+    header = {"dtype": dtype, "shape": list(asp.shape.dims),
+              "sharding": sharding.worker_spec(topology)}
+    gangs.append([IslandOp(island, OpKind.PUT, results=[array.buffer],
+                           payload=payloads.encode(
+                               dict(header, shards=shards), *blobs))
+                  for island, (shards, blobs) in per_island.items()])
+  for gang in gangs:  # one gang per array: its buffer is ready once whole
+    session.services.dispatcher.submit(gang)
   reply.ok(lambda r: r.array_handles.extend(req.array_handles))
 
 
@@ -126,8 +161,20 @@ def make_error_arrays(session: Session, req: Any, reply: Reply) -> None:
 def copy_to_host_buffer(session: Session, req: Any, reply: Reply) -> None:
   array = _usable(session, req.array_handle)
   store = session.services.host_buffers
+  temporary = None
+  if len(array.islands) > 1:
+    # Gather onto one device (worker to worker), fetch from there.
+    device = array.sharding.devices[0]
+    home = session.services.topology.island_of_device(device)
+    temporary = Array(session.services.dispatcher.new_buffers(1)[0], (home,),
+                      array.dtype, array.shape,
+                      Sharding((device,), None, array.sharding.memory_kind))
+    _move(session, array, temporary)
+    array = temporary
 
-  def fetched(status: Status, results: list[bytes]) -> None:
+  def fetched(status: Status, results: list[Any]) -> None:
+    if temporary is not None:
+      _release(session, [temporary])
     if not status.ok:
       reply.error(status)
       return
@@ -140,57 +187,67 @@ def copy_to_host_buffer(session: Session, req: Any, reply: Reply) -> None:
     reply.ok()
 
   session.services.dispatcher.submit(
-      [IslandOp(array.island.id, OpKind.FETCH, args=[array.buffer],
+      [IslandOp(array.islands[0].id, OpKind.FETCH, args=[array.buffer],
                 payload=payloads.encode({"strides": _strides(req)}))],
       fetched)
 
 
-def _copy_within(session: Session, src: Array, handle: int, dtype: str,
-                 shape: Sequence[int], sharding: Sharding) -> None:
-  buffer = session.services.dispatcher.new_buffers(1)[0]
-  island = src.island
-  session.arrays.put(handle, Array(buffer, island, dtype, tuple(shape),
-                                   sharding))
-  session.services.dispatcher.submit(
-      [IslandOp(island.id, OpKind.COPY, args=[src.buffer], results=[buffer],
-                payload=payloads.encode({
-                    "mode": "reshard",
-                    "sharding": sharding.worker_spec(island)}))])
-
-
-def _move(session: Session, src: Array, handle: int, dtype: str,
-          shape: Sequence[int], sharding: Sharding) -> None:
-  """Copies `src` onto `sharding`'s devices, worker to worker if needed."""
+def _move(session: Session, src: Array, dst: Array) -> None:
+  """Fills `dst` (already registered, same shape) with `src`'s values, on
+  dst's sharding: within one island a local copy, otherwise an exchange in
+  which the bytes go worker to worker."""
   topology = session.services.topology
-  dst_island = topology.place(sharding.devices, "the destination")
-  if dst_island is src.island:
-    _copy_within(session, src, handle, dtype, shape, sharding)
+  dispatcher = session.services.dispatcher
+  if src.islands == dst.islands and len(src.islands) == 1:
+    dispatcher.submit(
+        [IslandOp(src.islands[0].id, OpKind.COPY, args=[src.buffer],
+                  results=[dst.buffer],
+                  payload=payloads.encode({
+                      "mode": "reshard",
+                      "sharding": dst.sharding.worker_spec(topology)}))])
     return
-  if dtype != src.dtype or tuple(shape) != src.shape:
+  if dst.dtype != src.dtype or dst.shape != src.shape:
     raise invalid_argument(
         f"cannot change dtype or shape ({src.dtype}{list(src.shape)} -> "
-        f"{dtype}{list(shape)}) while moving between islands")
-  buffer = session.services.dispatcher.new_buffers(1)[0]
-  # Pieces travel as transfer, transfer + 1, ...: random, so nobody else's
-  # transfer ids can collide with (or guess) these.
-  transfer = secrets.randbits(48) << 12
-  session.arrays.put(handle, Array(buffer, dst_island, dtype, tuple(shape),
-                                   sharding))
-  source = src.sharding.worker_spec(src.island)
-  send = payloads.encode({
-      "island": dst_island.id, "address": dst_island.data_address,
-      "arrays": [{"transfer": transfer, "shape": list(shape),
-                  "sharding": source}]})
-  receive = payloads.encode({
-      "island": src.island.id,
-      "arrays": [{"transfer": transfer, "dtype": dtype, "shape": list(shape),
-                  "source": source,
-                  "sharding": sharding.worker_spec(dst_island)}]})
-  session.services.dispatcher.submit([
-      IslandOp(src.island.id, OpKind.SEND, args=[src.buffer], payload=send),
-      IslandOp(dst_island.id, OpKind.RECEIVE, results=[buffer],
-               payload=receive),
-  ])
+        f"{dst.dtype}{list(dst.shape)}) while moving between islands")
+  source = src.sharding.worker_spec(topology)
+  # Pieces travel as transfer, transfer + 1, ...: random, so no transfer of
+  # anyone else can collide with (or guess) these.
+  transfer = secrets.randbits(40) << 20
+  src_ids = {i.id for i in src.islands}
+  dst_ids = {i.id for i in dst.islands}
+  gang = []
+  for island in sorted(src_ids | dst_ids):
+    header = {
+        "source": source, "source_islands": sorted(src_ids),
+        "shape": list(src.shape), "dtype": src.dtype, "transfer": transfer,
+        "send_to": [{"island": d,
+                     "address": topology.island(d).data_address}
+                    for d in sorted(dst_ids) if d != island and
+                    island in src_ids],
+    }
+    receives = island in dst_ids
+    if receives:
+      header["sharding"] = dst.sharding.worker_spec(topology)
+    gang.append(IslandOp(
+        island, OpKind.RECEIVE if receives else OpKind.SEND,
+        args=[src.buffer] if island in src_ids else [],
+        results=[dst.buffer] if receives else [],
+        payload=payloads.encode(header)))
+  dispatcher.submit(gang)
+
+
+def _release(session: Session, arrays: Sequence[Array]) -> None:
+  """Sends DELETE for the arrays' buffers (once) and forgets them."""
+  by_island: dict[int, list[int]] = {}
+  for array in arrays:
+    if not array.released:
+      array.released = True
+      for island in array.islands:
+        by_island.setdefault(island.id, []).append(array.buffer)
+  for island, buffers in by_island.items():
+    session.services.dispatcher.submit(
+        [IslandOp(island, OpKind.DELETE, args=buffers)])
 
 
 @handles("copy_arrays_request", results=lambda r: list(r.result_handles))
@@ -200,8 +257,10 @@ def copy_arrays(session: Session, req: Any, reply: Reply) -> None:
   kind = req.memory_kind if req.HasField("memory_kind") else None
   for h, result in zip(req.array_handles, req.result_handles):
     src = _usable(session, h)
-    _move(session, src, result, src.dtype, src.shape,
-          src.sharding.with_devices(req.device_ids, kind))
+    sharding = src.sharding.with_devices(req.device_ids, kind)
+    dst = _new_array(session, result, _islands(session, sharding, "the copy"),
+                     src.dtype, src.shape, sharding)
+    _move(session, src, dst)
   reply.ok(lambda r: r.array_handles.extend(req.result_handles))
 
 
@@ -214,22 +273,35 @@ def reshard_arrays(session: Session, req: Any, reply: Reply) -> None:
   for h, spec, result in zip(req.array_handles, req.array_specs,
                              req.result_handles):
     src = _usable(session, h)
-    _move(session, src, result, dtypes.name_of(spec.dtype), spec.shape.dims,
-          sharding_lib.from_proto(spec.sharding))
+    sharding = sharding_lib.from_proto(spec.sharding)
+    dst = _new_array(session, result,
+                     _islands(session, sharding, "the resharded array"),
+                     dtypes.name_of(spec.dtype), spec.shape.dims, sharding)
+    _move(session, src, dst)
   reply.ok(lambda r: r.array_handles.extend(req.result_handles))
 
 
 def _split(session: Session, src: Array, handles_: Sequence[int]) -> None:
   """Single-device arrays of `src`'s first len(handles_) shards."""
+  topology = session.services.topology
   buffers = session.services.dispatcher.new_buffers(len(handles_))
   shard_shape = src.sharding.shard_shape(src.shape)
   kind = src.sharding.memory_kind
+  positions: dict[int, list[int]] = {}  # island -> its local positions
+  results: dict[int, list[int]] = {}
+  seen: dict[int, int] = {}
   for h, b, device in zip(handles_, buffers, src.sharding.devices):
-    session.arrays.put(h, Array(b, src.island, src.dtype, shard_shape,
+    island = topology.island_of_device(device)
+    session.arrays.put(h, Array(b, (island,), src.dtype, shard_shape,
                                 Sharding((device,), None, kind)))
+    positions.setdefault(island.id, []).append(seen.get(island.id, 0))
+    results.setdefault(island.id, []).append(b)
+    seen[island.id] = seen.get(island.id, 0) + 1
   session.services.dispatcher.submit(
-      [IslandOp(src.island.id, OpKind.COPY, args=[src.buffer],
-                results=buffers, payload=payloads.encode({"mode": "shards"}))])
+      [IslandOp(i, OpKind.COPY, args=[src.buffer], results=results[i],
+                payload=payloads.encode({"mode": "shards",
+                                         "positions": positions[i]}))
+       for i in positions])
 
 
 @handles("disassemble_into_single_device_arrays_request",
@@ -261,22 +333,24 @@ def assemble(session: Session, req: Any, reply: Reply) -> None:
   if not parts:
     raise invalid_argument("assembling an array from no shards")
   sharding = sharding_lib.from_proto(req.sharding)
-  islands = sorted({p.island.id for p in parts})
-  if len(islands) > 1:
-    raise unimplemented(
-        f"an array assembled from shards on islands {islands} would span "
-        "islands; arrays must stay within one island for now")
-  island = parts[0].island
+  islands = _islands(session, sharding, "the assembled array")
   dtype = dtypes.name_of(req.dtype) if req.HasField("dtype") else parts[0].dtype
-  buffer = session.services.dispatcher.new_buffers(1)[0]
-  session.arrays.put(req.result_handle, Array(
-      buffer, island, dtype, tuple(req.shape.dims), sharding))
+  array = _new_array(session, req.result_handle, islands, dtype,
+                     req.shape.dims, sharding)
+  spec = sharding.worker_spec(session.services.topology)
+  by_island: dict[int, list[int]] = {}
+  for p in parts:
+    if len(p.islands) != 1 or p.islands[0] not in islands:
+      raise invalid_argument(
+          "a shard lives outside the assembled array's islands")
+    by_island.setdefault(p.islands[0].id, []).append(p.buffer)
   session.services.dispatcher.submit(
-      [IslandOp(island.id, OpKind.COPY, args=[p.buffer for p in parts],
-                results=[buffer],
+      [IslandOp(i.id, OpKind.COPY, args=by_island.get(i.id, []),
+                results=[array.buffer],
                 payload=payloads.encode({
                     "mode": "assemble", "shape": list(req.shape.dims),
-                    "sharding": sharding.worker_spec(island)}))])
+                    "sharding": spec}))
+       for i in islands])
   reply.ok(lambda r: setattr(r, "array_handle", req.result_handle))
 
 
@@ -292,27 +366,13 @@ def bitcast_arrays(session: Session, req: Any, reply: Reply) -> None:
 
 @handles("delete_array_request")
 def delete_array(session: Session, req: Any, reply: Reply) -> None:
-  import concurrent.futures  # pylint: disable=import-outside-toplevel
-  by_island: dict[int, list[int]] = {}
-  for h in req.array_handle:
-    array = session.arrays.get(h)
-    if array.island is not None and not array.released:
-      by_island.setdefault(array.island.id, []).append(array.buffer)
-      array.released = True
+  arrays = [session.arrays.get(h) for h in req.array_handle]
+  for array in arrays:
     array.deleted = True
+  # A DELETE is done once it has its place in each island's order.
+  _release(session, arrays)
   future: concurrent.futures.Future = concurrent.futures.Future()
-  remaining = [len(by_island)]
-
-  def deleted(status: Status, _: list[bytes]) -> None:
-    remaining[0] -= 1
-    if not future.done() and (not status.ok or remaining[0] == 0):
-      future.set_result(status)
-
-  if not by_island:
-    future.set_result(Status())
-  for island, buffers in by_island.items():
-    session.services.dispatcher.submit(
-        [IslandOp(island, OpKind.DELETE, args=buffers)], deleted)
+  future.set_result(Status())
   handle = session.server_handles.new()
   session.futures.put(handle, future)
   reply.ok(lambda r: setattr(r, "deletion_future_handle", handle))
@@ -320,21 +380,16 @@ def delete_array(session: Session, req: Any, reply: Reply) -> None:
 
 @handles("destruct_array_request")
 def destruct_array(session: Session, req: Any, reply: Reply) -> None:
-  by_island: dict[int, list[int]] = {}
-  unknown = []
+  arrays, unknown = [], []
   for h in req.array_handle:
     array = session.arrays.discard(h)
     if array is None:
       unknown.append(h)
-    elif array.island is not None:
-      if not array.released:
-        by_island.setdefault(array.island.id, []).append(array.buffer)
-        array.released = True
-      session.services.dispatcher.forget([array.buffer])
+    elif array.islands:
+      arrays.append(array)
   # Free the memory now; ops already queued that use these run first.
-  for island, buffers in by_island.items():
-    session.services.dispatcher.submit(
-        [IslandOp(island, OpKind.DELETE, args=buffers)])
+  _release(session, arrays)
+  session.services.dispatcher.forget([a.buffer for a in arrays])
   if unknown:
     raise StatusError(Code.NOT_FOUND, f"unknown array handle(s): {unknown}")
   reply.ok()

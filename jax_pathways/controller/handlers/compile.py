@@ -23,8 +23,9 @@ def compile_program(session: Session, req: Any, reply: Reply) -> None:
     raise unimplemented(
         "host callbacks (jax.debug.print, pure_callback, io_callback) cannot "
         "cross the IFRT proxy; see docs/limitations.md")
+  services = session.services
   program = xla_program.place(req.program, req.compile_options,
-                              session.services.topology)
+                              services.topology, services.spmd_across_islands)
 
   def compiled(status: Status, result: CompiledProgram | None) -> None:
     if not status.ok:

@@ -74,7 +74,7 @@ def _execute_results(req: Any) -> list[int]:
 @handles("loaded_executable_execute_request", results=_execute_results)
 def execute(session: Session, req: Any, reply: Reply) -> None:
   exe: CompiledProgram = session.executables.get(req.loaded_executable_handle)
-  island = exe.island
+  islands = exe.islands
   args: list[Array] = [session.arrays.get(h) for h in req.args_handles]
   outputs = exe.outputs
   first_call = not req.result_array_handle
@@ -95,10 +95,11 @@ def execute(session: Session, req: Any, reply: Reply) -> None:
   for i, a in enumerate(args):
     try:
       a.check_usable()
-      if a.island is not island:
+      if a.islands != islands:
         raise invalid_argument(
-            f"argument {i} lives on island {a.island.id} but the program runs "
-            f"on island {island.id}; move it with jax.device_put first")
+            f"argument {i} lives on islands {[x.id for x in a.islands]} but "
+            f"the program runs on islands {[x.id for x in islands]}; move it "
+            "with jax.device_put first")
     except StatusError as e:
       failure = e.status
       break
@@ -116,7 +117,7 @@ def execute(session: Session, req: Any, reply: Reply) -> None:
       status_future.set_result(failure)
   else:
     for h, b, (shape, dtype), s in zip(handles_, buffers, outputs, shardings):
-      session.arrays.put(h, Array(b, island, dtype, shape, s))
+      session.arrays.put(h, Array(b, islands, dtype, shape, s))
     for i in exe.donated:
       if i < len(args):
         args[i].deleted = True  # the worker's launch consumes it
@@ -125,9 +126,10 @@ def execute(session: Session, req: Any, reply: Reply) -> None:
     on_done = None
     if status_future is not None:
       on_done = lambda status, _: status_future.set_result(status)  # noqa: E731
+    arg_buffers = [a.buffer for a in args]
     session.services.dispatcher.submit(
-        [IslandOp(island.id, OpKind.LAUNCH, exe.program_id,
-                  [a.buffer for a in args], buffers)], on_done)
+        [IslandOp(island.id, OpKind.LAUNCH, exe.program_id, arg_buffers,
+                  buffers) for island in islands], on_done)
   if status_future is not None:
     store = (session.execute_results
              if session.protocol_version >= _EXECUTE_RESULT_VERSION
