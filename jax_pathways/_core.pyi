@@ -25,6 +25,7 @@ class OpKind(enum.Enum):
   RECEIVE = 7
   COPY = 8
   SHUTDOWN = 9
+  TRACE = 10
 
 class Op:
   """An op as a worker receives it."""

@@ -19,6 +19,7 @@ from jax_pathways.frontend import plugin
 _lock = threading.Lock()
 _cluster: LocalCluster | None = None
 _address: str | None = None
+_token: str | None = None
 
 
 def _normalize(address: str) -> str:
@@ -44,7 +45,7 @@ def initialize(address: str | None = None, *, islands: int | None = None,
     max_in_flight: embedded cluster: launches in flight per island.
     token: the cluster token of a remote controller (JAX_PATHWAYS_TOKEN).
   """
-  global _cluster, _address
+  global _cluster, _address, _token
   from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
   with _lock:
@@ -79,7 +80,8 @@ def initialize(address: str | None = None, *, islands: int | None = None,
       raise ValueError("islands= and devices_per_island= shape an embedded "
                        "cluster; a running controller has its own")
     _address = _normalize(address)
-    plugin.configure(token or cfg.token)
+    _token = token or cfg.token
+    plugin.configure(_token)
     plugin.register()
     jax.config.update("jax_backend_target", _address)
     platforms = jax.config.jax_platforms or ""
@@ -120,6 +122,15 @@ def _at_exit() -> None:
     cluster, _cluster = _cluster, None
   if cluster is not None:
     cluster.drain()
+
+
+def connection() -> tuple[str, str | None]:
+  """(address, token) of the controller this process runs on."""
+  with _lock:
+    if _address is None:
+      raise RuntimeError("jax_pathways is not initialized; call "
+                         "jax_pathways.initialize() first")
+    return _address, _token
 
 
 def local_cluster() -> LocalCluster | None:

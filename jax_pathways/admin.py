@@ -1,4 +1,4 @@
-"""Admin client: reads a controller's status (islands, clients, queues)."""
+"""Admin client: a controller's status, and op traces of its islands."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ from typing import Any
 
 import grpc
 
-_METHOD = "/jax_pathways.Admin/Status"
+_SERVICE = "/jax_pathways.Admin/"
 _TOKEN_HEADER = "jax-pathways-token"
 
 
@@ -22,16 +22,33 @@ def _target(address: str) -> str:
   return address.split("://", 1)[1] if "://" in address else address
 
 
-def status(address: str, token: str | None = None,
-           timeout: float = 5.0) -> dict[str, Any]:
-  """The controller's status, as `jax-pathways status` prints it."""
+def _call(address: str, method: str, body: bytes, token: str | None,
+          timeout: float) -> dict[str, Any]:
   metadata = [(_TOKEN_HEADER, token)] if token else []
   try:
     with grpc.insecure_channel(_target(address)) as channel:
-      call = channel.unary_unary(_METHOD, request_serializer=None,
+      call = channel.unary_unary(_SERVICE + method, request_serializer=None,
                                  response_deserializer=None)
-      raw = call(b"", timeout=timeout, metadata=metadata)
+      raw = call(body, timeout=timeout, metadata=metadata)
   except grpc.RpcError as e:
     raise AdminError(f"controller at {address}: {e.code().name}: "
                      f"{e.details()}", e.code()) from None
   return json.loads(raw)
+
+
+def status(address: str, token: str | None = None,
+           timeout: float = 5.0) -> dict[str, Any]:
+  """The controller's status, as `jax-pathways status` prints it."""
+  return _call(address, "Status", b"", token, timeout)
+
+
+def trace(address: str, action: str, token: str | None = None,
+          timeout: float = 60.0) -> dict[str, Any]:
+  """Starts ("start") or stops ("stop") op tracing on every island.
+
+  Stop answers once every op submitted before it has finished, with
+  {"islands": {"<id>": [[seq, kind, name, issue_start_ns, issue_end_ns,
+  ready_ns], ...]}}.
+  """
+  return _call(address, "Trace", json.dumps({"action": action}).encode(),
+               token, timeout)

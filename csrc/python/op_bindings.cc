@@ -18,7 +18,8 @@ void RegisterOp(py::module_& m) {
       .value("SEND", OpKind::kSend)
       .value("RECEIVE", OpKind::kReceive)
       .value("COPY", OpKind::kCopy)
-      .value("SHUTDOWN", OpKind::kShutdown);
+      .value("SHUTDOWN", OpKind::kShutdown)
+      .value("TRACE", OpKind::kTrace);
 
   py::class_<Op>(m, "Op")
       .def_readonly("kind", &Op::kind)

@@ -21,7 +21,7 @@ using BufferId = uint64_t;
 using IslandId = int32_t;
 
 // Version of the controller <-> worker wire format; bumped on any change.
-inline constexpr uint32_t kWireVersion = 2;
+inline constexpr uint32_t kWireVersion = 3;
 
 enum class OpKind : uint32_t {
   kCompile = 1,   // payload: program + options; program = compile key
@@ -33,6 +33,7 @@ enum class OpKind : uint32_t {
   kReceive = 7,   // wait for a peer's push into `results`
   kCopy = 8,      // on-island copy/reshard of `args` into `results`
   kShutdown = 9,  // worker exits after finishing earlier ops
+  kTrace = 10,    // start/stop recording op timings; the event carries them
 };
 
 // Heads are padded so payloads start 64-byte aligned in a received frame.

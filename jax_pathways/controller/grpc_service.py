@@ -4,7 +4,8 @@ The C++ _frontend.GrpcServer terminates gRPC (xla.ifrt.proxy.GrpcIfrtService
 and jax_pathways.Admin) and serves the host-buffer side channel itself; this
 module takes its events in batches on one thread: it opens sessions (checking
 version and cluster token), feeds them their requests in order, closes them,
-and answers GetVersion and the admin Status. Sessions do the work.
+and answers GetVersion and the admin calls (Status, Trace). Sessions do the
+work.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from absl import logging
 from jax_pathways import _frontend
 from jax_pathways import protos
 from jax_pathways import threads
+from jax_pathways.controller import tracing
 from jax_pathways.controller import versions
 from jax_pathways.controller.handlers import HANDLERS, RESULT_HANDLES
 from jax_pathways.controller.session import Services, Session
@@ -26,6 +28,7 @@ from jax_pathways.status import Code, StatusError
 SESSION_METADATA = "ifrt-proxy-grpc-ifrt-session-metadata-bin"
 GET_VERSION = "/xla.ifrt.proxy.GrpcIfrtService/GetVersion"
 ADMIN_STATUS = "/jax_pathways.Admin/Status"
+ADMIN_TRACE = "/jax_pathways.Admin/Trace"
 # Where a client puts its cluster token: the session's initialization data,
 # or this header for the admin service.
 TOKEN_KEY = "jax_pathways_token"
@@ -159,7 +162,12 @@ class GrpcService:
       if method == GET_VERSION:
         reply = self._get_version(data)
       elif method == ADMIN_STATUS:
-        reply = self._admin_status(metadata)
+        self._check_admin_token(metadata)
+        reply = json.dumps(self._status()).encode()
+      elif method == ADMIN_TRACE:
+        self._check_admin_token(metadata)
+        self._admin_trace(call, data)
+        return  # answered when the islands have done it
       else:
         raise StatusError(Code.UNIMPLEMENTED, f"no method {method}")
     except StatusError as e:
@@ -175,10 +183,19 @@ class GrpcService:
     resp.version.ifrt_serdes_version_number = serdes
     return resp.SerializeToString()
 
-  def _admin_status(self, metadata: dict[str, bytes]) -> bytes:
+  def _check_admin_token(self, metadata: dict[str, bytes]) -> None:
     if self._token:
       given = metadata.get(ADMIN_TOKEN_HEADER, b"").decode(errors="replace")
       if not secrets.compare_digest(given, self._token):
         raise StatusError(Code.UNAUTHENTICATED, "wrong cluster token")
-    return json.dumps(self._status()).encode()
 
+  def _admin_trace(self, call: int, data: bytes) -> None:
+    try:
+      action = json.loads(data or b"{}").get("action")
+    except (ValueError, AttributeError):
+      raise StatusError(Code.INVALID_ARGUMENT,
+                        'Trace takes {"action": "start" | "stop"}') from None
+    server = self._server
+    tracing.trace(self.services.topology, self.services.dispatcher, action,
+                  lambda status, body: server.reply(call, int(status.code),
+                                                    status.message, body))

@@ -138,9 +138,9 @@ class PjrtBackend:
     if array.sharding._device_assignment[0].client is client:  # pylint: disable=protected-access
       return array
     if client is self.client:
-      table = {g: l for g, l in zip(self._local_global, self.devices)}
+      table = dict(zip(self._local_global, self.devices))
     else:
-      table = {l: g for l, g in zip(self.devices, self._local_global)}
+      table = dict(zip(self.devices, self._local_global))
     parts = [jax.device_put(np.asarray(s), table[s.device])
              for s in self.shards(array)]
     devices = tuple(table[d] for d in array.sharding._device_assignment)  # pylint: disable=protected-access
@@ -226,7 +226,8 @@ class PjrtBackend:
 
     def layouts(fn):
       try:
-        return [list(l._xla_layout().minor_to_major()) for l in fn()]  # pylint: disable=protected-access
+        # pylint: disable-next=protected-access
+        return [list(x._xla_layout().minor_to_major()) for x in fn()]
       except Exception as e:  # pylint: disable=broad-except
         return {"error": str(e)}
 
@@ -236,6 +237,7 @@ class PjrtBackend:
       cost = {}
     stats = executable.get_compiled_memory_stats()
     return {
+        "name": executable.hlo_modules()[0].name,
         "fingerprint": _fingerprint(executable),
         "outputs": [{"shape": list(s), "dtype": d} for s, d in outputs],
         "output_shardings": shardings(executable.get_output_shardings()),

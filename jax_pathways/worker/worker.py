@@ -15,6 +15,7 @@ Payload headers per op kind (built by the controller's handlers):
            with one blob per shard
   FETCH    {"strides"?}
   COPY     {"mode": "reshard" | "shards" (+"positions") | "assemble", ...}
+  TRACE    {"action": "start" | "stop"}; stop's event: the recorded timings
   SEND     {"source", "source_islands", "shape", "dtype", "transfer",
   RECEIVE   "send_to": [{"island", "address"}], "sharding" (RECEIVE only)}:
            one island's part of moving an array between islands; distinct
@@ -24,6 +25,7 @@ Payload headers per op kind (built by the controller's handlers):
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Callable
 
 from absl import logging
@@ -35,6 +37,7 @@ from jax_pathways.dispatch import payloads
 from jax_pathways.status import Code, Status, StatusError
 from jax_pathways.worker.completions import Completions, error_status
 from jax_pathways.worker.peers import Peers
+from jax_pathways.worker.tracer import Tracer
 from jax_pathways.worker import shards
 from jax_pathways.worker.pjrt_backend import PjrtBackend, Program, np_dtype
 
@@ -52,6 +55,7 @@ class Worker:
     self._peers = peers
     self._programs: dict[int, Program] = {}
     self._buffers: dict[int, jax.Array | Status] = {}
+    self._tracer = Tracer()
     self._completions = Completions(self._report)
     self._handlers: dict[Any, Callable[[Any], None]] = {
         OpKind.COMPILE: self._compile,
@@ -62,6 +66,7 @@ class Worker:
         OpKind.COPY: self._copy,
         OpKind.SEND: self._send,
         OpKind.RECEIVE: self._receive,
+        OpKind.TRACE: self._trace,
     }
 
   def run(self) -> None:
@@ -74,8 +79,12 @@ class Worker:
         if op.kind == OpKind.SHUTDOWN:
           self._completions.add(op.seq, [])
           return
+        start_ns = time.time_ns() if self._tracer.enabled else 0
         try:
           self._handlers[op.kind](op)
+          if start_ns:
+            self._tracer.issued(op.seq, op.kind.name.lower(),
+                                self._name(op), start_ns)
         except Exception as e:  # pylint: disable=broad-except
           status = error_status(e)
           for b in op.results:
@@ -88,7 +97,13 @@ class Worker:
       self._completions.close()
 
   def _report(self, seq: int, status: Status, payload: bytes) -> None:
+    self._tracer.finished(seq)
     self._executor.complete(seq, int(status.code), status.message, payload)
+
+  def _name(self, op: Any) -> str:
+    if op.kind == OpKind.LAUNCH and op.program in self._programs:
+      return self._programs[op.program].metadata.get("name", "launch")
+    return op.kind.name.lower()
 
   # ------------------------------------------------------------------ helpers
   def _array(self, buffer: int) -> jax.Array:
@@ -188,6 +203,15 @@ class Worker:
       raise StatusError(Code.INVALID_ARGUMENT, f"unknown copy mode {mode!r}")
     self._store(op, outputs)
     self._completions.add(op.seq, outputs)
+
+  def _trace(self, op: Any) -> None:
+    header, _ = payloads.decode(op.payload)
+    if header["action"] == "start":
+      self._tracer.start()
+      self._completions.add(op.seq, [])
+    else:  # stop: answered after every earlier op has finished
+      self._completions.add(
+          op.seq, [], lambda: json.dumps(self._tracer.stop()).encode())
 
   def _send(self, op: Any) -> None:
     self._exchange(op, receive=False)

@@ -9,7 +9,10 @@ import sys
 import textwrap
 import time
 
+import grpc
 import pytest
+
+from jax_pathways import admin
 
 pytestmark = pytest.mark.integration
 
@@ -103,6 +106,17 @@ def test_wrong_token_is_refused(cluster):
   out = _client(ready["address"], "not-the-token")
   assert out.returncode != 0
   assert "refused this process's cluster token" in out.stderr, out.stderr[-2000:]
+
+
+def test_admin_calls_need_the_token(cluster):
+  ready, _ = cluster
+  address = f"grpc://{ready['address']}"
+  for call in (lambda t: admin.status(address, t),
+               lambda t: admin.trace(address, "start", t)):
+    with pytest.raises(admin.AdminError, match="UNAUTHENTICATED") as e:
+      call("not-the-token")
+    assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
+  assert admin.status(address, TOKEN)["expected_islands"] == 2
 
 
 def test_worker_with_wrong_token_is_refused(cluster):

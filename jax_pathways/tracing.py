@@ -1,0 +1,119 @@
+"""trace(): what each island ran, and when, as a Chrome trace.
+
+    with jax_pathways.trace("/tmp/step.json") as t:
+      train_step(...)
+    print(t.utilization())     # launch time / span, per island
+
+Open the file in chrome://tracing or https://ui.perfetto.dev: one row per
+island, one box per op. Workers record when they issued each op and when its
+results were ready; an op counts as running from the later of its issue and
+the previous op's completion (islands complete ops in order) until it was
+ready, so time an island spent waiting for data shows on the op that waited.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any, Iterator, NamedTuple
+
+from jax_pathways import _initialize
+from jax_pathways import admin
+
+
+class OpTiming(NamedTuple):
+  island: int
+  seq: int
+  kind: str        # launch, put, fetch, send, receive, copy, ...
+  name: str        # the program's name for launches
+  issued_ns: int   # the worker's op loop took it
+  issue_end_ns: int  # ... and handed it on (to PJRT, a peer, ...)
+  start_ns: int    # running (or waiting for its data) from here
+  ready_ns: int    # its results were ready
+
+
+class Trace:
+  """The ops recorded between entering and leaving trace()."""
+
+  def __init__(self):
+    self.ops: list[OpTiming] = []
+
+  def fill(self, reply: dict[str, Any]) -> None:
+    for island, records in sorted(reply["islands"].items(),
+                                  key=lambda kv: int(kv[0])):
+      previous_ready = 0
+      for seq, kind, name, issued, issue_end, ready in sorted(records):
+        start = max(issued, min(previous_ready, ready))
+        self.ops.append(OpTiming(int(island), seq, kind, name, issued,
+                                 issue_end, start, ready))
+        previous_ready = ready
+
+  def islands(self) -> list[int]:
+    return sorted({op.island for op in self.ops})
+
+  def launches(self, island: int) -> list[OpTiming]:
+    return [op for op in self.ops if op.island == island
+            and op.kind == "launch"]
+
+  def utilization(self) -> dict[int, float]:
+    """Per island: time in launches over the span from its first launch's
+    start to its last launch's end (1.0: never idle in between)."""
+    result = {}
+    for island in self.islands():
+      launches = self.launches(island)
+      if not launches:
+        continue
+      span = (max(op.ready_ns for op in launches) -
+              min(op.start_ns for op in launches))
+      busy = sum(op.ready_ns - op.start_ns for op in launches)
+      result[island] = busy / span if span > 0 else 1.0
+    return result
+
+  def chrome(self) -> dict[str, Any]:
+    """The trace in Chrome's trace-event format (times in µs)."""
+    origin = min((op.start_ns for op in self.ops), default=0)
+    events: list[dict[str, Any]] = []
+    for island in self.islands():
+      events.append({"name": "process_name", "ph": "M", "pid": island,
+                     "args": {"name": f"island {island}"}})
+    for op in self.ops:
+      events.append({
+          "name": op.name, "cat": op.kind, "ph": "X", "pid": op.island,
+          "tid": 0, "ts": (op.start_ns - origin) / 1e3,
+          "dur": (op.ready_ns - op.start_ns) / 1e3,
+          "args": {"seq": op.seq,
+                   "issued_us": (op.issued_ns - origin) / 1e3,
+                   "issue_cost_us": (op.issue_end_ns - op.issued_ns) / 1e3}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+  def save(self, path: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(self.chrome(), f)
+
+
+def _sync() -> None:
+  """Returns once the controller has taken every request this process sent
+  before: a fetch travels behind them on the same session."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  jax.device_get(jax.device_put(np.zeros((), np.int32)))
+
+
+@contextlib.contextmanager
+def trace(path: str | None = None, timeout: float = 300.0
+          ) -> Iterator[Trace]:
+  """Records every island's ops while inside; writes `path` on exit if given.
+
+  Leaving waits until the work submitted inside has finished (at most
+  `timeout` seconds).
+  """
+  address, token = _initialize.connection()
+  _sync()
+  admin.trace(address, "start", token, timeout)
+  result = Trace()
+  try:
+    yield result
+  finally:
+    _sync()
+    result.fill(admin.trace(address, "stop", token, timeout))
+    if path is not None:
+      result.save(path)
