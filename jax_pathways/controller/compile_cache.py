@@ -11,14 +11,19 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from jax_pathways.controller.arrays import Array
 from jax_pathways.dispatch import payloads
-from jax_pathways.dispatch.dispatcher import Dispatcher, IslandOp, OpKind
+from jax_pathways.dispatch.dispatcher import (Dispatcher, IslandOp, OnDone,
+                                              OpKind)
 from jax_pathways.programs import sharding as sharding_lib
 from jax_pathways.programs.xla_program import PlacedProgram
 from jax_pathways.resources.island import Island
-from jax_pathways.status import Code, Status
+from jax_pathways.status import Code, Status, invalid_argument
+
+if TYPE_CHECKING:
+  from jax_pathways.controller.session import Services
 
 
 class CompiledProgram:
@@ -43,6 +48,27 @@ class CompiledProgram:
             devices, None if ops is None else ops[i],
             kinds[i] if i < len(kinds) else None)
         for i in range(len(self.outputs))]
+    params = metadata.get("parameter_shardings")
+    self.parameter_shardings: list[sharding_lib.Sharding] | None = (
+        None if params is None else
+        [sharding_lib.from_op_sharding(devices, p, None) for p in params])
+    self.output_islands = [islands] * len(self.outputs)
+    self.num_parameters: int | None = None  # the worker's PJRT checks
+
+  def check_argument(self, i: int, array: Array) -> None:
+    if array.islands != self.islands:
+      raise invalid_argument(
+          f"argument {i} lives on islands {[x.id for x in array.islands]} "
+          f"but the program runs on islands {[x.id for x in self.islands]}; "
+          "move it with jax.device_put first")
+
+  def launch(self, services: Services, args: Sequence[Array],
+             results: Sequence[int], on_done: OnDone | None) -> None:
+    """One LAUNCH gang over the program's islands: `args` -> `results`."""
+    buffers = [a.buffer for a in args]
+    services.dispatcher.submit(
+        [IslandOp(island.id, OpKind.LAUNCH, self.program_id, buffers,
+                  list(results)) for island in self.islands], on_done)
 
 
 OnCompiled = Callable[[Status, "CompiledProgram | None"], None]

@@ -58,9 +58,6 @@ def device_assignment(build_options: Any) -> list[int]:
 def place(program: Any, compile_options: Any, topology: Topology,
           spmd_across_islands: bool) -> PlacedProgram:
   """Places a CompileRequest's program (xla.ifrt.Serialized)."""
-  if program.type_name == IFRT_IR_PROGRAM:
-    raise unimplemented(
-        "MPMD programs (IFRT IR) are not supported yet by this controller")
   if program.type_name != XLA_PROGRAM:
     raise unimplemented(f"program type {program.type_name!r} is not supported")
   if compile_options.type_name != XLA_COMPILE_OPTIONS:
@@ -69,18 +66,25 @@ def place(program: Any, compile_options: Any, topology: Topology,
         "an XlaProgram")
   xla_options = protos.msg("xla.ifrt.XlaCompileOptionsProto").FromString(
       compile_options.data)
-  build = xla_options.compile_options.executable_build_options
+  return placed(program.data, xla_options.compile_options, topology,
+                spmd_across_islands, "the program's device assignment")
+
+
+def placed(program: bytes, compile_options: Any, topology: Topology,
+           spmd_across_islands: bool, what: str) -> PlacedProgram:
+  """`program` with its xla.CompileOptionsProto (global device ids), placed
+  on the islands that hold its devices."""
+  build = compile_options.executable_build_options
   devices = device_assignment(build)
   replicas = max(1, build.num_replicas)
   if not devices:
     devices = list(range(replicas * max(1, build.num_partitions)))
-  what = "the program's device assignment"
   islands = topology.islands_of(devices, what)
   if len(islands) > 1 and not spmd_across_islands:
     raise unimplemented(
         f"{what} spans islands {[i.id for i in islands]} (devices {devices}) "
         "but this cluster runs programs within one island only")
-  return PlacedProgram(tuple(islands), program.data,
-                       xla_options.compile_options.SerializeToString(),
+  return PlacedProgram(tuple(islands), program,
+                       compile_options.SerializeToString(),
                        tuple(devices), tuple(topology.device_refs(devices)),
                        replicas)

@@ -2,18 +2,17 @@
 
 Each request becomes ops on the islands that hold the array (one island, or
 several for an array that spans islands, under the same buffer id on each),
-submitted as one gang. Moving an array between islands is an exchange: every
-island holding part of it pushes its distinct pieces to every destination
-island, worker to worker. Requests that create arrays register them under
-the client's handles before returning, even though the ops run later.
+submitted as one gang; copies and reshards are moves (moves.py). Requests
+that create arrays register them under the client's handles before
+returning, even though the ops run later.
 """
 from __future__ import annotations
 
 import concurrent.futures
-import secrets
 from typing import Any, Sequence
 
 from jax_pathways import dtypes
+from jax_pathways.controller import moves
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.handlers.registry import handles
 from jax_pathways.controller.session import Reply, Session
@@ -169,12 +168,12 @@ def copy_to_host_buffer(session: Session, req: Any, reply: Reply) -> None:
     temporary = Array(session.services.dispatcher.new_buffers(1)[0], (home,),
                       array.dtype, array.shape,
                       Sharding((device,), None, array.sharding.memory_kind))
-    _move(session, array, temporary)
+    moves.move(session.services, array, temporary)
     array = temporary
 
   def fetched(status: Status, results: list[Any]) -> None:
     if temporary is not None:
-      _release(session, [temporary])
+      moves.release(session.services, [temporary])
     if not status.ok:
       reply.error(status)
       return
@@ -192,64 +191,6 @@ def copy_to_host_buffer(session: Session, req: Any, reply: Reply) -> None:
       fetched)
 
 
-def _move(session: Session, src: Array, dst: Array) -> None:
-  """Fills `dst` (already registered, same shape) with `src`'s values, on
-  dst's sharding: within one island a local copy, otherwise an exchange in
-  which the bytes go worker to worker."""
-  topology = session.services.topology
-  dispatcher = session.services.dispatcher
-  if src.islands == dst.islands and len(src.islands) == 1:
-    dispatcher.submit(
-        [IslandOp(src.islands[0].id, OpKind.COPY, args=[src.buffer],
-                  results=[dst.buffer],
-                  payload=payloads.encode({
-                      "mode": "reshard",
-                      "sharding": dst.sharding.worker_spec(topology)}))])
-    return
-  if dst.dtype != src.dtype or dst.shape != src.shape:
-    raise invalid_argument(
-        f"cannot change dtype or shape ({src.dtype}{list(src.shape)} -> "
-        f"{dst.dtype}{list(dst.shape)}) while moving between islands")
-  source = src.sharding.worker_spec(topology)
-  # Pieces travel as transfer, transfer + 1, ...: random, so no transfer of
-  # anyone else can collide with (or guess) these.
-  transfer = secrets.randbits(40) << 20
-  src_ids = {i.id for i in src.islands}
-  dst_ids = {i.id for i in dst.islands}
-  gang = []
-  for island in sorted(src_ids | dst_ids):
-    header = {
-        "source": source, "source_islands": sorted(src_ids),
-        "shape": list(src.shape), "dtype": src.dtype, "transfer": transfer,
-        "send_to": [{"island": d,
-                     "address": topology.island(d).data_address}
-                    for d in sorted(dst_ids) if d != island and
-                    island in src_ids],
-    }
-    receives = island in dst_ids
-    if receives:
-      header["sharding"] = dst.sharding.worker_spec(topology)
-    gang.append(IslandOp(
-        island, OpKind.RECEIVE if receives else OpKind.SEND,
-        args=[src.buffer] if island in src_ids else [],
-        results=[dst.buffer] if receives else [],
-        payload=payloads.encode(header)))
-  dispatcher.submit(gang)
-
-
-def _release(session: Session, arrays: Sequence[Array]) -> None:
-  """Sends DELETE for the arrays' buffers (once) and forgets them."""
-  by_island: dict[int, list[int]] = {}
-  for array in arrays:
-    if not array.released:
-      array.released = True
-      for island in array.islands:
-        by_island.setdefault(island.id, []).append(array.buffer)
-  for island, buffers in by_island.items():
-    session.services.dispatcher.submit(
-        [IslandOp(island, OpKind.DELETE, args=buffers)])
-
-
 @handles("copy_arrays_request", results=lambda r: list(r.result_handles))
 def copy_arrays(session: Session, req: Any, reply: Reply) -> None:
   if len(req.result_handles) != len(req.array_handles):
@@ -260,7 +201,7 @@ def copy_arrays(session: Session, req: Any, reply: Reply) -> None:
     sharding = src.sharding.with_devices(req.device_ids, kind)
     dst = _new_array(session, result, _islands(session, sharding, "the copy"),
                      src.dtype, src.shape, sharding)
-    _move(session, src, dst)
+    moves.move(session.services, src, dst)
   reply.ok(lambda r: r.array_handles.extend(req.result_handles))
 
 
@@ -277,7 +218,7 @@ def reshard_arrays(session: Session, req: Any, reply: Reply) -> None:
     dst = _new_array(session, result,
                      _islands(session, sharding, "the resharded array"),
                      dtypes.name_of(spec.dtype), spec.shape.dims, sharding)
-    _move(session, src, dst)
+    moves.move(session.services, src, dst)
   reply.ok(lambda r: r.array_handles.extend(req.result_handles))
 
 
@@ -370,7 +311,7 @@ def delete_array(session: Session, req: Any, reply: Reply) -> None:
   for array in arrays:
     array.deleted = True
   # A DELETE is done once it has its place in each island's order.
-  _release(session, arrays)
+  moves.release(session.services, arrays)
   future: concurrent.futures.Future = concurrent.futures.Future()
   future.set_result(Status())
   handle = session.server_handles.new()
@@ -388,7 +329,7 @@ def destruct_array(session: Session, req: Any, reply: Reply) -> None:
     elif array.islands:
       arrays.append(array)
   # Free the memory now; ops already queued that use these run first.
-  _release(session, arrays)
+  moves.release(session.services, arrays)
   session.services.dispatcher.forget([a.buffer for a in arrays])
   if unknown:
     raise StatusError(Code.NOT_FOUND, f"unknown array handle(s): {unknown}")

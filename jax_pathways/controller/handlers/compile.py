@@ -1,4 +1,7 @@
-"""Compile: place the program on an island, compile it there once.
+"""Compile: place the program on its islands, compile it there once.
+
+An XlaProgram becomes one program on the islands of its devices; an
+IfrtIRProgram (MPMD) one program per fragment, each on its mesh's islands.
 
 The reply waits for the worker's compile (the client waits for it anyway)
 and carries the executable's handle; everything the client asks about the
@@ -9,11 +12,13 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+from jax_pathways.controller import mpmd_executable
 from jax_pathways.controller.compile_cache import CompiledProgram
 from jax_pathways.controller.handlers.future import done_future
 from jax_pathways.controller.handlers.registry import handles
+from jax_pathways.controller.mpmd_executable import MpmdExecutable
 from jax_pathways.controller.session import Reply, Session
-from jax_pathways.programs import xla_program
+from jax_pathways.programs import ifrt_ir_program, xla_program
 from jax_pathways.status import Status, unimplemented
 
 
@@ -24,10 +29,13 @@ def compile_program(session: Session, req: Any, reply: Reply) -> None:
         "host callbacks (jax.debug.print, pure_callback, io_callback) cannot "
         "cross the IFRT proxy; see docs/limitations.md")
   services = session.services
-  program = xla_program.place(req.program, req.compile_options,
-                              services.topology, services.spmd_across_islands)
+  mpmd = req.program.type_name == ifrt_ir_program.IFRT_IR_PROGRAM
+  program = (ifrt_ir_program if mpmd else xla_program).place(
+      req.program, req.compile_options, services.topology,
+      services.spmd_across_islands)
 
-  def compiled(status: Status, result: CompiledProgram | None) -> None:
+  def compiled(status: Status,
+               result: CompiledProgram | MpmdExecutable | None) -> None:
     if not status.ok:
       reply.error(status)
       return
@@ -46,7 +54,18 @@ def compile_program(session: Session, req: Any, reply: Reply) -> None:
       if fingerprint:
         r.fingerprint_value = base64.b64decode(fingerprint)
       r.ready_future_handle = ready
+      if isinstance(result, MpmdExecutable):
+        # Its presence makes the client build an MPMD executable.
+        by_mesh = r.mpmd_addressable_devices
+        by_mesh.SetInParent()
+        for mesh, devices in result.program.meshes.items():
+          by_mesh.mpmd_addressable_devices[mesh].mpmd_addressable_device_ids \
+              .extend(devices)
 
     reply.ok(fill)
 
-  session.services.compile_cache.compile(program, compiled)
+  if mpmd:
+    mpmd_executable.compile_program(program, services.compile_cache,
+                                    services.topology, compiled)
+  else:
+    services.compile_cache.compile(program, compiled)

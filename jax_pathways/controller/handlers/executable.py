@@ -14,12 +14,14 @@ from typing import Any
 from jax_pathways import dtypes
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.compile_cache import CompiledProgram
+from jax_pathways.controller.mpmd_executable import MpmdExecutable
 from jax_pathways.controller.handlers.future import done_future
 from jax_pathways.controller.handlers.registry import handles
 from jax_pathways.controller.session import Reply, Session
-from jax_pathways.dispatch.dispatcher import IslandOp, OpKind
 from jax_pathways.programs import sharding as sharding_lib
 from jax_pathways.status import StatusError, invalid_argument, unimplemented
+
+Executable = CompiledProgram | MpmdExecutable
 
 # Protocol version from which the execution status is fetched with
 # LoadedExecutableFetchExecuteResult instead of CheckFuture.
@@ -38,7 +40,7 @@ def _layouts(field_list: Any, field_error: Any, layouts: Any) -> None:
 
 @handles("loaded_executable_metadata_request")
 def metadata(session: Session, req: Any, reply: Reply) -> None:
-  exe: CompiledProgram = session.executables.get(req.loaded_executable_handle)
+  exe: Executable = session.executables.get(req.loaded_executable_handle)
   meta = exe.metadata
 
   def fill(r: Any) -> None:
@@ -73,8 +75,7 @@ def _execute_results(req: Any) -> list[int]:
 
 @handles("loaded_executable_execute_request", results=_execute_results)
 def execute(session: Session, req: Any, reply: Reply) -> None:
-  exe: CompiledProgram = session.executables.get(req.loaded_executable_handle)
-  islands = exe.islands
+  exe: Executable = session.executables.get(req.loaded_executable_handle)
   args: list[Array] = [session.arrays.get(h) for h in req.args_handles]
   outputs = exe.outputs
   first_call = not req.result_array_handle
@@ -92,17 +93,17 @@ def execute(session: Session, req: Any, reply: Reply) -> None:
     status_handle = session.server_handles.new()
 
   failure = None
+  if exe.num_parameters is not None and len(args) != exe.num_parameters:
+    failure = invalid_argument(f"the program takes {exe.num_parameters} "
+                               f"arguments, not {len(args)}").status
   for i, a in enumerate(args):
+    if failure is not None:
+      break
     try:
       a.check_usable()
-      if a.islands != islands:
-        raise invalid_argument(
-            f"argument {i} lives on islands {[x.id for x in a.islands]} but "
-            f"the program runs on islands {[x.id for x in islands]}; move it "
-            "with jax.device_put first")
+      exe.check_argument(i, a)
     except StatusError as e:
       failure = e.status
-      break
 
   shardings = exe.output_shardings
   buffers = session.services.dispatcher.new_buffers(len(outputs))
@@ -116,20 +117,18 @@ def execute(session: Session, req: Any, reply: Reply) -> None:
     if status_future is not None:
       status_future.set_result(failure)
   else:
-    for h, b, (shape, dtype), s in zip(handles_, buffers, outputs, shardings):
+    for h, b, (shape, dtype), s, islands in zip(
+        handles_, buffers, outputs, shardings, exe.output_islands):
       session.arrays.put(h, Array(b, islands, dtype, shape, s))
-    for i in exe.donated:
-      if i < len(args):
-        args[i].deleted = True  # the worker's launch consumes it
     # Nobody waits for a launch unless the client asked for its status:
     # readiness and errors travel through the output buffers' futures.
     on_done = None
     if status_future is not None:
-      on_done = lambda status, _: status_future.set_result(status)  # noqa: E731
-    arg_buffers = [a.buffer for a in args]
-    session.services.dispatcher.submit(
-        [IslandOp(island.id, OpKind.LAUNCH, exe.program_id, arg_buffers,
-                  buffers) for island in islands], on_done)
+      on_done = lambda status, *_: status_future.set_result(status)  # noqa: E731
+    exe.launch(session.services, args, buffers, on_done)
+    for i in exe.donated:
+      if i < len(args):
+        args[i].deleted = True  # the worker's launch consumes it
   if status_future is not None:
     store = (session.execute_results
              if session.protocol_version >= _EXECUTE_RESULT_VERSION
@@ -166,7 +165,7 @@ def cost_analysis(session: Session, req: Any, reply: Reply) -> None:
   # Always answer with a body: an error reply without one makes the 0.10.2
   # client throw instead of raising.
   try:
-    exe: CompiledProgram = session.executables.get(req.loaded_executable_handle)
+    exe: Executable = session.executables.get(req.loaded_executable_handle)
   except StatusError as e:
     failure = e.status
     reply.ok(lambda r: (setattr(r.status, "code", int(failure.code)),
@@ -184,7 +183,7 @@ def cost_analysis(session: Session, req: Any, reply: Reply) -> None:
 @handles("loaded_executable_human_readable_program_text_request")
 def human_readable_program_text(session: Session, req: Any,
                                 reply: Reply) -> None:
-  exe: CompiledProgram = session.executables.get(req.loaded_executable_handle)
+  exe: Executable = session.executables.get(req.loaded_executable_handle)
   reply.ok(lambda r: setattr(r, "human_readable_program_text",
                              exe.metadata["hlo_text"]))
 
@@ -214,14 +213,49 @@ def destruct(session: Session, req: Any, reply: Reply) -> None:
   reply.ok()
 
 
+def _mpmd(session: Session, handle: int) -> MpmdExecutable:
+  exe = session.executables.get(handle)
+  if not isinstance(exe, MpmdExecutable):
+    raise invalid_argument(f"executable {handle} is not an MPMD executable")
+  return exe
+
+
 @handles("loaded_executable_mpmd_metadata_request")
 def mpmd_metadata(session: Session, req: Any, reply: Reply) -> None:
-  raise unimplemented("MPMD executables are not supported yet")
+  exe = _mpmd(session, req.mpmd_loaded_executable_handle)
+
+  def fill(r: Any) -> None:
+    per_mesh = r.mpmd_compiled_memory_stats
+    per_mesh.SetInParent()
+    for mesh, stats in exe.mesh_memory_stats().items():
+      entry = per_mesh.compiled_memory_stats[mesh]
+      entry.SetInParent()
+      for k, v in stats.items():
+        setattr(entry, k, v)
+
+  reply.ok(fill)
 
 
 @handles("loaded_executable_mpmd_cost_analysis_request")
 def mpmd_cost_analysis(session: Session, req: Any, reply: Reply) -> None:
-  raise unimplemented("MPMD executables are not supported yet")
+  # Like CostAnalysis: always a body, errors inside it.
+  try:
+    exe = _mpmd(session, req.loaded_executable_handle)
+  except StatusError as e:
+    failure = e.status
+    reply.ok(lambda r: (setattr(r.status, "code", int(failure.code)),
+                        setattr(r.status, "message", failure.message)))
+    return
+
+  def fill(r: Any) -> None:
+    r.attributes.SetInParent()
+    for mesh, costs in exe.mesh_costs().items():
+      entry = r.attributes.attributes[mesh]
+      entry.SetInParent()
+      for k, v in costs.items():
+        entry.attributes[k].float_value = float(v)
+
+  reply.ok(fill)
 
 
 @handles("loaded_host_callback_poll_request")

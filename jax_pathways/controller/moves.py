@@ -1,0 +1,75 @@
+"""Moves: fill an array from another on other devices, and free arrays.
+
+Within one island a move is a local copy (or reshard); between islands it is
+an exchange: every island holding part of the source pushes the distinct
+pieces it holds first to every destination island, worker to worker, never
+through the controller.
+"""
+from __future__ import annotations
+
+import secrets
+from typing import Sequence
+
+from jax_pathways.controller.arrays import Array
+from jax_pathways.controller.session import Services
+from jax_pathways.dispatch import payloads
+from jax_pathways.dispatch.dispatcher import IslandOp, OpKind
+from jax_pathways.status import invalid_argument
+
+
+def move(services: Services, src: Array, dst: Array) -> None:
+  """Fills `dst` (already registered, same shape) with `src`'s values, on
+  dst's sharding: within one island a local copy, otherwise an exchange in
+  which the bytes go worker to worker."""
+  topology = services.topology
+  dispatcher = services.dispatcher
+  if src.islands == dst.islands and len(src.islands) == 1:
+    dispatcher.submit(
+        [IslandOp(src.islands[0].id, OpKind.COPY, args=[src.buffer],
+                  results=[dst.buffer],
+                  payload=payloads.encode({
+                      "mode": "reshard",
+                      "sharding": dst.sharding.worker_spec(topology)}))])
+    return
+  if dst.dtype != src.dtype or dst.shape != src.shape:
+    raise invalid_argument(
+        f"cannot change dtype or shape ({src.dtype}{list(src.shape)} -> "
+        f"{dst.dtype}{list(dst.shape)}) while moving between islands")
+  source = src.sharding.worker_spec(topology)
+  # Pieces travel as transfer, transfer + 1, ...: random, so no transfer of
+  # anyone else can collide with (or guess) these.
+  transfer = secrets.randbits(40) << 20
+  src_ids = {i.id for i in src.islands}
+  dst_ids = {i.id for i in dst.islands}
+  gang = []
+  for island in sorted(src_ids | dst_ids):
+    header = {
+        "source": source, "source_islands": sorted(src_ids),
+        "shape": list(src.shape), "dtype": src.dtype, "transfer": transfer,
+        "send_to": [{"island": d,
+                     "address": topology.island(d).data_address}
+                    for d in sorted(dst_ids) if d != island and
+                    island in src_ids],
+    }
+    receives = island in dst_ids
+    if receives:
+      header["sharding"] = dst.sharding.worker_spec(topology)
+    gang.append(IslandOp(
+        island, OpKind.RECEIVE if receives else OpKind.SEND,
+        args=[src.buffer] if island in src_ids else [],
+        results=[dst.buffer] if receives else [],
+        payload=payloads.encode(header)))
+  dispatcher.submit(gang)
+
+
+def release(services: Services, arrays: Sequence[Array]) -> None:
+  """Sends DELETE for the arrays' buffers (once) and forgets them."""
+  by_island: dict[int, list[int]] = {}
+  for array in arrays:
+    if not array.released:
+      array.released = True
+      for island in array.islands:
+        by_island.setdefault(island.id, []).append(array.buffer)
+  for island, buffers in by_island.items():
+    services.dispatcher.submit(
+        [IslandOp(island, OpKind.DELETE, args=buffers)])

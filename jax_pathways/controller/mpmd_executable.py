@@ -1,0 +1,253 @@
+"""MpmdExecutable: an MPMD program whose fragments are compiled on their islands.
+
+One Execute of it is one pipeline step: every ifrt.Call becomes a LAUNCH gang
+on the islands of its mesh, every ifrt.CopyArrays a move worker to worker,
+submitted in program order in one go, so the whole step takes consecutive
+places in the order of every island it touches and the workers run it
+without waiting for the controller. Arrays between fragments live on the
+workers only; they are freed (DELETE, in order after their last use) as soon
+as the step is submitted.
+"""
+from __future__ import annotations
+
+import base64
+import threading
+from typing import Any, Callable, Sequence
+
+from jax_pathways import protos
+from jax_pathways.controller import moves
+from jax_pathways.controller.arrays import Array
+from jax_pathways.controller.compile_cache import CompileCache, CompiledProgram
+from jax_pathways.controller.session import Services
+from jax_pathways.dispatch.dispatcher import OnDone
+from jax_pathways.programs.ifrt_ir_program import Call, MpmdProgram
+from jax_pathways.programs.sharding import Sharding
+from jax_pathways.resources.topology import Topology
+from jax_pathways.status import Status, from_exception, invalid_argument
+
+OnMpmdCompiled = Callable[[Status, "MpmdExecutable | None"], None]
+
+
+def compile_program(program: MpmdProgram, cache: CompileCache,
+                    topology: Topology, on_done: OnMpmdCompiled) -> None:
+  """Compiles every fragment (all at once, each once) and then builds the
+  executable; `on_done` gets the first failure instead."""
+  compiled: list[CompiledProgram | None] = [None] * len(program.fragments)
+  lock = threading.Lock()
+  pending = [len(program.fragments)]
+  failed: list[Status] = []
+
+  def one_done(i: int, status: Status, result: CompiledProgram | None) -> None:
+    with lock:
+      if status.ok:
+        compiled[i] = result
+      else:
+        failed.append(Status(status.code, f"fragment "
+                             f"{program.fragment_names[i]}: {status.message}"))
+      pending[0] -= 1
+      if pending[0]:
+        return
+    if failed:
+      on_done(failed[0], None)
+      return
+    try:
+      exe = MpmdExecutable(program, compiled, topology)  # type: ignore[arg-type]
+    except Exception as e:  # pylint: disable=broad-except
+      on_done(from_exception(e).status, None)
+      return
+    on_done(Status(), exe)
+
+  for i, fragment in enumerate(program.fragments):
+    cache.compile(fragment, lambda s, r, i=i: one_done(i, s, r))
+
+
+class MpmdExecutable:
+  """What Execute and the metadata requests need, computed once."""
+
+  def __init__(self, program: MpmdProgram,
+               fragments: Sequence[CompiledProgram], topology: Topology):
+    self.program = program
+    self.fragments = list(fragments)
+    self.devices = program.devices
+    self._topology = topology
+    self.shardings = self._value_shardings()
+    self.value_islands = [tuple(topology.islands_of(v.devices, "an array"))
+                          for v in program.values]
+    values = program.values
+    self.outputs = [(values[v].shape, values[v].dtype)
+                    for v in program.outputs]
+    self.output_shardings = [self.shardings[v] for v in program.outputs]
+    self.output_islands = [self.value_islands[v] for v in program.outputs]
+    self.donated = program.donated_inputs
+    self.num_parameters = len(program.inputs)
+    by_id = {i.id: i for f in self.fragments for i in f.islands}
+    self.islands = tuple(by_id[i] for i in sorted(by_id))
+    self.metadata = self._metadata()
+
+  # ------------------------------------------------------------- shardings
+  def _value_shardings(self) -> list[Sharding]:
+    """Every value's sharding: inputs as their first fragment wants them,
+    the rest as their producer makes them."""
+    program = self.program
+    wanted: dict[int, Sharding] = {}
+    for step in program.steps:
+      if isinstance(step, Call):
+        params = self.fragments[step.fragment].parameter_shardings
+        for k, v in enumerate(step.args):
+          if params is not None and v not in wanted:
+            wanted[v] = params[k]
+    for step in reversed(program.steps):  # back through copies
+      if not isinstance(step, Call):
+        for a, r in zip(step.args, step.results):
+          if r in wanted and a not in wanted:
+            wanted[a] = wanted[r].with_devices(program.values[a].devices)
+    shardings: dict[int, Sharding] = {}
+    for v in program.inputs:
+      shardings[v] = wanted.get(v) or self._untiled(v)
+    for step in program.steps:
+      if isinstance(step, Call):
+        made = self.fragments[step.fragment].output_shardings
+        for k, r in enumerate(step.results):
+          shardings[r] = made[k]
+      else:
+        for a, r in zip(step.args, step.results):
+          shardings[r] = shardings[a].with_devices(program.values[r].devices)
+    return [shardings[v] for v in range(len(program.values))]
+
+  def _untiled(self, v: int) -> Sharding:
+    value = self.program.values[v]
+    if value.tiled:
+      raise invalid_argument(
+          f"input {self.program.inputs.index(v)} of the MPMD program is "
+          "sharded but no fragment uses it")
+    return Sharding(value.devices)
+
+  # ---------------------------------------------------------------- execute
+  def check_argument(self, i: int, array: Array) -> None:
+    expected = self.shardings[self.program.inputs[i]]
+    if array.sharding is None or (array.sharding.devices !=
+                                  expected.devices):
+      got = [] if array.sharding is None else list(array.sharding.devices)
+      raise invalid_argument(
+          f"argument {i} is on devices {got} but the MPMD program takes it "
+          f"on devices {list(expected.devices)}; put it there with "
+          "jax.device_put first")
+
+  def launch(self, services: Services, args: Sequence[Array],
+             results: Sequence[int], on_done: OnDone | None) -> None:
+    """Submits one step: `args` -> arrays in the `results` buffers."""
+    program = self.program
+    dispatcher = services.dispatcher
+    env: dict[int, Array] = dict(zip(program.inputs, args))
+    # Outputs produced by a step land in their result buffer directly.
+    output_buffer = {}
+    for v, b in zip(program.outputs, results):
+      if v not in output_buffer and v not in env:
+        output_buffer[v] = b
+    made: list[Array] = []
+
+    def new(v: int) -> Array:
+      buffer = output_buffer.get(v) or dispatcher.new_buffers(1)[0]
+      value = program.values[v]
+      array = Array(buffer, self.value_islands[v], value.dtype, value.shape,
+                    self.shardings[v])
+      env[v] = array
+      made.append(array)
+      return array
+
+    for step in program.steps:
+      if isinstance(step, Call):
+        outs = [new(r) for r in step.results]
+        self.fragments[step.fragment].launch(
+            services, [env[a] for a in step.args], [o.buffer for o in outs],
+            None)
+      else:
+        for a, r in zip(step.args, step.results):
+          moves.move(services, env[a], new(r))
+    # An output that is an input, or returned twice, gets a copy of its own.
+    for v, b in zip(program.outputs, results):
+      if output_buffer.get(v) != b:
+        src = env[v]
+        dst = Array(b, src.islands, src.dtype, src.shape, src.sharding)
+        moves.move(services, src, dst)
+    kept = set(output_buffer.values())
+    moves.release(services, [a for a in made if a.buffer not in kept])
+    if on_done is not None:
+      dispatcher.when_ready(list(results), on_done)
+
+  # --------------------------------------------------------------- metadata
+  def _metadata(self) -> dict[str, Any]:
+    """The same keys as a CompiledProgram's (what the metadata handlers
+    read), for the program as a whole."""
+    program = self.program
+
+    def op_sharding(s: Sharding) -> str:
+      raw = s.op_sharding
+      if raw is None:
+        op = protos.msg("xla.OpSharding")(type=0)  # REPLICATED
+        raw = op.SerializeToString()
+      return base64.b64encode(raw).decode()
+
+    def layout(v: int) -> list[int]:
+      return list(range(len(program.values[v].shape)))[::-1]
+
+    return {
+        "name": program.name,
+        "fingerprint": None,
+        "parameter_shardings": [op_sharding(self.shardings[v])
+                                for v in program.inputs],
+        "output_shardings": [op_sharding(s) for s in self.output_shardings],
+        "parameter_layouts": [layout(v) for v in program.inputs],
+        "output_layouts": [layout(v) for v in program.outputs],
+        "output_memory_kinds": [["device"] * len(program.outputs)],
+        "donated_input_indices": list(program.donated_inputs),
+        "memory_stats": self._memory_stats(self.fragments),
+        "code_size": sum(f.metadata.get("code_size", 0)
+                         for f in self.fragments),
+        "cost_analysis": self._costs(program.steps),
+        "hlo_text": "\n\n".join(f.metadata.get("hlo_text", "")
+                                for f in self.fragments),
+    }
+
+  def mesh_of(self, fragment: int) -> str:
+    devices = self.program.fragments[fragment].devices
+    for name, mesh_devices in self.program.meshes.items():
+      if tuple(mesh_devices) == tuple(devices):
+        return name
+    return self.program.fragment_names[fragment]
+
+  def per_mesh(self) -> dict[str, list[int]]:
+    """Mesh name -> its fragments."""
+    meshes: dict[str, list[int]] = {}
+    for i in range(len(self.fragments)):
+      meshes.setdefault(self.mesh_of(i), []).append(i)
+    return meshes
+
+  def mesh_memory_stats(self) -> dict[str, dict[str, int]]:
+    return {mesh: self._memory_stats([self.fragments[i] for i in frags])
+            for mesh, frags in self.per_mesh().items()}
+
+  def mesh_costs(self) -> dict[str, dict[str, float]]:
+    return {mesh: self._costs([s for s in self.program.steps
+                               if isinstance(s, Call) and s.fragment in frags])
+            for mesh, frags in self.per_mesh().items()}
+
+  @staticmethod
+  def _memory_stats(fragments: Sequence[CompiledProgram]) -> dict[str, int]:
+    """Fragments of a step run one after another: the largest of each."""
+    stats: dict[str, int] = {}
+    for f in fragments:
+      for k, v in f.metadata.get("memory_stats", {}).items():
+        stats[k] = max(stats.get(k, 0), v)
+    return stats
+
+  def _costs(self, steps: Sequence[Any]) -> dict[str, float]:
+    """Cost of the calls of one step: the sum over its fragment calls."""
+    total: dict[str, float] = {}
+    for step in steps:
+      if isinstance(step, Call):
+        for k, v in self.fragments[step.fragment].metadata.get(
+            "cost_analysis", {}).items():
+          total[k] = total.get(k, 0.0) + float(v)
+    return total
+

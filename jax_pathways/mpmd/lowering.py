@@ -1,0 +1,156 @@
+"""Lowering: a jitted step's StableHLO, in the MPMD dialect's terms.
+
+JAX lowers the marked step (stages.py) to ordinary StableHLO in which stages
+and microbatches are calls to functions with telling names. The partitioner
+wants them as MPMD ops: every stage call becomes an
+`mpmd.named_computation<"stage"(t)>` holding the stage's body (t = 1 for a
+backward), and every microbatch call in @main an `mpmd.call` with
+`call_counter = i`, which is what lets the partitioner tell the microbatches
+apart and schedule them.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from jax_pathways.mpmd import stages
+
+_STAGE = re.compile(rf"^{stages.STAGE_PREFIX}(\w+?)__([{stages.FORWARD}"
+                    rf"{stages.BACKWARD}{stages.PLAIN}])(?:_\d+)?$")
+_MICROBATCH = re.compile(rf"^{stages.MICROBATCH_PREFIX}(\d+)__(?:_\d+)?$")
+
+
+class Lowered:
+  """The rewritten module and what was found in it."""
+
+  def __init__(self, module: Any, stage_names: list[str], microbatches: int):
+    self.module = module
+    self.stage_names = stage_names   # in order of first appearance
+    self.microbatches = microbatches
+
+
+def to_mpmd(module: Any, clone: Any) -> Lowered:
+  """Rewrites a clone of `module` (jaxlib's MLIR Module; `clone` is the
+  extension's clone_mlir_module: JAX caches the original)."""
+  from jaxlib.mlir import ir  # pylint: disable=import-outside-toplevel
+  from jaxlib.mlir.dialects import mpmd  # pylint: disable=import-outside-toplevel
+  module = clone(module)
+  stage_names: list[str] = []
+  counters: set[int] = set()
+  with module.context, ir.Location.unknown():
+    table = ir.SymbolTable(module.operation)
+    functions = [op for op in module.body.operations
+                 if op.operation.name == "func.func"]
+    main = table["main"]
+    for fn in functions:
+      for call in _calls(fn):
+        m = _STAGE.match(_callee(call))
+        if m is None:
+          continue
+        name, kind = m.groups()
+        if name not in stage_names:
+          stage_names.append(name)
+        _inline_as_named_computation(call, table[_callee(call)], name,
+                                     1 if kind == stages.BACKWARD else 0,
+                                     ir, mpmd)
+    u32 = ir.IntegerType.get_unsigned(32)
+    forward_calls = []
+    for call in _calls(main):
+      m = _MICROBATCH.match(_callee(call))
+      if m is None:
+        continue
+      index = int(m.group(1))
+      counters.add(index)
+      with ir.InsertionPoint(call), call.location:
+        new = mpmd.CallOp([r.type for r in call.results], list(call.operands),
+                          ir.FlatSymbolRefAttr.get(_callee(call)))
+      new.attributes["call_counter"] = ir.IntegerAttr.get(u32, index)
+      for old, result in zip(call.results, new.results):
+        old.replace_all_uses_with(result)
+      call.operation.erase()
+      if not _is_backward(table[_callee(new)]):
+        forward_calls.append((index, new))
+    _in_counter_order(main, forward_calls)
+    _drop_unused_functions(module, ir)
+    if not module.operation.verify():
+      raise RuntimeError("jax_pathways.mpmd produced an invalid module")
+  return Lowered(module, stage_names, len(counters))
+
+
+def _calls(fn: Any) -> list[Any]:
+  return [op for op in fn.regions[0].blocks[0].operations
+          if op.operation.name == "func.call"]
+
+
+def _callee(call: Any) -> str:
+  return str(call.attributes["callee"]).lstrip("@").strip('"')
+
+
+def _is_backward(fn: Any) -> bool:
+  return any(op.operation.name == "mpmd.named_computation" and
+             re.search(r'"\([1-9]', str(op.attributes["origin"])) is not None
+             for op in fn.regions[0].blocks[0].operations)
+
+
+def _inline_as_named_computation(call: Any, callee: Any, name: str,
+                                 transposed: int, ir: Any, mpmd: Any) -> None:
+  """Replaces `call` with a named computation holding a copy of the body."""
+  copy = callee.operation.clone(ip=ir.InsertionPoint(callee))
+  body = copy.regions[0].blocks[0]
+  with ir.InsertionPoint(call), call.location:
+    named = mpmd.NamedComputationOp(
+        [r.type for r in call.results], list(call.operands),
+        mpmd.UserOriginAttr.get(name, transposed))
+  block = named.region.blocks.append(*[a.type for a in body.arguments])
+  ops = list(body.operations)
+  ret = ops[-1]
+  with ir.InsertionPoint(block), ret.location:
+    new_ret = mpmd.ReturnOp(list(ret.operands))
+  for op in ops[:-1]:
+    op.operation.move_before(new_ret.operation)
+  for old, new in zip(body.arguments, block.arguments):
+    old.replace_all_uses_with(new)
+  ret.operation.erase()
+  for old, new in zip(call.results, named.results):
+    old.replace_all_uses_with(new)
+  call.operation.erase()
+  copy.operation.erase()
+
+
+def _in_counter_order(main: Any, calls: list[tuple[int, Any]]) -> None:
+  """Puts the forward microbatch calls in ascending order, after the last of
+  them: the order schedules leave unconstrained (e.g. a warm-up) follows
+  program order. They only move later, so their operands still dominate."""
+  if len(calls) < 2:
+    return
+  ops = list(main.regions[0].blocks[0].operations)
+  position = {op: i for i, op in enumerate(ops)}
+  last = max(position[c] for _, c in calls)
+  for _, call in calls:
+    for result in call.results:
+      for use in result.uses:
+        if position[call] < position.get(use.owner, -1) <= last:
+          return  # a result is used in between: keep JAX's order
+  after = ops[last + 1]
+  for _, call in sorted(calls, key=lambda ic: ic[0]):
+    call.operation.move_before(after.operation)
+
+
+def _drop_unused_functions(module: Any, ir: Any) -> None:
+  while True:
+    used: set[str] = set()
+
+    def collect(op: Any) -> Any:
+      if "callee" in op.attributes:
+        used.add(str(op.attributes["callee"]).split("::")[0].lstrip("@")
+                 .strip('"'))
+      return ir.WalkResult.ADVANCE
+
+    module.operation.walk(collect)
+    dead = [op for op in module.body.operations
+            if op.operation.name == "func.func" and
+            ir.StringAttr(op.attributes["sym_name"]).value not in used | {"main"}]
+    if not dead:
+      return
+    for op in dead:
+      op.operation.erase()

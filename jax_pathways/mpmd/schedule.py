@@ -1,0 +1,104 @@
+"""Schedule: the order in which each mesh runs its pipeline tasks, as data.
+
+A task is the forward (F) or backward (B) of one stage for one microbatch;
+zero-bubble schedules split a backward into its activation-gradient (Ba)
+and weight-gradient (Bw) halves. `pipeline.schedule` is read back from the
+partitioned program, so it is what the islands run, not what was asked for.
+The textbook orders (`gpipe`, `one_f_one_b`) are here too, as the fallback
+splitter's plan and as a reference.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+# What the user may ask for -> the partitioner's name for it.
+SCHEDULES = {
+    "gpipe": "GPipe",
+    "1f1b": "1F1B",
+    "gpipebut1f1bforlastmesh": "GPipeBut1F1BForLastMesh",
+    "circular": "Circular",
+    "zerobubbleh1": "ZeroBubbleH1",
+    "zerobubbleh2zerotxlatency": "ZeroBubbleH2ZeroTxLatency",
+    "zerobubbleh2halftxlatency": "ZeroBubbleH2HalfTxLatency",
+    "zerobubbleh2fulltxlatency": "ZeroBubbleH2FullTxLatency",
+}
+# Schedules that interleave several stages per mesh (stage ids required).
+INTERLEAVED = {"Circular"}
+# Schedules that need backward fragments split into Ba and Bw.
+SPLIT_BACKWARD = {"ZeroBubbleH1", "ZeroBubbleH2ZeroTxLatency",
+                  "ZeroBubbleH2HalfTxLatency", "ZeroBubbleH2FullTxLatency"}
+
+
+def canonical(name: str) -> str:
+  """The partitioner's spelling of a schedule; ValueError for unknown ones
+  (the partitioner itself would abort the process)."""
+  key = str(name).lower().replace("-", "").replace("_", "")
+  if key not in SCHEDULES:
+    raise ValueError(f"unknown pipeline schedule {name!r}; choose one of "
+                     f"{sorted(set(SCHEDULES.values()))}")
+  return SCHEDULES[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  kind: str             # F, B, Ba, Bw, R (rematerialized forward), or "?"
+  microbatch: int | None
+  stages: tuple[str, ...]
+
+  def __str__(self) -> str:
+    if self.microbatch is None:
+      return f"[{'+'.join(self.stages)}]"
+    return f"{self.kind}{self.microbatch}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """Per mesh, its tasks in the order it runs them."""
+  name: str
+  meshes: dict[str, tuple[Task, ...]]
+
+  def order(self, mesh: str) -> list[str]:
+    """The mesh's tasks as short labels, e.g. ['F0', 'F1', 'B0', ...]."""
+    return [str(t) for t in self.meshes[mesh]]
+
+  def __str__(self) -> str:
+    width = max(len(m) for m in self.meshes)
+    rows = [f"{self.name} schedule"]
+    rows += [f"  {m.ljust(width)}: {' '.join(self.order(m))}"
+             for m in self.meshes]
+    return "\n".join(rows)
+
+
+def bubble_fraction(stages: int, microbatches: int) -> float:
+  """Idle fraction of GPipe and 1F1B in theory: (S-1)/(M+S-1)."""
+  return (stages - 1) / (microbatches + stages - 1)
+
+
+def gpipe(meshes: Sequence[str], stages: Sequence[str],
+          microbatches: int) -> Schedule:
+  """All forwards, then all backwards, on every mesh (one stage a mesh)."""
+  return Schedule("GPipe", {
+      m: tuple([Task("F", i, (s,)) for i in range(microbatches)] +
+               [Task("B", i, (s,)) for i in range(microbatches)])
+      for m, s in zip(meshes, stages)})
+
+
+def one_f_one_b(meshes: Sequence[str], stages: Sequence[str],
+                microbatches: int) -> Schedule:
+  """Mesh k warms up with S-k forwards, then alternates backward and
+  forward, then drains its backwards (one stage a mesh)."""
+  n = len(meshes)
+  orders = {}
+  for k, (m, s) in enumerate(zip(meshes, stages)):
+    warmup = min(n - k, microbatches)
+    tasks = [Task("F", i, (s,)) for i in range(warmup)]
+    f, b = warmup, 0
+    while b < microbatches:
+      tasks.append(Task("B", b, (s,)))
+      b += 1
+      if f < microbatches:
+        tasks.append(Task("F", f, (s,)))
+        f += 1
+    orders[m] = tuple(tasks)
+  return Schedule("1F1B", orders)
