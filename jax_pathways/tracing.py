@@ -2,7 +2,7 @@
 
     with jax_pathways.trace("/tmp/step.json") as t:
       train_step(...)
-    print(t.utilization())     # launch time / span, per island
+    print(t.utilization())     # per island: time in launches / step span
 
 Open the file in chrome://tracing or https://ui.perfetto.dev: one row per
 island, one box per op. Workers record when they issued each op and when its
@@ -44,7 +44,7 @@ class Trace:
       for seq, kind, name, issued, issue_end, ready in sorted(records):
         start = max(issued, min(previous_ready, ready))
         self.ops.append(OpTiming(int(island), seq, kind, name, issued,
-                                 issue_end, start, ready))
+                                 max(issue_end, issued), start, ready))
         previous_ready = ready
 
   def islands(self) -> list[int]:
@@ -55,16 +55,17 @@ class Trace:
             and op.kind == "launch"]
 
   def utilization(self) -> dict[int, float]:
-    """Per island: time in launches over the span from its first launch's
-    start to its last launch's end (1.0: never idle in between)."""
+    """Per island: its time in launches over the span of all launches of all
+    islands (first start to last end). 1 - utilization is the island's idle
+    fraction: for a pipeline step, its bubble."""
+    launches = [op for op in self.ops if op.kind == "launch"]
+    if not launches:
+      return {}
+    span = (max(op.ready_ns for op in launches) -
+            min(op.start_ns for op in launches))
     result = {}
     for island in self.islands():
-      launches = self.launches(island)
-      if not launches:
-        continue
-      span = (max(op.ready_ns for op in launches) -
-              min(op.start_ns for op in launches))
-      busy = sum(op.ready_ns - op.start_ns for op in launches)
+      busy = sum(op.ready_ns - op.start_ns for op in self.launches(island))
       result[island] = busy / span if span > 0 else 1.0
     return result
 

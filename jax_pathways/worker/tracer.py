@@ -29,12 +29,15 @@ class Tracer:
       self._done.clear()
       self.enabled = True
 
-  def issued(self, seq: int, kind: str, name: str, start_ns: int) -> None:
-    """The op loop issued op `seq` between `start_ns` and now."""
-    if self.enabled:
-      record = [seq, kind, name, start_ns, time.time_ns(), 0]
-      with self._lock:
-        self._open[seq] = record
+  def issuing(self, seq: int, kind: str, name: str) -> list[Any] | None:
+    """The op loop takes op `seq`; set [4] of the returned record when it
+    has handed the op on (its results may be ready even before that)."""
+    if not self.enabled:
+      return None
+    record = [seq, kind, name, time.time_ns(), 0, 0]
+    with self._lock:
+      self._open[seq] = record
+    return record
 
   def finished(self, seq: int) -> None:
     """Op `seq`'s results are ready (called in op order)."""

@@ -79,12 +79,12 @@ class Worker:
         if op.kind == OpKind.SHUTDOWN:
           self._completions.add(op.seq, [])
           return
-        start_ns = time.time_ns() if self._tracer.enabled else 0
+        record = self._tracer.issuing(op.seq, op.kind.name.lower(),
+                                      self._name(op))
         try:
           self._handlers[op.kind](op)
-          if start_ns:
-            self._tracer.issued(op.seq, op.kind.name.lower(),
-                                self._name(op), start_ns)
+          if record is not None:
+            record[4] = time.time_ns()
         except Exception as e:  # pylint: disable=broad-except
           status = error_status(e)
           for b in op.results:

@@ -1,0 +1,153 @@
+"""Pipeline-parallel training over the two islands of the test cluster,
+compared with plain JAX on the local CPU."""
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import jax_pathways
+from jax_pathways import mpmd
+
+pytestmark = pytest.mark.integration
+
+M = 8
+STEPS = 4
+
+
+def _train(step, model, steps=STEPS):
+  params, losses = model.params, []
+  for _ in range(steps):
+    params, loss = step(params, (model.x, model.y))
+    losses.append(float(loss))
+  return params, losses
+
+
+def _reference(model, cpu_devices, steps=STEPS):
+  cpu = cpu_devices[0]
+  params = jax.device_put(model.params, cpu)
+  x, y = jax.device_put(model.x, cpu), jax.device_put(model.y, cpu)
+  losses = []
+  for _ in range(steps):
+    params, loss = model.reference_step(params, x, y)
+    losses.append(float(loss))
+  return params, losses
+
+
+@pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
+def test_training_matches_plain_jit(schedule, mlp, rel_err, proxy_devices,
+                                    cpu_devices):
+  model = mlp(stages=2, microbatches=M)
+  step = mpmd.pipeline(model.train_step, mpmd.Topology.islands(),
+                       stages={"s0": 0, "s1": 1}, schedule=schedule,
+                       microbatches=M, batch_argnums=(1,))
+  params, losses = _train(step, model)
+  ref_params, ref_losses = _reference(model, cpu_devices)
+  assert step.partitioner == "shardy"
+  for got, want in zip(losses, ref_losses):
+    assert abs(got - want) <= 1e-5 * abs(want), (losses, ref_losses)
+  assert losses[-1] < losses[0]
+  for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):
+    assert rel_err(got, want) <= 1e-5
+  # The parameters stay on their stage's island between steps.
+  assert {d.slice_index for d in params[0][0].sharding.device_set} == {0}
+  assert {d.slice_index for d in params[-1][0].sharding.device_set} == {1}
+
+
+def test_same_bits_as_the_same_step_jitted_locally(mlp, proxy_devices,
+                                                   cpu_devices):
+  """Where the math is the same (the marked step, data-parallel over 4
+  devices per stage), the pipeline reproduces jax.jit bit for bit."""
+  model = mlp(stages=2, microbatches=M)
+  step = mpmd.pipeline(model.train_step, mpmd.Topology.islands(),
+                       stages={"s0": 0, "s1": 1}, schedule="1F1B",
+                       microbatches=M, batch_argnums=(1,))
+  params, loss = step(model.params, (model.x, model.y))
+
+  mesh = Mesh(np.array(cpu_devices[:4]), ("data",))
+  replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+  xs, ys = np.split(model.x, M), np.split(model.y, M)
+  batches = [(jax.device_put(a, split), jax.device_put(b, split))
+             for a, b in zip(xs, ys)]
+  local = jax.jit(model.train_step)(jax.device_put(model.params, replicated),
+                                    batches)
+  np.testing.assert_array_equal(np.asarray(loss), np.asarray(local[1]))
+  for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(local[0])):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_schedule_is_data_and_what_the_islands_run(mlp, proxy_devices):
+  model = mlp(stages=2, microbatches=M)
+  step = mpmd.pipeline(model.train_step, mpmd.Topology.islands(),
+                       stages={"s0": 0, "s1": 1}, schedule="1f1b",
+                       microbatches=M, batch_argnums=(1,))
+  params, _ = step(model.params, (model.x, model.y))   # compiled outside
+  textbook = mpmd.schedule.one_f_one_b(["island0", "island1"], ["s0", "s1"],
+                                       M)
+  assert step.schedule.meshes == textbook.meshes
+  assert step.schedule.order("island1")[:4] == ["F0", "B0", "F1", "B1"]
+  assert "island0: F0 F1 B0 F2 B1" in str(step.schedule)
+
+  with jax_pathways.trace() as t:
+    _, loss = step(params, (model.x, model.y))
+    loss.block_until_ready()
+  for island in (0, 1):
+    ran = ["B" if "_bwd_" in op.name else "F" for op in t.launches(island)]
+    planned = [task.kind for task in step.schedule.meshes[f"island{island}"]]
+    assert ran == planned, (island, ran, planned)
+    # Activations and gradients arrive from the other island, worker to
+    # worker, inside the step.
+    assert any(op.kind == "receive" for op in t.ops if op.island == island)
+  assert all(0 < u < 1 for u in t.utilization().values())
+
+
+@pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
+def test_own_splitter_trains_the_same_model(schedule, mlp, rel_err,
+                                            proxy_devices, cpu_devices):
+  model = mlp(stages=2, microbatches=M)
+  step = mpmd.pipeline(model.train_step, mpmd.Topology.islands(),
+                       stages={"s0": 0, "s1": 1}, schedule=schedule,
+                       microbatches=M, batch_argnums=(1,),
+                       partitioner="jax_pathways")
+  params, losses = _train(step, model, steps=2)
+  ref_params, ref_losses = _reference(model, cpu_devices, steps=2)
+  assert step.partitioner == "jax_pathways"
+  # The forward pass is the same math: the first loss is bit-exact.
+  assert losses[0] == ref_losses[0]
+  assert abs(losses[1] - ref_losses[1]) <= 1e-5 * abs(ref_losses[1])
+  for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):
+    assert rel_err(got, want) <= 1e-5
+  textbook = (mpmd.schedule.gpipe if schedule == "GPipe"
+              else mpmd.schedule.one_f_one_b)(["island0", "island1"],
+                                              ["s0", "s1"], M)
+  assert step.schedule.meshes == textbook.meshes
+
+
+def test_bad_placements_fail_clearly(mlp, proxy_devices):
+  model = mlp(stages=2, microbatches=M)
+  islands = mpmd.Topology.islands()
+  with pytest.raises(ValueError, match=r"stage 's1' is assigned to island 5, "
+                     r"which does not exist .*islands \[0, 1\]"):
+    mpmd.pipeline(model.train_step, islands, stages={"s0": 0, "s1": 5},
+                  microbatches=M)
+  with pytest.raises(ValueError, match="does not exist; the cluster has "
+                     r"islands \[0, 1\]"):
+    mpmd.Topology.islands([0, 2])
+  with pytest.raises(ValueError, match="a mesh of 8 devices does not fit "
+                     "island 0, which has 4 devices"):
+    mpmd.Topology.islands(devices_per_mesh=8)
+  overlapping = {"a": Mesh(np.array(proxy_devices[0:3]), ("d",)),
+                 "b": Mesh(np.array(proxy_devices[2:4]), ("d",))}
+  with pytest.raises(ValueError, match="meshes 'a' and 'b' overlap: both hold "
+                     "device 2"):
+    mpmd.Topology(overlapping)
+  with pytest.raises(ValueError, match="unknown pipeline schedule 'Zigzag'"):
+    mpmd.pipeline(model.train_step, islands, stages={"s0": 0, "s1": 1},
+                  schedule="Zigzag", microbatches=M)
+  step = mpmd.pipeline(model.train_step, islands, stages={"s0": 0},
+                       microbatches=M, batch_argnums=(1,))
+  with pytest.raises(ValueError, match=r"stages \['s1'\] have no mesh"):
+    step(model.params, (model.x, model.y))
+  step = mpmd.pipeline(model.train_step, islands, stages={"s0": 0, "s1": 1},
+                       microbatches=3, batch_argnums=(1,))
+  with pytest.raises(ValueError, match="cannot be split into 3 microbatches"):
+    step(model.params, (model.x, model.y))
