@@ -26,12 +26,34 @@ import jax_pathways  # noqa: E402
 DEVICES = 4
 
 
-def setup(islands: int = 1) -> tuple[list[Any], list[Any]]:
-  """Starts the embedded cluster; returns (pathways devices, cpu devices) of
-  one island / the same count of in-process CPU devices."""
-  jax.config.update("jax_num_cpu_devices", DEVICES)
-  jax_pathways.initialize(islands=islands, devices_per_island=DEVICES)
-  return jax.devices("proxy")[:DEVICES], jax.devices("cpu")[:DEVICES]
+def setup(islands: int = 1, devices_per_island: int = DEVICES
+          ) -> tuple[list[Any], list[Any]]:
+  """Starts the embedded cluster; returns (pathways devices, cpu devices):
+  every island's devices and as many in-process CPU devices."""
+  n = islands * devices_per_island
+  jax.config.update("jax_num_cpu_devices", n)
+  jax_pathways.initialize(islands=islands,
+                          devices_per_island=devices_per_island)
+  CONTEXT["devices"] = n
+  return jax.devices("proxy")[:n], jax.devices("cpu")[:n]
+
+
+def pin_workers() -> dict[int, int]:
+  """Pins each island's worker (all its threads) to one core, round robin,
+  so islands compute side by side instead of in each other's threads;
+  returns island -> core."""
+  cluster = jax_pathways.local_cluster()
+  cores = sorted(os.sched_getaffinity(0))
+  placement = {}
+  for island, worker in enumerate(cluster.workers):
+    core = cores[island % len(cores)]
+    for tid in os.listdir(f"/proc/{worker.pid}/task"):
+      try:
+        os.sched_setaffinity(int(tid), {core})
+      except OSError:
+        pass  # a thread that just exited
+    placement[island] = core
+  return placement
 
 
 def _commit() -> str:

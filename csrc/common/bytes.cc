@@ -2,13 +2,61 @@
 
 #include <sys/mman.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <new>
+#include <vector>
 
 namespace jax_pathways {
 namespace {
 
 constexpr size_t kHugePage = size_t{2} << 20;
+
+// Freed mappings are kept for reuse, up to a cap: a transfer into a mapping
+// whose pages are already faulted in runs at copy speed instead of at the
+// page-fault rate (the same 64 MiB transfer repeats every training step).
+class MappingPool {
+ public:
+  static MappingPool& Get() {
+    static MappingPool* pool = new MappingPool();  // never destroyed
+    return *pool;
+  }
+
+  void* Take(size_t mapped) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(mapped);
+    if (it == free_.end() || it->second.empty()) return nullptr;
+    void* p = it->second.back();
+    it->second.pop_back();
+    pooled_ -= mapped;
+    return p;
+  }
+
+  void Give(void* p, size_t mapped) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (pooled_ + mapped <= cap_) {
+        free_[mapped].push_back(p);
+        pooled_ += mapped;
+        return;
+      }
+    }
+    ::munmap(p, mapped);
+  }
+
+ private:
+  MappingPool() {
+    const char* mb = std::getenv("JAX_PATHWAYS_BUFFER_POOL_MB");
+    cap_ = (mb != nullptr ? std::strtoull(mb, nullptr, 10) : 512) << 20;
+  }
+
+  std::mutex mu_;
+  std::map<size_t, std::vector<void*>> free_;
+  size_t pooled_ = 0;
+  size_t cap_ = 0;
+};
 
 }  // namespace
 
@@ -22,13 +70,21 @@ Bytes Bytes::Allocate(size_t n, char** writable) {
   char* p = nullptr;
   if (n >= kHugePage / 2) {
     size_t mapped = (n + kHugePage - 1) / kHugePage * kHugePage;
-    void* m = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m != MAP_FAILED) {
-      ::madvise(m, mapped, MADV_HUGEPAGE);  // a hint; fine if refused
+    void* m = MappingPool::Get().Take(mapped);
+    if (m == nullptr) {
+      m = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (m != MAP_FAILED) {
+        ::madvise(m, mapped, MADV_HUGEPAGE);  // a hint; fine if refused
+      } else {
+        m = nullptr;
+      }
+    }
+    if (m != nullptr) {
       p = static_cast<char*>(m);
-      out.storage_ = std::shared_ptr<const char>(
-          p, [mapped](const char* q) { ::munmap(const_cast<char*>(q), mapped); });
+      out.storage_ = std::shared_ptr<const char>(p, [mapped](const char* q) {
+        MappingPool::Get().Give(const_cast<char*>(q), mapped);
+      });
     }
   }
   if (p == nullptr) {

@@ -16,23 +16,50 @@ from jax_pathways.status import Code, Status, StatusError
 
 
 @dataclasses.dataclass
+class Buffer:
+  """What Arrays sharing one buffer know together."""
+  holders: int = 1            # Arrays not yet released
+  donated: bool = False       # a launch consumed it
+
+
+@dataclasses.dataclass
 class Array:
   buffer: int
   islands: tuple[Island, ...]
   dtype: str
   shape: tuple[int, ...]
   sharding: Sharding | None
-  deleted: bool = False       # deleted or donated: no longer usable
-  released: bool = False      # its buffer's DELETE op has been sent
+  deleted: bool = False       # deleted by the client: no longer usable
+  released: bool = False      # it no longer holds its buffer
   error: Status | None = None
+  shared: Buffer = dataclasses.field(default_factory=Buffer)
 
   @classmethod
   def failed(cls, status: Status) -> "Array":
     return cls(0, (), "", (), None, error=status)
 
+  def alias(self, sharding: Sharding | None) -> "Array":
+    """Another Array on the same buffer (the same bytes, e.g. a one-shard
+    array assembled from its only shard): no worker op needed."""
+    self.shared.holders += 1
+    return Array(self.buffer, self.islands, self.dtype, self.shape, sharding,
+                 shared=self.shared)
+
+  def donate(self) -> None:
+    """A launch consumes the buffer: every Array on it is unusable."""
+    self.shared.donated = True
+
+  def release(self) -> bool:
+    """Lets go of the buffer; True if it was the last holder (free it)."""
+    if self.released:
+      return False
+    self.released = True
+    self.shared.holders -= 1
+    return self.shared.holders == 0
+
   def check_usable(self) -> None:
     """Raises the error a request using this array should fail with."""
     if self.error is not None:
       raise StatusError(self.error.code, self.error.message)
-    if self.deleted:
+    if self.deleted or self.shared.donated:
       raise StatusError(Code.FAILED_PRECONDITION, "Array has been deleted.")

@@ -62,14 +62,17 @@ def move(services: Services, src: Array, dst: Array) -> None:
   dispatcher.submit(gang)
 
 
-def release(services: Services, arrays: Sequence[Array]) -> None:
-  """Sends DELETE for the arrays' buffers (once) and forgets them."""
+def release(services: Services, arrays: Sequence[Array]) -> list[int]:
+  """Lets the arrays go; sends DELETE for buffers nobody holds any more and
+  returns them."""
   by_island: dict[int, list[int]] = {}
+  freed = []
   for array in arrays:
-    if not array.released:
-      array.released = True
+    if array.release():
+      freed.append(array.buffer)
       for island in array.islands:
         by_island.setdefault(island.id, []).append(array.buffer)
   for island, buffers in by_island.items():
     services.dispatcher.submit(
         [IslandOp(island, OpKind.DELETE, args=buffers)])
+  return freed

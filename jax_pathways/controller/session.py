@@ -183,7 +183,7 @@ class Session:
     """Frees everything the session held, on controller and workers."""
     by_island: dict[int, list[int]] = {}
     for array in self.arrays.drain():
-      if not array.released:
+      if array.release():
         for island in array.islands:
           by_island.setdefault(island.id, []).append(array.buffer)
     dispatcher = self.services.dispatcher

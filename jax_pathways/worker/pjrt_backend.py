@@ -45,6 +45,16 @@ HEARTBEAT_TIMEOUT_S = 30
 DeviceRef = Any  # an island-local index (int) or [island, index]
 
 
+def host_view(data: memoryview, dtype: str, shape: Sequence[int],
+              strides: Sequence[int] | None) -> np.ndarray:
+  """A numpy view of an op's payload bytes. It keeps the payload alive for
+  as long as a device array may alias it (PJRT CPU can put without copying)."""
+  host = np.frombuffer(data, dtype=np_dtype(dtype))
+  if strides is None:
+    return host.reshape(tuple(shape))
+  return np.lib.stride_tricks.as_strided(host, tuple(shape), tuple(strides))
+
+
 def np_dtype(name: str) -> np.dtype:
   return np.dtype(jax.numpy.dtype(name))
 
@@ -263,24 +273,28 @@ class PjrtBackend:
                 ) -> jax.Array:
     """An array with `host`'s values, built from this worker's shards only
     (the sharding may span islands)."""
-    if sharding.is_fully_addressable:
-      return jax.device_put(host, sharding)
+    mine = self.mine(sharding)
+    if len(sharding._device_assignment) == 1:  # pylint: disable=protected-access
+      return self.from_pieces(host.shape, sharding, [host], mine)
     index = sharding.devices_indices_map(host.shape)
-    parts = [jax.device_put(host[index[d]], d) for d in self.mine(sharding)]
-    return jax.make_array_from_single_device_arrays(host.shape, sharding,
-                                                    parts)
+    return self.from_pieces(host.shape, sharding,
+                            [host[index[d]] for d in mine], mine)
+
+  @staticmethod
+  def from_pieces(shape: Sequence[int], sharding: jax.sharding.Sharding,
+                  pieces: Sequence[np.ndarray], devices: Sequence[Any]
+                  ) -> jax.Array:
+    """An array from host pieces, one per device of this worker in
+    `devices` order. PJRT aliases 64-byte aligned pieces instead of copying
+    them. (jax.device_put does the same with ~120 us more Python per call.)"""
+    aval = jax_core.ShapedArray(tuple(shape), pieces[0].dtype)
+    return xc.batched_device_put(aval, sharding, list(pieces), list(devices),
+                                 True)
 
   def put(self, data: memoryview, dtype: str, shape: Sequence[int],
           sharding: jax.sharding.Sharding,
           strides: Sequence[int] | None) -> jax.Array:
-    host = np.frombuffer(data, dtype=np_dtype(dtype))
-    if strides is None:
-      host = host.reshape(tuple(shape))
-    else:
-      host = np.lib.stride_tricks.as_strided(host, tuple(shape), tuple(strides))
-    # `host` views the op's payload and keeps it alive for as long as the
-    # device array may alias it (PJRT CPU can put without copying).
-    return self.from_host(host, sharding)
+    return self.from_host(host_view(data, dtype, shape, strides), sharding)
 
   def assemble(self, shape: Sequence[int], sharding: jax.sharding.Sharding,
                parts: Sequence[jax.Array]) -> jax.Array:

@@ -39,7 +39,8 @@ from jax_pathways.worker.completions import Completions, error_status
 from jax_pathways.worker.peers import Peers
 from jax_pathways.worker.tracer import Tracer
 from jax_pathways.worker import shards
-from jax_pathways.worker.pjrt_backend import PjrtBackend, Program, np_dtype
+from jax_pathways.worker.pjrt_backend import (PjrtBackend, Program,
+                                              host_view, np_dtype)
 
 OpKind = _core.OpKind
 # How long a RECEIVE waits for its peer's bytes before failing the op.
@@ -153,22 +154,19 @@ class Worker:
       # This worker's devices only (the controller sends each island its
       # shards of an array that spans islands).
       devices = sharding._device_assignment  # pylint: disable=protected-access
-      mine = set(self._backend.mine(sharding))
-      per_device: dict[Any, jax.Array] = {}
+      mine = self._backend.mine(sharding)
+      per_device: dict[Any, np.ndarray] = {}
       for spec, blob in zip(header["shards"], blobs):
         for index in spec["devices"]:
           if devices[index] in mine:
-            per_device[devices[index]] = self._backend.put(
-                blob, spec["dtype"], spec["shape"],
-                jax.sharding.SingleDeviceSharding(devices[index]),
-                spec.get("strides"))
-      missing = [d for d in devices if d in mine and d not in per_device]
+            per_device[devices[index]] = host_view(
+                blob, spec["dtype"], spec["shape"], spec.get("strides"))
+      missing = [d for d in mine if d not in per_device]
       if missing:
         raise StatusError(Code.INVALID_ARGUMENT,
                           f"no shard given for devices {missing}")
-      array = jax.make_array_from_single_device_arrays(
-          tuple(header["shape"]), sharding,
-          [per_device[d] for d in devices if d in mine])
+      array = self._backend.from_pieces(
+          header["shape"], sharding, [per_device[d] for d in mine], mine)
     self._store(op, [array])
     self._completions.add(op.seq, [array])
 
@@ -259,12 +257,11 @@ class Worker:
     sharding = self._backend.sharding(header["sharding"])
     dst_index = shards.indices(header["sharding"], shape)
     devices = sharding._device_assignment  # pylint: disable=protected-access
-    mine = set(self._backend.mine(sharding))
+    mine = self._backend.mine(sharding)
     if all(d in by_index for d in dst_index):  # same layout: no host assembly
-      parts = [jax.device_put(by_index[d], dev)
-               for d, dev in zip(dst_index, devices) if dev in mine]
-      output = jax.make_array_from_single_device_arrays(tuple(shape), sharding,
-                                                        parts)
+      piece_of = dict(zip(devices, dst_index))
+      output = self._backend.from_pieces(
+          shape, sharding, [by_index[piece_of[d]] for d in mine], mine)
     else:
       output = self._backend.from_host(
           shards.assemble_on_host(shape, dtype, by_index), sharding)

@@ -42,6 +42,19 @@ def test_donation(run_both):
   run_both(program)
 
 
+def test_moved_arrays_outlive_their_source_and_die_with_donation(run_both):
+  def program(devices):
+    x = jax.device_put(jnp.arange(6.0), devices[0])
+    y = jax.device_put(x, devices[5])        # another island
+    z = jax.device_put(y, devices[6])        # same island, another device
+    x.delete()
+    assert not y.is_deleted() and not z.is_deleted()
+    doubled = jax.jit(lambda a: a * 2, donate_argnums=0)(y)
+    assert y.is_deleted() and not z.is_deleted()
+    return doubled, z + 1
+  run_both(program)
+
+
 def test_print_block_delete(proxy_devices):
   with jax.default_device(proxy_devices[0]):
     x = jnp.arange(4) * 3

@@ -276,8 +276,18 @@ def assemble(session: Session, req: Any, reply: Reply) -> None:
   sharding = sharding_lib.from_proto(req.sharding)
   islands = _islands(session, sharding, "the assembled array")
   dtype = dtypes.name_of(req.dtype) if req.HasField("dtype") else parts[0].dtype
-  array = _new_array(session, req.result_handle, islands, dtype,
-                     req.shape.dims, sharding)
+  shape = tuple(req.shape.dims)
+  only = parts[0]
+  if (len(parts) == 1 and only.sharding is not None and
+      only.sharding.devices == sharding.devices and only.shape == shape and
+      only.dtype == dtype and sharding.op_sharding is None):
+    # An array of one shard is that shard (jax.device_put to another device
+    # ends this way): share its buffer.
+    session.arrays.put(req.result_handle, only.alias(sharding))
+    reply.ok(lambda r: setattr(r, "array_handle", req.result_handle))
+    return
+  array = _new_array(session, req.result_handle, islands, dtype, shape,
+                     sharding)
   spec = sharding.worker_spec(session.services.topology)
   by_island: dict[int, list[int]] = {}
   for p in parts:
@@ -289,7 +299,7 @@ def assemble(session: Session, req: Any, reply: Reply) -> None:
       [IslandOp(i.id, OpKind.COPY, args=by_island.get(i.id, []),
                 results=[array.buffer],
                 payload=payloads.encode({
-                    "mode": "assemble", "shape": list(req.shape.dims),
+                    "mode": "assemble", "shape": list(shape),
                     "sharding": spec}))
        for i in islands])
   reply.ok(lambda r: setattr(r, "array_handle", req.result_handle))
@@ -329,8 +339,7 @@ def destruct_array(session: Session, req: Any, reply: Reply) -> None:
     elif array.islands:
       arrays.append(array)
   # Free the memory now; ops already queued that use these run first.
-  moves.release(session.services, arrays)
-  session.services.dispatcher.forget([a.buffer for a in arrays])
+  session.services.dispatcher.forget(moves.release(session.services, arrays))
   if unknown:
     raise StatusError(Code.NOT_FOUND, f"unknown array handle(s): {unknown}")
   reply.ok()
@@ -338,5 +347,6 @@ def destruct_array(session: Session, req: Any, reply: Reply) -> None:
 
 @handles("is_array_deleted_request")
 def is_array_deleted(session: Session, req: Any, reply: Reply) -> None:
-  deleted = session.arrays.get(req.array_handle).deleted
+  array = session.arrays.get(req.array_handle)
+  deleted = array.deleted or array.shared.donated
   reply.ok(lambda r: setattr(r, "deleted", deleted))

@@ -128,7 +128,7 @@ def execute(session: Session, req: Any, reply: Reply) -> None:
     exe.launch(session.services, args, buffers, on_done)
     for i in exe.donated:
       if i < len(args):
-        args[i].deleted = True  # the worker's launch consumes it
+        args[i].donate()  # the worker's launch consumes it
   if status_future is not None:
     store = (session.execute_results
              if session.protocol_version >= _EXECUTE_RESULT_VERSION
