@@ -88,8 +88,12 @@ Bytes Bytes::Allocate(size_t n, char** writable) {
     }
   }
   if (p == nullptr) {
-    p = new char[n];
-    out.storage_ = std::shared_ptr<const char>(p, std::default_delete<char[]>());
+    // 64-byte aligned like the mappings, so aligned payload offsets are
+    // aligned addresses too.
+    p = static_cast<char*>(::operator new(n, std::align_val_t{64}));
+    out.storage_ = std::shared_ptr<const char>(p, [](const char* q) {
+      ::operator delete(const_cast<char*>(q), std::align_val_t{64});
+    });
   }
   out.data_ = p;
   *writable = p;

@@ -23,6 +23,10 @@ enum class FrameKind : uint32_t {
   kOp = 1,        // controller -> worker: an Op
   kEvent = 2,     // worker -> controller: an Event
   kTransfer = 3,  // worker -> worker: transfer id + bytes
+  // worker -> worker on one host: transfer id + where the sender holds the
+  // bytes (pid, address, length), for the receiver to copy them itself
+  kTransferLocal = 4,
+  kTransferAck = 5,  // worker -> worker: a local transfer was copied (or not)
 };
 
 class Channel {
@@ -48,6 +52,8 @@ class Channel {
   Status Receive(FrameKind* kind, Bytes* body);
   // Unblocks a pending Receive() and makes later calls fail.
   void Shutdown();
+  // Whether the peer is on this host (a Unix socket).
+  bool IsLocal() const;
 
  private:
   const int fd_;

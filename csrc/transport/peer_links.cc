@@ -1,11 +1,23 @@
 #include "transport/peer_links.h"
 
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 
 #include "common/thread_name.h"
 #include "transport/messages.h"
+#include "transport/wire.h"
 
 namespace jax_pathways {
+namespace {
+
+// Below this, the socket's two copies cost less than the ack round trip.
+constexpr size_t kLocalTransferMin = size_t{1} << 20;
+
+}  // namespace
 
 PeerLinks::~PeerLinks() { Shutdown(); }
 
@@ -13,6 +25,7 @@ int PeerLinks::Add(int fd, std::string peer_name) {
   auto link = std::make_unique<Link>();
   link->name = std::move(peer_name);
   link->channel = std::make_shared<Channel>(fd);
+  link->local_reads = link->channel->IsLocal();
   Link* raw = link.get();
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_down_) return -1;  // `link` closes the fd
@@ -35,11 +48,24 @@ void PeerLinks::ReadLoop(Link* link) {
     Bytes body;
     Status s = link->channel->Receive(&kind, &body);
     Event event;
-    if (s.ok() && kind != FrameKind::kTransfer) {
+    if (s.ok() && kind != FrameKind::kTransfer &&
+        kind != FrameKind::kTransferLocal && kind != FrameKind::kTransferAck) {
       s = DataLoss("peer sent a frame of kind " +
                    std::to_string(static_cast<uint32_t>(kind)));
     }
     if (s.ok()) s = DecodeEvent(body, &event);
+    if (s.ok() && kind == FrameKind::kTransferLocal) {
+      Bytes copied;
+      Status copy = CopyLocal(event, &copied);
+      if (copy.ok()) {
+        event.payload = std::move(copied);
+      }
+      // Acknowledged before it is visible: the sender's memory is no longer
+      // needed either way, and a refused copy is sent again as bytes.
+      s = link->channel->Send(FrameKind::kTransferAck,
+                              EncodeEventHead(event.seq, copy, 0), {});
+      if (s.ok() && !copy.ok()) continue;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (!s.ok()) {
       link->dead =
@@ -47,7 +73,9 @@ void PeerLinks::ReadLoop(Link* link) {
       cv_.notify_all();
       return;
     }
-    if (event.status.ok()) {
+    if (kind == FrameKind::kTransferAck) {
+      link->acks.emplace(event.seq, event.status);
+    } else if (event.status.ok()) {
       link->arrived.emplace(event.seq, std::move(event.payload));
     } else {
       link->arrived.emplace(event.seq, event.status);
@@ -56,15 +84,76 @@ void PeerLinks::ReadLoop(Link* link) {
   }
 }
 
-Status PeerLinks::Send(int link_id, uint64_t transfer_id, const Status& status,
-                       std::string_view data) {
+Status PeerLinks::CopyLocal(const Event& event, Bytes* out) {
+  WireReader in(event.payload.view());
+  uint64_t pid, address, size;
+  if (!in.U64(&pid) || !in.U64(&address) || !in.U64(&size)) {
+    return DataLoss("malformed local transfer");
+  }
+  char* w;
+  *out = Bytes::Allocate(size, &w);
+  size_t done = 0;
+  while (done < size) {
+    iovec local{w + done, size - done};
+    iovec remote{reinterpret_cast<void*>(address + done), size - done};
+    ssize_t n = ::process_vm_readv(static_cast<pid_t>(pid), &local, 1,
+                                   &remote, 1, 0);
+    if (n <= 0) {
+      return Unavailable(std::string("process_vm_readv: ") +
+                         (n < 0 ? std::strerror(errno) : "no progress"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+StatusOr<bool> PeerLinks::SendLocal(Link* link, uint64_t transfer_id,
+                                    std::string_view data) {
   std::shared_ptr<Channel> channel;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    Link* link = Find(link_id);
+    channel = link->channel;
+  }
+  WireWriter where;
+  where.U64(static_cast<uint64_t>(::getpid()));
+  where.U64(reinterpret_cast<uint64_t>(data.data()));
+  where.U64(data.size());
+  std::string payload = where.Take();
+  Status s = channel->Send(
+      FrameKind::kTransferLocal,
+      EncodeEventHead(transfer_id, Status::Ok(), payload.size()), payload);
+  if (!s.ok()) return s;
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] {
+    return link->acks.count(transfer_id) || !link->dead.ok() || shut_down_;
+  });
+  auto it = link->acks.find(transfer_id);
+  if (it == link->acks.end()) {
+    return shut_down_ ? Cancelled("worker is shutting down") : link->dead;
+  }
+  bool copied = it->second.ok();
+  link->acks.erase(it);
+  if (!copied) link->local_reads = false;  // and never try again
+  return copied;
+}
+
+Status PeerLinks::Send(int link_id, uint64_t transfer_id, const Status& status,
+                       std::string_view data) {
+  std::shared_ptr<Channel> channel;
+  bool local = false;
+  Link* link;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    link = Find(link_id);
     if (link == nullptr) return NotFound("no peer link " + std::to_string(link_id));
     if (!link->dead.ok()) return link->dead;
     channel = link->channel;
+    local = link->local_reads;
+  }
+  if (local && status.ok() && data.size() >= kLocalTransferMin) {
+    StatusOr<bool> copied = SendLocal(link, transfer_id, data);
+    if (!copied.ok()) return copied.status();
+    if (copied.value()) return Status::Ok();
   }
   return channel->Send(FrameKind::kTransfer,
                        EncodeEventHead(transfer_id, status, data.size()), data);

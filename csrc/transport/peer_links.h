@@ -7,6 +7,13 @@
 // pushes the error instead of bytes, so the receiving op fails with the real
 // cause instead of timing out.
 //
+// Between workers of one host (a Unix socket) a large transfer is a
+// TransferLocal frame instead: where the sender holds the bytes. The
+// receiver's reader copies them straight out of the sender's memory
+// (process_vm_readv: one copy instead of two through the kernel's socket
+// buffers) and acknowledges; the sender waits for that, and falls back to
+// sending the bytes if the copy is refused (e.g. ptrace restrictions).
+//
 // Thread safety: all methods may be called from any thread; Send(),
 // Receive() and Shutdown() block and must be called without the GIL.
 #ifndef JAX_PATHWAYS_CSRC_TRANSPORT_PEER_LINKS_H_
@@ -24,6 +31,7 @@
 
 #include "common/status.h"
 #include "transport/channel.h"
+#include "transport/messages.h"
 
 namespace jax_pathways {
 
@@ -46,11 +54,18 @@ class PeerLinks {
   struct Link {
     std::string name;
     std::shared_ptr<Channel> channel;
+    bool local_reads = false;  // the peer may copy from our memory
     Status dead;  // OK while connected
     std::map<uint64_t, StatusOr<Bytes>> arrived;
+    std::map<uint64_t, Status> acks;  // local transfers the peer copied
     std::thread reader;
   };
   void ReadLoop(Link* link);
+  // Copies a TransferLocal's bytes out of the sender; the status goes back.
+  Status CopyLocal(const Event& event, Bytes* out);
+  // Sends a TransferLocal and waits for its ack; false: send the bytes.
+  StatusOr<bool> SendLocal(Link* link, uint64_t transfer_id,
+                           std::string_view data);
   Link* Find(int link);
 
   std::mutex mu_;

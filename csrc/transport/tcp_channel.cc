@@ -123,4 +123,11 @@ Status Channel::Receive(FrameKind* kind, Bytes* body) {
 
 void Channel::Shutdown() { ::shutdown(fd_, SHUT_RDWR); }
 
+bool Channel::IsLocal() const {
+  sockaddr_storage addr;
+  socklen_t len = sizeof(addr);
+  return ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0 &&
+         addr.ss_family == AF_UNIX;
+}
+
 }  // namespace jax_pathways
