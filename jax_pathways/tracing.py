@@ -6,9 +6,10 @@
 
 Open the file in chrome://tracing or https://ui.perfetto.dev: one row per
 island, one box per op. Workers record when they issued each op and when its
-results were ready; an op counts as running from the later of its issue and
-the previous op's completion (islands complete ops in order) until it was
-ready, so time an island spent waiting for data shows on the op that waited.
+results were ready. A launch counts as running from the later of its issue and the
+previous launch's completion (an island runs its launches one after
+another) until it was ready; time spent waiting for data shows on the
+receive that waited, and launches never overlap.
 """
 from __future__ import annotations
 
@@ -40,12 +41,15 @@ class Trace:
   def fill(self, reply: dict[str, Any]) -> None:
     for island, records in sorted(reply["islands"].items(),
                                   key=lambda kv: int(kv[0])):
-      previous_ready = 0
+      last_launch_ready = 0
       for seq, kind, name, issued, issue_end, ready in sorted(records):
-        start = max(issued, min(previous_ready, ready))
+        start = issued
+        if kind == "launch":
+          # An island's launches run one after another.
+          start = max(issued, min(last_launch_ready, ready))
+          last_launch_ready = ready
         self.ops.append(OpTiming(int(island), seq, kind, name, issued,
                                  max(issue_end, issued), start, ready))
-        previous_ready = ready
 
   def islands(self) -> list[int]:
     return sorted({op.island for op in self.ops})
@@ -87,8 +91,47 @@ class Trace:
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
   def save(self, path: str) -> None:
+    """Writes the Chrome trace (JSON), or a picture if `path` ends in .svg."""
     with open(path, "w", encoding="utf-8") as f:
-      json.dump(self.chrome(), f)
+      if path.endswith(".svg"):
+        f.write(self.svg())
+      else:
+        json.dump(self.chrome(), f)
+
+  def svg(self, width: int = 960) -> str:
+    """A timeline picture: one row per island, one box per launch (MPMD
+    forward fragments blue, backward orange, others grey), receives as
+    thin bars below."""
+    drawn = [op for op in self.ops if op.kind in ("launch", "receive")]
+    if not drawn:
+      return '<svg xmlns="http://www.w3.org/2000/svg"/>'
+    origin = min(op.start_ns for op in drawn)
+    end = max(op.ready_ns for op in drawn)
+    left, row, scale = 80, 34, (width - 100) / max(end - origin, 1)
+    islands = self.islands()
+    height = 40 + row * len(islands)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
+             f'height="{height}" font-family="sans-serif" font-size="11">',
+             f'<text x="{left}" y="14">{(end - origin) / 1e6:.1f} ms</text>']
+    for r, island in enumerate(islands):
+      y = 24 + r * row
+      parts.append(f'<text x="4" y="{y + 15}">island {island}</text>')
+      for op in drawn:
+        if op.island != island:
+          continue
+        x = left + (op.start_ns - origin) * scale
+        w = max((op.ready_ns - op.start_ns) * scale, 0.5)
+        if op.kind == "receive":
+          parts.append(f'<rect x="{x:.1f}" y="{y + 22}" width="{w:.1f}" '
+                       'height="3" fill="#bbb"/>')
+          continue
+        color = ("#4477aa" if "_fwd" in op.name else
+                 "#ee7733" if "_bwd" in op.name else "#999999")
+        parts.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="20"'
+                     f' fill="{color}" stroke="white" stroke-width="0.5">'
+                     f'<title>{op.name}</title></rect>')
+    parts.append("</svg>")
+    return "\n".join(parts)
 
 
 def _sync() -> None:

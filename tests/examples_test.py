@@ -1,4 +1,5 @@
 """The examples run as a user runs them: a fresh process, its own cluster."""
+import json
 import os
 import re
 import subprocess
@@ -11,10 +12,10 @@ pytestmark = pytest.mark.integration
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
 
 
-def _run(name):
+def _run(name, *args):
   env = dict(os.environ)
   env.pop("JAX_PLATFORMS", None)
-  out = subprocess.run([sys.executable, os.path.join(EXAMPLES, name)],
+  out = subprocess.run([sys.executable, os.path.join(EXAMPLES, name), *args],
                        env=env, capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   return out.stdout
@@ -34,3 +35,16 @@ def test_data_parallel():
   out = _run("data_parallel.py")
   soup = re.search(r"averaged weights on island 0: \[([^\]]*)\]", out).group(1)
   assert [round(float(v)) for v in soup.split()] == list(range(1, 9))
+
+
+def test_pipeline(tmp_path):
+  trace = tmp_path / "step.json"
+  out = _run("pipeline.py", str(trace))
+  losses = [float(v) for v in re.findall(r"loss (\d+\.\d+)", out)]
+  assert len(losses) >= 6 and losses[-1] < 0.1 * losses[0]
+  assert "island0: F0 F1 F2 F3 B0 F4 B1" in out
+  assert "island3: F0 B0 F1 B1" in out
+  events = json.loads(trace.read_text())["traceEvents"]
+  launches = [e for e in events if e.get("cat") == "launch"]
+  assert {e["pid"] for e in launches} == {0, 1, 2, 3}
+  assert (tmp_path / "step.svg").read_text().startswith("<svg")

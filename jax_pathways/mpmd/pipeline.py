@@ -95,6 +95,14 @@ class Pipeline:
     return self
 
   @property
+  def input_shardings(self) -> list[NamedSharding]:
+    """Where the last call's flattened arguments (batch arguments split into
+    microbatches) live; arguments already there are not moved."""
+    if self._last is None:
+      raise RuntimeError("call the pipeline (or .lower(*args)) first")
+    return list(self._last.input_shardings)
+
+  @property
   def schedule(self) -> schedule_lib.Schedule:
     """The schedule the last call ran (or lower() planned)."""
     if self._last is None:

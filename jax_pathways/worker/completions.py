@@ -4,10 +4,16 @@ Ops are issued asynchronously (PJRT returns arrays as futures), so an op is not
 finished when the op loop moves on. One thread waits for the ops' arrays in
 issue order and sends exactly one event per op. Waiting in order is cheap (an
 island finishes its work roughly in order) and needs no thread per op.
+
+Pushing bytes to other workers can take as long as a launch, so it has a
+thread of its own ("sends", also in issue order): a slow receiver never
+delays the reports of the launches behind a send. Events may therefore reach
+the controller out of order; it matches them by sequence number.
 """
 from __future__ import annotations
 
 import queue
+import threading
 from typing import Any, Callable, Sequence
 
 from absl import logging
@@ -43,28 +49,40 @@ class Completions:
   def __init__(self, report: Callable[[int, Status, bytes], None]):
     self._report = report
     self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    self._thread = threads.start(self._run, "jp-completions")
+    self._sends: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    self._threads = [threads.start(lambda: self._run(self._queue),
+                                   "jp-completions"),
+                     threads.start(lambda: self._run(self._sends), "jp-sends")]
 
   def add(self, seq: int, arrays: Sequence[Any], finish: Finish | None = None
           ) -> None:
     self._queue.put((seq, arrays, finish))
 
-  def add_side(self, arrays: Sequence[Any], finish: Finish) -> None:
-    """Work in order with the ops, answering none (e.g. the sending half of
-    an op whose own event comes from the op loop)."""
-    self._queue.put((None, arrays, finish))
+  def add_send(self, seq: int | None, arrays: Sequence[Any],
+               finish: Finish) -> None:
+    """Sending work, on the sends thread once `arrays` are ready: reports
+    `seq` when done (None: part of an op whose event comes from elsewhere)."""
+    self._sends.put((seq, arrays, finish))
+
+  def sends_done(self) -> threading.Event:
+    """Set once every send added so far has been pushed."""
+    done = threading.Event()
+    self._sends.put((None, [], lambda: done.set() or b""))
+    return done
 
   def fail(self, seq: int, status: Status) -> None:
     """Reports a failed op, in order with the ops before it."""
     self._queue.put((seq, status, None))
 
   def close(self) -> None:
-    self._queue.put(None)
-    self._thread.join(timeout=30)
+    for q in (self._queue, self._sends):
+      q.put(None)
+    for thread in self._threads:
+      thread.join(timeout=30)
 
-  def _run(self) -> None:
+  def _run(self, work: queue.SimpleQueue) -> None:
     while True:
-      item = self._queue.get()
+      item = work.get()
       if item is None:
         return
       seq, arrays, finish = item

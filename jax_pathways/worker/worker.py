@@ -47,6 +47,9 @@ OpKind = _core.OpKind
 RECEIVE_TIMEOUT_S = 300.0
 
 
+STOP_TRACE_WAIT_S = 60.0
+
+
 class Worker:
   """The op loop of one island worker."""
 
@@ -208,8 +211,13 @@ class Worker:
       self._tracer.start()
       self._completions.add(op.seq, [])
     else:  # stop: answered after every earlier op has finished
-      self._completions.add(
-          op.seq, [], lambda: json.dumps(self._tracer.stop()).encode())
+      sends = self._completions.sends_done()
+
+      def stop() -> bytes:
+        sends.wait(STOP_TRACE_WAIT_S)
+        return json.dumps(self._tracer.stop()).encode()
+
+      self._completions.add(op.seq, [], stop)
 
   def _send(self, op: Any) -> None:
     self._exchange(op, receive=False)
@@ -273,8 +281,8 @@ class Worker:
             seq: int | None) -> None:
     """Pushes this island's first-held pieces to every destination, bytes or
     the source's error, so no receiver waits for a piece that will not
-    come. Runs on the completion thread, after the source is ready; `seq`
-    (for a send-only op) is reported there."""
+    come. Runs on the sends thread, after the source is ready; `seq` (for a
+    send-only op) is reported there."""
     links = [self._peers.outgoing(d["island"], d["address"], timeout=30.0)
              for d in send_to]
 
@@ -301,10 +309,7 @@ class Worker:
       return b""
 
     arrays = [source] if isinstance(source, jax.Array) else []
-    if seq is None:
-      self._completions.add_side(arrays, push)
-    else:
-      self._completions.add(seq, arrays, push)
+    self._completions.add_send(seq, arrays, push)
 
 
 def _first_held(spec: dict[str, Any], shape: list[int],

@@ -1,0 +1,146 @@
+"""B4: pipeline bubble, measured on the workers, against theory.
+
+    python benchmarks/bubble_benchmark.py [--stages 2 4] [--microbatches 8]
+
+A pipeline-parallel training step (an MLP, 2 layers of 512x512 per stage,
+microbatches of 128 rows) over S islands of one device each, with GPipe and
+with 1F1B. For each step, jax_pathways.trace() records every island's
+launches with worker timestamps; an island's idle fraction is 1 - (its time
+in launches) / (the step's span from the first launch start to the last
+launch end), which is what the textbook bubble (S-1)/(M+S-1) measures.
+
+The machine has 2 cores. Each worker is pinned to one core (island i on core
+i % 2; --no-pin leaves placement to the OS): with S = 2 every stage has a core
+of its own (shared with the client's and controller's threads); with S = 4
+two stages share each core, so launches that overlap in time take up to
+twice as long (their time-sharing counts as busy).
+
+Prints one JSON line per (S, schedule): measured idle fraction per island and
+its mean, the theory, their relative difference, and the step time next to
+the same step as one jax.jit on one in-process CPU device.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from harness import emit, log, pin_workers, setup, timed  # pylint: disable=g-bad-import-order
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jax_pathways  # noqa: E402
+from jax_pathways import mpmd  # noqa: E402
+
+WIDTH = 512
+LAYERS_PER_STAGE = 2
+ROWS = 128  # per microbatch
+
+
+def model(stages: int):
+  def make_stage(s):
+    @mpmd.stage(f"s{s}")
+    def run(ws, h):
+      for w in ws:
+        h = jnp.tanh(h @ w)
+      return h
+    return run
+
+  stage_fns = [make_stage(s) for s in range(stages)]
+
+  def loss(params, batch):
+    h, y = batch
+    for s, fn in enumerate(stage_fns):
+      h = fn(params[s], h)
+    return jnp.mean((h - y) ** 2)
+
+  def train_step(params, batch):
+    value, grads = mpmd.value_and_grad(loss)(params, batch)
+    return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), value
+
+  def plain_step(params, x, y, microbatches):
+    def mean_loss(p):
+      total = 0.0
+      for xs, ys in zip(jnp.split(x, microbatches), jnp.split(y, microbatches)):
+        h = xs
+        for ws in p:
+          for w in ws:
+            h = jnp.tanh(h @ w)
+        total = total + jnp.mean((h - ys) ** 2)
+      return total / microbatches
+    value, grads = jax.value_and_grad(mean_loss)(params)
+    return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), value
+
+  rng = np.random.default_rng(0)
+  params = [[(rng.normal(size=(WIDTH, WIDTH)) / np.sqrt(WIDTH))
+             .astype(np.float32) for _ in range(LAYERS_PER_STAGE)]
+            for _ in range(stages)]
+  return train_step, plain_step, params
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--stages", type=int, nargs="+", default=[2, 4])
+  parser.add_argument("--microbatches", type=int, default=8)
+  parser.add_argument("--steps", type=int, default=3, help="traced steps")
+  parser.add_argument("--no-pin", action="store_true",
+                      help="let the OS place the workers")
+  parser.add_argument("--pictures", default=None,
+                      help="directory for a picture (.svg) of the last "
+                      "traced step of each case")
+  args = parser.parse_args()
+  m = args.microbatches
+  islands = max(args.stages)
+  pathways, cpu = setup(islands=islands, devices_per_island=1)
+  if not args.no_pin:
+    log(f"workers pinned to cores {pin_workers()}")
+  rng = np.random.default_rng(1)
+  x = rng.normal(size=(m * ROWS, WIDTH)).astype(np.float32)
+  y = rng.normal(size=(m * ROWS, WIDTH)).astype(np.float32)
+  for s in args.stages:
+    train_step, plain_step, params = model(s)
+    plain = jax.jit(plain_step, static_argnums=3)
+    local = jax.device_put((params, x, y), cpu[0])
+    plain(*local, m)[1].block_until_ready()
+    plain_s = statistics.median(
+        timed(lambda: plain(*local, m)[1].block_until_ready())
+        for _ in range(3))
+    for schedule in ("GPipe", "1F1B"):
+      step = mpmd.pipeline(train_step, mpmd.Topology.islands(list(range(s))),
+                           stages={f"s{k}": k for k in range(s)},
+                           schedule=schedule, microbatches=m,
+                           batch_argnums=(1,))
+      batch = (x, y)
+      p = params
+      for _ in range(2):  # compile, warm up
+        p, loss = step(p, batch)
+      loss.block_until_ready()
+      idle: dict[int, list[float]] = {i: [] for i in range(s)}
+      step_s = []
+      for _ in range(args.steps):
+        with jax_pathways.trace() as t:
+          step_s.append(timed(lambda: step(p, batch)[1].block_until_ready()))
+        for island, used in t.utilization().items():
+          idle[island].append(1.0 - used)
+      if args.pictures:
+        t.save(f"{args.pictures}/pipeline_{schedule.lower()}_{s}_islands.svg")
+      per_island = {i: round(statistics.median(v), 4) for i, v in idle.items()}
+      mean = statistics.mean(per_island.values())
+      theory = mpmd.bubble_fraction(s, m)
+      emit("B4 bubble", f"S={s} {schedule}", stages=s, microbatches=m,
+           schedule=schedule, idle_per_island=per_island,
+           idle_mean=round(mean, 4), theory=round(theory, 4),
+           relative_difference=round((mean - theory) / theory, 3),
+           within_10_percent=abs(mean - theory) <= 0.1 * theory,
+           step_ms=round(statistics.median(step_s) * 1e3, 1),
+           plain_jit_one_device_ms=round(plain_s * 1e3, 1),
+           speedup_vs_one_device=round(plain_s / statistics.median(step_s),
+                                       2))
+      log(f"S={s} {schedule:5s} idle {mean:.3f} (per island {per_island}) "
+          f"theory {theory:.3f}  step {statistics.median(step_s) * 1e3:.0f} ms"
+          f" vs one device {plain_s * 1e3:.0f} ms")
+
+
+if __name__ == "__main__":
+  main()
