@@ -77,7 +77,7 @@ print("Meshes:", topology)
 step = mpmd.pipeline(train_step, topology,
                      stages={f"stage{s}": s for s in range(STAGES)},
                      schedule="1F1B", microbatches=MICROBATCHES,
-                     batch_argnums=(2,))
+                     batch_argnums=(2,), donate_argnums=(0, 1))
 
 params = init(jax.random.key(0))
 opt_state = optimizer.init(params)

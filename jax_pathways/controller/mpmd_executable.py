@@ -80,6 +80,7 @@ class MpmdExecutable:
     self.output_islands = [self.value_islands[v] for v in program.outputs]
     self.donated = program.donated_inputs
     self.num_parameters = len(program.inputs)
+    self._check_donation()
     by_id = {i.id: i for f in self.fragments for i in f.islands}
     self.islands = tuple(by_id[i] for i in sorted(by_id))
     self.metadata = self._metadata()
@@ -121,6 +122,27 @@ class MpmdExecutable:
           f"input {self.program.inputs.index(v)} of the MPMD program is "
           "sharded but no fragment uses it")
     return Sharding(value.devices)
+
+  def _check_donation(self) -> None:
+    """A fragment may consume only what nothing uses later: intermediate
+    values, and inputs the caller donated."""
+    program = self.program
+    caller_donated = {program.inputs[i] for i in program.donated_inputs}
+    inputs = set(program.inputs)
+    last_use: dict[int, int] = {v: len(program.steps) for v in program.outputs}
+    for n, step in enumerate(program.steps):
+      for v in step.args:
+        last_use[v] = max(last_use.get(v, -1), n)
+    for n, step in enumerate(program.steps):
+      if not isinstance(step, Call):
+        continue
+      for k in self.fragments[step.fragment].donated:
+        v = step.args[k]
+        if (v in inputs and v not in caller_donated) or last_use[v] > n:
+          raise invalid_argument(
+              f"fragment {program.fragment_names[step.fragment]} donates "
+              f"its argument {k}, which is still used afterwards (or an "
+              "input the caller did not donate)")
 
   # ---------------------------------------------------------------- execute
   def check_argument(self, i: int, array: Array) -> None:

@@ -7,7 +7,9 @@
 
 The batch arguments are split into `microbatches` equal parts along their
 first axis before the step sees them: inside, each is a list of microbatches
-(for `mpmd.value_and_grad`). The first call for given shapes lowers the step,
+(for `mpmd.value_and_grad`). Donated arguments (`donate_argnums`, e.g. the
+parameters and optimizer state) are updated in place on their islands;
+using them afterwards is an error, as with jax.jit. The first call for given shapes lowers the step,
 partitions it with the Shardy MPMD partitioner (or, where jaxlib lacks it,
 with jax_pathways' own splitter: `partitioner` says which ran) and compiles
 it; later calls only move the arguments onto their meshes when they are not
@@ -49,6 +51,7 @@ class Pipeline:
   def __init__(self, fn: Callable[..., Any], topology: Topology,
                stages: Mapping[str, str | int], *, schedule: str = "1F1B",
                microbatches: int, batch_argnums: Sequence[int] = (),
+               donate_argnums: Sequence[int] = (),
                data_parallel: bool = True,
                partitioning_options: Mapping[str, str | bool] | None = None,
                partitioner: str = "auto"):
@@ -67,6 +70,7 @@ class Pipeline:
     self.schedule_name = schedule_lib.canonical(schedule)
     self.microbatches = microbatches
     self.batch_argnums = tuple(batch_argnums)
+    self.donate_argnums = tuple(donate_argnums)
     self.data_parallel = data_parallel
     self.partitioning_options = dict(partitioning_options or {})
     if partitioner == "auto":
@@ -163,6 +167,16 @@ class Pipeline:
       shardings.append(jax.tree.map(one, arg))
     return tuple(shardings)
 
+  def donated_leaves(self, split: tuple[Any, ...]) -> list[int]:
+    """Positions, among the flattened arguments, of the donated ones."""
+    out, start = [], 0
+    for i, arg in enumerate(split):
+      n = len(jax.tree.leaves(arg))
+      if i in self.donate_argnums:
+        out.extend(range(start, start + n))
+      start += n
+    return out
+
   def _shardy_plan(self, split: tuple[Any, ...]) -> _Plan:
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), split)
@@ -180,7 +194,8 @@ class Pipeline:
                        "in stages={...}")
     partitioned = shardy.partition(lowered, self.topology,
                                    self.stage_meshes, self.schedule_name,
-                                   self.partitioning_options)
+                                   self.partitioning_options,
+                                   self.donated_leaves(split))
     out_leaves, out_tree = jax.tree.flatten(out_info)
     avals = [jax.core.ShapedArray(o.shape, o.dtype) for o in out_leaves]
     backend = self.topology.devices()[0].client

@@ -59,8 +59,12 @@ class Schedule:
   meshes: dict[str, tuple[Task, ...]]
 
   def order(self, mesh: str) -> list[str]:
-    """The mesh's tasks as short labels, e.g. ['F0', 'F1', 'B0', ...]."""
-    return [str(t) for t in self.meshes[mesh]]
+    """The mesh's tasks as short labels, e.g. ['F0', 'F1', 'B0', ...];
+    with the stage ('F0@s2') where the mesh runs several stages."""
+    tasks = self.meshes[mesh]
+    several = len({t.stages for t in tasks if t.microbatch is not None}) > 1
+    return [f"{t}@{'+'.join(t.stages)}" if several and t.microbatch is not None
+            else str(t) for t in tasks]
 
   def __str__(self) -> str:
     width = max(len(m) for m in self.meshes)

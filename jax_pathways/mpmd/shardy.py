@@ -52,15 +52,16 @@ def assignment_for(stage_meshes: Mapping[str, str], schedule: str
 
 def partition(lowered: Lowered, topology: Topology,
               stage_meshes: Mapping[str, str], schedule: str,
-              extra_options: Mapping[str, str | bool] | None = None
-              ) -> Partitioned:
+              extra_options: Mapping[str, str | bool] | None = None,
+              donated: Sequence[int] = ()) -> Partitioned:
   extension = shardy_mpmd.load()
   assert extension is not None
   options = options_for(schedule, extra_options)
   common = dict(
       func_name="main", named_meshes=topology.shape(),
       assignment=assignment_for(stage_meshes, schedule), input_meshes=[],
-      output_meshes=[], donate_argnums=[], partitioning_options=options,
+      output_meshes=[], donate_argnums=list(donated),
+      partitioning_options=options,
       fragment_merge_rules=[], fragment_schedule_rules=[])
   phase = extension.PartitioningPhase
   module = extension.clone_mlir_module(lowered.module)

@@ -100,6 +100,28 @@ def test_schedule_is_data_and_what_the_islands_run(mlp, proxy_devices):
   assert all(0 < u < 1 for u in t.utilization().values())
 
 
+@pytest.mark.parametrize("schedule,stages", [("ZeroBubbleH1", 2),
+                                             ("Circular", 4)])
+def test_zero_bubble_and_interleaved_schedules(schedule, stages, mlp, rel_err,
+                                               proxy_devices, cpu_devices):
+  model = mlp(stages=stages, microbatches=M)
+  step = mpmd.pipeline(model.train_step, mpmd.Topology.islands(),
+                       stages={f"s{s}": s % 2 for s in range(stages)},
+                       schedule=schedule, microbatches=M, batch_argnums=(1,))
+  params, losses = _train(step, model, steps=2)
+  ref_params, ref_losses = _reference(model, cpu_devices, steps=2)
+  for got, want in zip(losses, ref_losses):
+    assert abs(got - want) <= 1e-5 * abs(want)
+  for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):
+    assert rel_err(got, want) <= 1e-5
+  if schedule == "ZeroBubbleH1":  # backward split into activation/weight
+    assert step.schedule.order("island1")[:5] == ["F0", "Ba0", "F1", "Ba1",
+                                                  "Bw0"]
+  else:  # two stages per island, interleaved
+    assert step.schedule.order("island0")[:4] == ["F0@s0", "F1@s0", "F0@s2",
+                                                  "F1@s2"]
+
+
 @pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
 def test_own_splitter_trains_the_same_model(schedule, mlp, rel_err,
                                             proxy_devices, cpu_devices):
@@ -151,3 +173,25 @@ def test_bad_placements_fail_clearly(mlp, proxy_devices):
                        microbatches=3, batch_argnums=(1,))
   with pytest.raises(ValueError, match="cannot be split into 3 microbatches"):
     step(model.params, (model.x, model.y))
+
+
+def test_donated_parameters_are_updated_in_place(mlp, proxy_devices,
+                                                 cpu_devices):
+  model = mlp(stages=2, microbatches=M)
+  step = mpmd.pipeline(model.train_step, mpmd.Topology.islands(),
+                       stages={"s0": 0, "s1": 1}, microbatches=M,
+                       batch_argnums=(1,), donate_argnums=(0,))
+  leaves, tree = jax.tree.flatten(model.params)
+  shardings = step.lower(model.params, (model.x, model.y)).input_shardings
+  params = jax.tree.unflatten(tree, [jax.device_put(leaf, s) for leaf, s in
+                                     zip(leaves, shardings)])
+  first, losses = params, []
+  for _ in range(STEPS):
+    params, loss = step(params, (model.x, model.y))
+    losses.append(float(loss))
+  _, ref_losses = _reference(model, cpu_devices)
+  for got, want in zip(losses, ref_losses):
+    assert abs(got - want) <= 1e-5 * abs(want)
+  # The step consumed the parameters it was given, on the workers.
+  with pytest.raises(Exception, match="deleted"):
+    np.asarray(jax.tree.leaves(first)[0])
