@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
-from typing import Any
+from typing import Any, Callable
 
 from jax_pathways import dtypes
 from jax_pathways.controller.arrays import Array
@@ -160,24 +160,35 @@ def fetch_execute_result(session: Session, req: Any, reply: Reply) -> None:
   future.add_done_callback(lambda f: reply.status(f.result()))
 
 
-@handles("loaded_executable_cost_analysis_request")
-def cost_analysis(session: Session, req: Any, reply: Reply) -> None:
-  # Always answer with a body: an error reply without one makes the 0.10.2
-  # client throw instead of raising.
+def _answer_costs(reply: Reply, find: Callable[[], Any],
+                  fill: Callable[[Any, Any], None]) -> None:
+  """Cost analyses always answer with a body, an error inside it: an error
+  reply without one makes the 0.10.2 client throw instead of raising."""
   try:
-    exe: Executable = session.executables.get(req.loaded_executable_handle)
+    exe = find()
   except StatusError as e:
     failure = e.status
     reply.ok(lambda r: (setattr(r.status, "code", int(failure.code)),
                         setattr(r.status, "message", failure.message)))
     return
 
-  def fill(r: Any) -> None:
+  def body(r: Any) -> None:
     r.attributes.SetInParent()
-    for k, v in exe.metadata["cost_analysis"].items():
-      r.attributes.attributes[k].float_value = float(v)
+    fill(exe, r.attributes)
 
-  reply.ok(fill)
+  reply.ok(body)
+
+
+def _float_attributes(out: Any, values: dict[str, float]) -> None:
+  for k, v in values.items():
+    out.attributes[k].float_value = float(v)
+
+
+@handles("loaded_executable_cost_analysis_request")
+def cost_analysis(session: Session, req: Any, reply: Reply) -> None:
+  _answer_costs(
+      reply, lambda: session.executables.get(req.loaded_executable_handle),
+      lambda exe, out: _float_attributes(out, exe.metadata["cost_analysis"]))
 
 
 @handles("loaded_executable_human_readable_program_text_request")
@@ -238,24 +249,13 @@ def mpmd_metadata(session: Session, req: Any, reply: Reply) -> None:
 
 @handles("loaded_executable_mpmd_cost_analysis_request")
 def mpmd_cost_analysis(session: Session, req: Any, reply: Reply) -> None:
-  # Like CostAnalysis: always a body, errors inside it.
-  try:
-    exe = _mpmd(session, req.loaded_executable_handle)
-  except StatusError as e:
-    failure = e.status
-    reply.ok(lambda r: (setattr(r.status, "code", int(failure.code)),
-                        setattr(r.status, "message", failure.message)))
-    return
-
-  def fill(r: Any) -> None:
-    r.attributes.SetInParent()
+  def fill(exe: MpmdExecutable, out: Any) -> None:
     for mesh, costs in exe.mesh_costs().items():
-      entry = r.attributes.attributes[mesh]
-      entry.SetInParent()
-      for k, v in costs.items():
-        entry.attributes[k].float_value = float(v)
+      out.attributes[mesh].SetInParent()
+      _float_attributes(out.attributes[mesh], costs)
 
-  reply.ok(fill)
+  _answer_costs(reply, lambda: _mpmd(session, req.loaded_executable_handle),
+                fill)
 
 
 @handles("loaded_host_callback_poll_request")
