@@ -58,3 +58,17 @@ def test_many_outputs_and_pytrees(run_both):
     tree = {str(i): jnp.full((i + 1,), i, jnp.float32) for i in range(6)}
     return f(tree)
   run_both(program)
+
+
+def test_compiled_describes_itself(proxy_devices, cpu_devices):
+  def f(a, b):
+    return jnp.tanh(a @ b).sum()
+
+  a, b = np.ones((16, 32), np.float32), np.ones((32, 8), np.float32)
+  with jax.default_device(proxy_devices[0]):
+    remote = jax.jit(f).lower(a, b).compile()
+  with jax.default_device(cpu_devices[0]):
+    local = jax.jit(f).lower(a, b).compile()
+  assert remote.cost_analysis()["flops"] == local.cost_analysis()["flops"]
+  assert remote.memory_analysis().output_size_in_bytes == 4
+  assert "tanh" in remote.as_text()
