@@ -3,10 +3,15 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 pytestmark = pytest.mark.integration
+
+# Subprocesses start outside the checkout: `python -m` / `-c` would import
+# its unbuilt sources instead of the installed package.
+CWD = tempfile.gettempdir()
 
 
 def _cli(pathways, *args, token=True):
@@ -17,7 +22,7 @@ def _cli(pathways, *args, token=True):
   return subprocess.run(
       [sys.executable, "-m", "jax_pathways.cli", "status", "--address",
        pathways.address, *args], env=env, capture_output=True, text=True,
-      timeout=60)
+      timeout=60, cwd=CWD)
 
 
 def test_status_table(pathways, proxy_devices):

@@ -6,6 +6,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -16,13 +17,18 @@ from jax_pathways import admin
 
 pytestmark = pytest.mark.integration
 
+# Subprocesses start outside the checkout: `python -m` / `-c` would import
+# its unbuilt sources instead of the installed package.
+CWD = tempfile.gettempdir()
+
 TOKEN = "by-hand-test-token"
 
 
 def _spawn(*args, env=None):
   return subprocess.Popen([sys.executable, "-m", "jax_pathways.cli", *args],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          env=env, text=True, start_new_session=True)
+                          env=env, text=True, start_new_session=True,
+                          cwd=CWD)
 
 
 def _ready_line(proc, timeout=60):
@@ -82,7 +88,7 @@ def _client(address, token):
   env.pop("JAX_PATHWAYS_TOKEN", None)
   return subprocess.run([sys.executable, "-c", CLIENT, f"grpc://{address}",
                          token], env=env, capture_output=True, text=True,
-                        timeout=120)
+                        timeout=120, cwd=CWD)
 
 
 def test_client_joins_by_address(cluster):
@@ -95,7 +101,7 @@ def test_client_joins_by_address(cluster):
   status = subprocess.run(
       [sys.executable, "-m", "jax_pathways.cli", "status", "--address",
        f"grpc://{ready['address']}", "--json"], env=env, capture_output=True,
-      text=True, timeout=60)
+      text=True, timeout=60, cwd=CWD)
   assert status.returncode == 0, status.stderr
   islands = json.loads(status.stdout)["islands"]
   assert [i["devices"] for i in islands] == [[0, 1], [2, 3]]
@@ -125,7 +131,7 @@ def test_worker_with_wrong_token_is_refused(cluster):
       [sys.executable, "-m", "jax_pathways.cli", "worker", "--controller",
        ready["worker_address"], "--devices", "1", "--connect-timeout", "10"],
       env=dict(env, JAX_PATHWAYS_TOKEN="guess"), capture_output=True,
-      text=True, timeout=60)
+      text=True, timeout=60, cwd=CWD)
   assert bad.returncode == 2
   assert "wrong cluster token" in bad.stderr
 
@@ -136,6 +142,6 @@ def test_off_loopback_needs_a_token():
   out = subprocess.run(
       [sys.executable, "-m", "jax_pathways.cli", "controller", "--islands",
        "1", "--listen", "0.0.0.0:0"], env=env, capture_output=True,
-      text=True, timeout=60)
+      text=True, timeout=60, cwd=CWD)
   assert out.returncode != 0
   assert "without a cluster token" in out.stderr
