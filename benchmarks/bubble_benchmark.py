@@ -2,8 +2,8 @@
 
     python benchmarks/bubble_benchmark.py [--stages 2 4] [--microbatches 8]
 
-A pipeline-parallel training step (an MLP, 2 layers of 512x512 per stage,
-microbatches of 128 rows) over S islands of one device each, with GPipe and
+A pipeline-parallel training step (an MLP, 2 layers of width x width per
+stage, default 512, microbatches of --rows rows, default 128) over S islands of one device each, with GPipe and
 with 1F1B. For each step, jax_pathways.trace() records every island's
 launches with worker timestamps; an island's idle fraction is 1 - (its time
 in launches) / (the step's span from the first launch start to the last
@@ -33,12 +33,10 @@ import numpy as np  # noqa: E402
 import jax_pathways  # noqa: E402
 from jax_pathways import mpmd  # noqa: E402
 
-WIDTH = 512
 LAYERS_PER_STAGE = 2
-ROWS = 128  # per microbatch
 
 
-def model(stages: int):
+def model(stages: int, width: int):
   def make_stage(s):
     @mpmd.stage(f"s{s}")
     def run(ws, h):
@@ -73,7 +71,7 @@ def model(stages: int):
     return jax.tree.map(lambda p, g: p - 0.01 * g, params, grads), value
 
   rng = np.random.default_rng(0)
-  params = [[(rng.normal(size=(WIDTH, WIDTH)) / np.sqrt(WIDTH))
+  params = [[(rng.normal(size=(width, width)) / np.sqrt(width))
              .astype(np.float32) for _ in range(LAYERS_PER_STAGE)]
             for _ in range(stages)]
   return train_step, plain_step, params
@@ -84,6 +82,10 @@ def main() -> None:
   parser.add_argument("--stages", type=int, nargs="+", default=[2, 4])
   parser.add_argument("--microbatches", type=int, default=8)
   parser.add_argument("--steps", type=int, default=3, help="traced steps")
+  parser.add_argument("--width", type=int, default=512,
+                      help="layer width (2 width x width layers per stage)")
+  parser.add_argument("--rows", type=int, default=128,
+                      help="rows per microbatch")
   parser.add_argument("--no-pin", action="store_true",
                       help="let the OS place the workers")
   parser.add_argument("--pictures", default=None,
@@ -96,10 +98,10 @@ def main() -> None:
   if not args.no_pin:
     log(f"workers pinned to cores {pin_workers()}")
   rng = np.random.default_rng(1)
-  x = rng.normal(size=(m * ROWS, WIDTH)).astype(np.float32)
-  y = rng.normal(size=(m * ROWS, WIDTH)).astype(np.float32)
+  x = rng.normal(size=(m * args.rows, args.width)).astype(np.float32)
+  y = rng.normal(size=(m * args.rows, args.width)).astype(np.float32)
   for s in args.stages:
-    train_step, plain_step, params = model(s)
+    train_step, plain_step, params = model(s, args.width)
     plain = jax.jit(plain_step, static_argnums=3)
     local = jax.device_put((params, x, y), cpu[0])
     plain(*local, m)[1].block_until_ready()
@@ -124,11 +126,13 @@ def main() -> None:
         for island, used in t.utilization().items():
           idle[island].append(1.0 - used)
       if args.pictures:
-        t.save(f"{args.pictures}/pipeline_{schedule.lower()}_{s}_islands.svg")
+        t.save(f"{args.pictures}/pipeline_{schedule.lower()}_{s}_islands_"
+               f"{args.width}.svg")
       per_island = {i: round(statistics.median(v), 4) for i, v in idle.items()}
       mean = statistics.mean(per_island.values())
       theory = mpmd.bubble_fraction(s, m)
       emit("B4 bubble", f"S={s} {schedule}", stages=s, microbatches=m,
+           width=args.width, rows=args.rows,
            schedule=schedule, idle_per_island=per_island,
            idle_mean=round(mean, 4), theory=round(theory, 4),
            relative_difference=round((mean - theory) / theory, 3),

@@ -21,16 +21,24 @@ def move(services: Services, src: Array, dst: Array) -> None:
   """Fills `dst` (already registered, same shape) with `src`'s values, on
   dst's sharding: within one island a local copy, otherwise an exchange in
   which the bytes go worker to worker."""
+  sends, receives = plan(services, src, dst)
+  services.dispatcher.submit(list(sends) + list(receives))
+
+
+def plan(services: Services, src: Array, dst: Array
+         ) -> tuple[list[IslandOp], list[IslandOp]]:
+  """The ops of a move, as (sends, receives): two gangs when the source and
+  destination islands are disjoint, so a caller that knows when the result
+  is first needed can submit the receives then (a receive holds its
+  island's op loop until the bytes arrive; early in the order it would
+  stall work that does not need them). Otherwise all in `sends`."""
   topology = services.topology
-  dispatcher = services.dispatcher
   if src.islands == dst.islands and len(src.islands) == 1:
-    dispatcher.submit(
-        [IslandOp(src.islands[0].id, OpKind.COPY, args=[src.buffer],
-                  results=[dst.buffer],
-                  payload=payloads.encode({
-                      "mode": "reshard",
-                      "sharding": dst.sharding.worker_spec(topology)}))])
-    return
+    return [IslandOp(src.islands[0].id, OpKind.COPY, args=[src.buffer],
+                     results=[dst.buffer],
+                     payload=payloads.encode({
+                         "mode": "reshard",
+                         "sharding": dst.sharding.worker_spec(topology)}))], []
   if dst.dtype != src.dtype or dst.shape != src.shape:
     raise invalid_argument(
         f"cannot change dtype or shape ({src.dtype}{list(src.shape)} -> "
@@ -41,7 +49,7 @@ def move(services: Services, src: Array, dst: Array) -> None:
   transfer = secrets.randbits(40) << 20
   src_ids = {i.id for i in src.islands}
   dst_ids = {i.id for i in dst.islands}
-  gang = []
+  sends, receives = [], []
   for island in sorted(src_ids | dst_ids):
     header = {
         "source": source, "source_islands": sorted(src_ids),
@@ -51,15 +59,16 @@ def move(services: Services, src: Array, dst: Array) -> None:
                     for d in sorted(dst_ids) if d != island and
                     island in src_ids],
     }
-    receives = island in dst_ids
-    if receives:
+    receive = island in dst_ids
+    if receive:
       header["sharding"] = dst.sharding.worker_spec(topology)
-    gang.append(IslandOp(
-        island, OpKind.RECEIVE if receives else OpKind.SEND,
+    op = IslandOp(
+        island, OpKind.RECEIVE if receive else OpKind.SEND,
         args=[src.buffer] if island in src_ids else [],
-        results=[dst.buffer] if receives else [],
-        payload=payloads.encode(header)))
-  dispatcher.submit(gang)
+        results=[dst.buffer] if receive else [],
+        payload=payloads.encode(header))
+    (receives if receive and not src_ids & dst_ids else sends).append(op)
+  return sends, receives
 
 
 def release(services: Services, arrays: Sequence[Array]) -> list[int]:

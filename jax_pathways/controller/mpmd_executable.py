@@ -19,7 +19,7 @@ from jax_pathways.controller import moves
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.compile_cache import CompileCache, CompiledProgram
 from jax_pathways.controller.session import Services
-from jax_pathways.dispatch.dispatcher import OnDone
+from jax_pathways.dispatch.dispatcher import IslandOp, OnDone
 from jax_pathways.programs.ifrt_ir_program import Call, MpmdProgram
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.resources.topology import Topology
@@ -177,7 +177,18 @@ class MpmdExecutable:
       made.append(array)
       return array
 
+    # A value moved to another island is received just before its first
+    # use, not where it is sent: a receive holds its island's op loop, and
+    # in a 1F1B steady state the island has a backward to run meanwhile.
+    receives: dict[int, list[IslandOp]] = {}
+
+    def needed(values: Sequence[int]) -> None:
+      for v in values:
+        if v in receives:
+          dispatcher.submit(receives.pop(v))
+
     for step in program.steps:
+      needed(step.args)
       if isinstance(step, Call):
         outs = [new(r) for r in step.results]
         self.fragments[step.fragment].launch(
@@ -185,7 +196,11 @@ class MpmdExecutable:
             None)
       else:
         for a, r in zip(step.args, step.results):
-          moves.move(services, env[a], new(r))
+          sends, later = moves.plan(services, env[a], new(r))
+          dispatcher.submit(sends)
+          if later:
+            receives[r] = later
+    needed(list(receives))
     # An output that is an input, or returned twice, gets a copy of its own.
     for v, b in zip(program.outputs, results):
       if output_buffer.get(v) != b:
