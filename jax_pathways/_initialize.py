@@ -9,12 +9,15 @@ from __future__ import annotations
 import atexit
 import gc
 import threading
+from typing import Sequence
 
 from absl import logging
 
 from jax_pathways import config
 from jax_pathways.cluster.local_cluster import LocalCluster
 from jax_pathways.frontend import plugin
+from jax_pathways.resources.virtual_slice import SliceRequest
+from jax_pathways.status import StatusError
 
 _lock = threading.Lock()
 _cluster: LocalCluster | None = None
@@ -34,7 +37,9 @@ def _normalize(address: str) -> str:
 def initialize(address: str | None = None, *, islands: int | None = None,
                devices_per_island: int | None = None,
                max_in_flight: int | None = None,
-               token: str | None = None) -> str:
+               token: str | None = None,
+               devices: int | Sequence[int] | None = None,
+               island: int | None = None) -> str:
   """Makes JAX in this process run on jax_pathways; returns the address.
 
   Args:
@@ -44,6 +49,11 @@ def initialize(address: str | None = None, *, islands: int | None = None,
     devices_per_island: embedded cluster: CPU devices per island (default 4).
     max_in_flight: embedded cluster: launches in flight per island.
     token: the cluster token of a remote controller (JAX_PATHWAYS_TOKEN).
+    devices: this process's virtual slice: a device count (4) or a mesh
+      shape ((2, 4)); JAX then sees devices 0..n-1, placed by the
+      controller on physical devices that other clients may share
+      (JAX_PATHWAYS_DEVICES=4 or 2x4). None: every device of the cluster.
+    island: keep the slice on this island (JAX_PATHWAYS_ISLAND).
   """
   global _cluster, _address, _token
   from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
@@ -63,6 +73,8 @@ def initialize(address: str | None = None, *, islands: int | None = None,
           "`import jax_pathways`, at the top of the program.")
     cfg = config.from_env()
     address = address or cfg.address
+    wanted = _slice_request(devices if devices is not None else cfg.devices,
+                            island if island is not None else cfg.island)
     if address is None:
       if token is not None:
         raise ValueError("token= is for joining a running controller; an "
@@ -81,7 +93,7 @@ def initialize(address: str | None = None, *, islands: int | None = None,
                        "cluster; a running controller has its own")
     _address = _normalize(address)
     _token = token or cfg.token
-    plugin.configure(_token)
+    plugin.configure(_token, wanted)
     plugin.register()
     jax.config.update("jax_backend_target", _address)
     platforms = jax.config.jax_platforms or ""
@@ -90,6 +102,26 @@ def initialize(address: str | None = None, *, islands: int | None = None,
     atexit.register(_at_exit)
     logging.info("jax_pathways: JAX runs on the controller at %s", _address)
     return _address
+
+
+def _slice_request(devices: int | str | Sequence[int] | None,
+                   island: int | None) -> dict[str, str]:
+  """The slice request as the session's initialization data, checked."""
+  wanted = {}
+  if devices is not None:
+    if isinstance(devices, int):
+      devices = str(devices)
+    elif not isinstance(devices, str):
+      devices = "x".join(str(int(d)) for d in devices)
+    wanted[plugin.DEVICES_KEY] = devices
+  if island is not None:
+    wanted[plugin.ISLAND_KEY] = str(island)
+  try:
+    SliceRequest.parse(wanted.get(plugin.DEVICES_KEY),
+                       wanted.get(plugin.ISLAND_KEY))
+  except StatusError as e:
+    raise ValueError(f"jax_pathways.initialize: {e.status.message}") from None
+  return wanted
 
 
 def shutdown() -> None:

@@ -1,4 +1,5 @@
-"""Admin client: a controller's status, and op traces of its islands."""
+"""Admin client: a controller's status, op traces of its islands, and
+whether a virtual slice would fit."""
 from __future__ import annotations
 
 import json
@@ -13,9 +14,10 @@ _TOKEN_HEADER = "jax-pathways-token"
 class AdminError(RuntimeError):
   """The controller could not be asked (down, wrong token, ...)."""
 
-  def __init__(self, message: str, code: grpc.StatusCode):
+  def __init__(self, message: str, code: grpc.StatusCode, details: str = ""):
     super().__init__(message)
     self.code = code
+    self.details = details  # the controller's own words
 
 
 def _target(address: str) -> str:
@@ -32,7 +34,7 @@ def _call(address: str, method: str, body: bytes, token: str | None,
       raw = call(body, timeout=timeout, metadata=metadata)
   except grpc.RpcError as e:
     raise AdminError(f"controller at {address}: {e.code().name}: "
-                     f"{e.details()}", e.code()) from None
+                     f"{e.details()}", e.code(), e.details() or "") from None
   return json.loads(raw)
 
 
@@ -52,3 +54,12 @@ def trace(address: str, action: str, token: str | None = None,
   """
   return _call(address, "Trace", json.dumps({"action": action}).encode(),
                token, timeout)
+
+
+def check_slice(address: str, devices: str | None, island: str | None,
+                token: str | None = None, timeout: float = 5.0) -> None:
+  """Raises AdminError (INVALID_ARGUMENT, RESOURCE_EXHAUSTED) with the
+  reason if a client asking for this slice could not be placed."""
+  _call(address, "CheckSlice",
+        json.dumps({"devices": devices, "island": island}).encode(), token,
+        timeout)

@@ -40,7 +40,13 @@ def _print_status(s: dict[str, Any]) -> None:
           f"{i['worker']}" + (f"  ERROR: {i['error']}" if i["error"] else ""))
   print(f"clients: {len(s['clients'])}")
   for c in s["clients"]:
-    print(f"  session {c['session']}: {c['arrays']} arrays, "
+    devices = c["devices"]
+    held = "not yet placed" if devices is None else f"devices {devices}"
+    memory = ", ".join(f"island {i}: {b} B"
+                       for i, b in sorted(c["array_bytes"].items())) or "0 B"
+    print(f"  client {c['client']} ({c['peer']}): asked {c['asked']}, "
+          f"holds {held}")
+    print(f"    {c['arrays']} arrays ({memory}), "
           f"{c['executables']} executables")
   print(f"live buffers {s['live_buffers']}, compiled programs "
         f"{s['compiled_programs']}, host buffer bytes {s['host_buffer_bytes']}")

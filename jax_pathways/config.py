@@ -15,6 +15,8 @@ TOKEN = "JAX_PATHWAYS_TOKEN"              # shared secret of a cluster
 START_TIMEOUT = "JAX_PATHWAYS_START_TIMEOUT"  # seconds to start a local cluster
 LOG_DIR = "JAX_PATHWAYS_LOG_DIR"          # where an embedded cluster logs
 VERBOSITY = "JAX_PATHWAYS_VERBOSITY"      # controller/worker log detail (0, 1, 2)
+DEVICES = "JAX_PATHWAYS_DEVICES"  # this client's virtual slice: 4 or 2x4
+ISLAND = "JAX_PATHWAYS_ISLAND"    # ... on this island
 
 DEFAULT_ISLANDS = 2
 DEFAULT_DEVICES_PER_ISLAND = 4
@@ -62,6 +64,8 @@ class Config:
   start_timeout: float
   log_dir: str | None
   verbosity: int
+  devices: str | None
+  island: int | None
 
 
 def from_env() -> Config:
@@ -76,4 +80,6 @@ def from_env() -> Config:
       start_timeout=_float(START_TIMEOUT, DEFAULT_START_TIMEOUT),
       log_dir=os.environ.get(LOG_DIR) or None,
       verbosity=_int(VERBOSITY, 0, 0, 3),
+      devices=os.environ.get(DEVICES) or None,
+      island=_int(ISLAND, -1, 0, 1 << 20) if os.environ.get(ISLAND) else None,
   )

@@ -31,6 +31,9 @@ def test_status_table(pathways, proxy_devices):
   assert "islands 2/2" in out.stdout
   assert "0..3" in out.stdout and "4..7" in out.stdout
   assert "clients: 1" in out.stdout
+  # Who holds what: this process asked for nothing and holds every device.
+  assert "asked all devices, holds devices [0, 1, 2, 3, 4, 5, 6, 7]" in (
+      out.stdout)
 
 
 def test_status_json(pathways, proxy_devices):

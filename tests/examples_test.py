@@ -48,3 +48,19 @@ def test_pipeline(tmp_path):
   launches = [e for e in events if e.get("cat") == "launch"]
   assert {e["pid"] for e in launches} == {0, 1, 2, 3}
   assert (tmp_path / "step.svg").read_text().startswith("<svg")
+
+
+def test_two_clients():
+  out = _run("two_clients.py")
+  islands = {}
+  for name in ("alice", "bob"):
+    losses = [float(v) for v in re.findall(rf"\[{name}\] step +\d+  loss "
+                                           r"(\d+\.\d+)", out)]
+    assert len(losses) == 6 and losses[-1] < 0.1 * losses[0], out
+    mine = re.search(rf"\[{name}\] my devices: (.*)", out).group(1)
+    assert mine.startswith("0 (island ") and "3 (island " in mine
+    islands[name] = set(re.findall(r"island (\d)", mine))
+  # Each asked for 4 devices: the least held ones, one island each.
+  assert islands["alice"] != islands["bob"]
+  assert all(len(v) == 1 for v in islands.values())
+  assert "both done (exit codes [0, 0])" in out

@@ -9,6 +9,9 @@ failure reaches the user at the next synchronous call, as IFRT specifies.
 from __future__ import annotations
 
 import dataclasses
+import math
+
+from jax_pathways import dtypes
 
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.resources.island import Island
@@ -56,6 +59,14 @@ class Array:
     self.released = True
     self.shared.holders -= 1
     return self.shared.holders == 0
+
+  def device_bytes(self) -> dict[int, int]:
+    """Bytes it takes on each device holding it."""
+    if self.sharding is None:
+      return {}
+    shard = math.prod(self.sharding.shard_shape(self.shape))
+    size = shard * dtypes.itemsize(self.dtype)
+    return {d: size for d in self.sharding.devices}
 
   def check_usable(self) -> None:
     """Raises the error a request using this array should fail with."""

@@ -19,6 +19,7 @@ from jax_pathways.controller.grpc_service import GrpcService
 from jax_pathways.controller.session import Services
 from jax_pathways.controller.worker_listener import WorkerListener
 from jax_pathways.dispatch.dispatcher import Dispatcher
+from jax_pathways.resources.resource_manager import ResourceManager
 from jax_pathways.resources.topology import Topology
 
 
@@ -41,6 +42,7 @@ class Controller:
     self.services = Services(
         topology=self.topology, dispatcher=self.dispatcher,
         host_buffers=self.host_buffers, compile_cache=self.compile_cache,
+        resources=ResourceManager(self.topology),
         platform_version=f"jax_pathways {jax_pathways.__version__}",
         spmd_across_islands=self.coordinator is not None)
     self.service = GrpcService(server, self.services, token, self.status)
@@ -86,9 +88,8 @@ class Controller:
           "finished": s.get("finished", 0),
       })
     with self.service._lock:  # pylint: disable=protected-access
-      sessions = [{"session": s.id, "arrays": len(s.arrays),
-                   "executables": len(s.executables)}
-                  for s in self.service.sessions.values()]
+      sessions = list(self.service.sessions.values())
+    clients = [s.describe() for s in sessions]
     return {
         "version": jax_pathways.__version__,
         "uptime_s": round(time.time() - self.started, 1),
@@ -96,7 +97,7 @@ class Controller:
         "complete": self.topology.complete,
         "max_in_flight": self.dispatcher.max_in_flight,
         "islands": islands,
-        "clients": sessions,
+        "clients": clients,
         "live_buffers": self.dispatcher.live_buffers(),
         "compiled_programs": len(self.compile_cache),
         "host_buffer_bytes": self.host_buffers.total_bytes(),

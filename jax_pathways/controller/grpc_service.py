@@ -9,6 +9,7 @@ work.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import secrets
 import threading
@@ -23,15 +24,20 @@ from jax_pathways.controller import tracing
 from jax_pathways.controller import versions
 from jax_pathways.controller.handlers import HANDLERS, RESULT_HANDLES
 from jax_pathways.controller.session import Services, Session
+from jax_pathways.resources.virtual_slice import SliceRequest
 from jax_pathways.status import Code, StatusError
 
 SESSION_METADATA = "ifrt-proxy-grpc-ifrt-session-metadata-bin"
 GET_VERSION = "/xla.ifrt.proxy.GrpcIfrtService/GetVersion"
 ADMIN_STATUS = "/jax_pathways.Admin/Status"
 ADMIN_TRACE = "/jax_pathways.Admin/Trace"
+ADMIN_CHECK_SLICE = "/jax_pathways.Admin/CheckSlice"
 # Where a client puts its cluster token: the session's initialization data,
 # or this header for the admin service.
 TOKEN_KEY = "jax_pathways_token"
+# The virtual slice a client asks for (initialize(devices=..., island=...)).
+DEVICES_KEY = "jax_pathways_devices"
+ISLAND_KEY = "jax_pathways_island"
 ADMIN_TOKEN_HEADER = "jax-pathways-token"
 
 Event = _frontend.EventKind
@@ -49,6 +55,7 @@ class GrpcService:
     self.host_buffers = services.host_buffers
     self._lock = threading.Lock()
     self.sessions: dict[int, Session] = {}  # by stream id
+    self._numbers = itertools.count(1)
     self._stopping = False
     self._thread: threading.Thread | None = None
 
@@ -106,6 +113,12 @@ class GrpcService:
       self._server.finish(stream, Code.INVALID_ARGUMENT,
                           f"protocol version {version} is not supported")
       return
+    try:
+      request = SliceRequest.parse(_attribute(meta, DEVICES_KEY),
+                                   _attribute(meta, ISLAND_KEY))
+    except StatusError as e:
+      self._server.finish(stream, e.status.code, e.status.message)
+      return
     # Session ids name a session's host buffers: random, so one client
     # cannot guess another's.
     session_id = secrets.randbits(62) | 1
@@ -113,11 +126,13 @@ class GrpcService:
     server = self._server
     session = Session(session_id, version, self.services, HANDLERS,
                       RESULT_HANDLES,
-                      send=lambda r: server.send(stream, r.SerializeToString()))
+                      send=lambda r: server.send(stream, r.SerializeToString()),
+                      request=request, peer=peer,
+                      number=next(self._numbers))
     with self._lock:
       self.sessions[stream] = session
-    logging.info("session %d opened (protocol %d, peer %s)", session_id,
-                 version, peer)
+    logging.info("client %d opened a session (protocol %d, peer %s, asks "
+                 "for %s)", session.number, version, peer, request.describe())
 
   def _request(self, stream: int, data: bytes, *_: Any) -> None:
     session = self.sessions.get(stream)
@@ -144,15 +159,14 @@ class GrpcService:
       self._server.finish(stream, 0, "")
       session.close()
       self.host_buffers.close_session(session.id)
-      logging.info("session %d closed", session.id)
+      logging.info("client %d closed its session", session.number)
 
     session.when_answered(end)
 
   def _token_ok(self, meta: Any) -> bool:
     if not self._token:
       return True
-    value = meta.initialization_data.attributes.get(TOKEN_KEY)
-    given = value.string_value.decode() if value is not None else ""
+    given = _attribute(meta, TOKEN_KEY) or ""
     return secrets.compare_digest(given, self._token)
 
   # ----------------------------------------------------------- unary calls
@@ -164,6 +178,9 @@ class GrpcService:
       elif method == ADMIN_STATUS:
         self._check_admin_token(metadata)
         reply = json.dumps(self._status()).encode()
+      elif method == ADMIN_CHECK_SLICE:
+        self._check_admin_token(metadata)
+        reply = self._check_slice(data)
       elif method == ADMIN_TRACE:
         self._check_admin_token(metadata)
         self._admin_trace(call, data)
@@ -189,6 +206,19 @@ class GrpcService:
       if not secrets.compare_digest(given, self._token):
         raise StatusError(Code.UNAUTHENTICATED, "wrong cluster token")
 
+  def _check_slice(self, data: bytes) -> bytes:
+    """Places a slice request without keeping it: what a client asking for
+    it would be told (before jaxlib's client hides it behind retries)."""
+    try:
+      asked = json.loads(data or b"{}")
+      request = SliceRequest.parse(asked.get("devices"), asked.get("island"))
+    except (ValueError, AttributeError):
+      raise StatusError(Code.INVALID_ARGUMENT, 'CheckSlice takes {"devices": '
+                        '"2x4", "island": "1"}') from None
+    if self.services.topology.complete:  # else Init will tell
+      self.services.resources.check(request)
+    return b"{}"
+
   def _admin_trace(self, call: int, data: bytes) -> None:
     try:
       action = json.loads(data or b"{}").get("action")
@@ -199,3 +229,11 @@ class GrpcService:
     tracing.trace(self.services.topology, self.services.dispatcher, action,
                   lambda status, body: server.reply(call, int(status.code),
                                                     status.message, body))
+
+
+def _attribute(meta: Any, key: str) -> str | None:
+  """A string the client put in its session's initialization data."""
+  value = meta.initialization_data.attributes.get(key)
+  if value is None:
+    return None
+  return value.string_value.decode(errors="replace")

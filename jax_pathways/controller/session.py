@@ -20,7 +20,9 @@ from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.compile_cache import CompileCache
 from jax_pathways.controller.handle_store import HandleStore, ServerHandles
 from jax_pathways.dispatch.dispatcher import Dispatcher, IslandOp, OpKind
+from jax_pathways.resources.resource_manager import ResourceManager
 from jax_pathways.resources.topology import Topology
+from jax_pathways.resources.virtual_slice import SliceRequest, VirtualSlice
 from jax_pathways.status import Code, Status, StatusError
 
 
@@ -31,6 +33,7 @@ class Services:
   dispatcher: Dispatcher
   host_buffers: Any  # _frontend.HostBuffers: take(), store()
   compile_cache: CompileCache
+  resources: ResourceManager
   platform_version: str
   # Programs and arrays may span islands (the workers share a global client).
   spmd_across_islands: bool = False
@@ -97,8 +100,16 @@ class Session:
   def __init__(self, session_id: int, protocol_version: int,
                services: Services, handlers: dict[str, Handler],
                result_handles: dict[str, Callable[[Any], list[int]]],
-               send: Callable[[Any], Any]):
+               send: Callable[[Any], Any],
+               request: SliceRequest = SliceRequest(), peer: str = "",
+               number: int = 0):
+    # The id is a secret (it names the session's host buffers); `number`
+    # is what others may see of this client.
     self.id = session_id
+    self.number = number
+    self.peer = peer
+    self.request = request  # the devices the client asked for
+    self._slice: VirtualSlice | None = None
     self.protocol_version = protocol_version
     self.services = services
     self.arrays: HandleStore[Array] = HandleStore("array")
@@ -114,6 +125,16 @@ class Session:
     self._lock = threading.Lock()
     self._unanswered = 0
     self._on_idle: Callable[[], None] | None = None
+
+  @property
+  def slice(self) -> VirtualSlice:
+    """The client's devices, placed at first use (once every island has
+    joined); a request that cannot fit fails every request that needs it."""
+    if self._slice is None:
+      services = self.services
+      services.topology.wait_complete(services.wait_for_topology_s)
+      self._slice = services.resources.allocate(self.id, self.request)
+    return self._slice
 
   def new_response(self, op_id: int) -> Any:
     response = self._response_cls()
@@ -135,7 +156,7 @@ class Session:
     reply = Reply(self, op_id, kind[:-len("_request")] + "_response")
     body = getattr(request, kind)
     if self._trace:
-      logging.vlog(1, "session %d op %d: %s %s", self.id, op_id, kind,
+      logging.vlog(1, "client %d op %d: %s %s", self.number, op_id, kind,
                    str(body).replace("\n", " ")[:500])
     handler = self._handlers.get(kind)
     try:
@@ -147,7 +168,7 @@ class Session:
       self._poison_results(kind, body, e.status)
       reply.error(e.status)
     except Exception as e:  # pylint: disable=broad-except
-      logging.exception("session %d: %s failed", self.id, kind)
+      logging.exception("client %d: %s failed", self.number, kind)
       status = Status(Code.INTERNAL, f"jax_pathways controller: {kind}: {e!r}")
       self._poison_results(kind, body, status)
       reply.error(status)
@@ -179,6 +200,29 @@ class Session:
       if h:
         self.arrays.put(h, Array.failed(status))
 
+  def describe(self) -> dict[str, Any]:
+    """What `jax-pathways status` shows of this client."""
+    held = self.services.resources.slice_of(self.id)
+    per_island: dict[int, int] = {}
+    seen: set[int] = set()
+    topology = self.services.topology
+    for array in self.arrays.values():
+      if array.released or array.buffer in seen:
+        continue
+      seen.add(array.buffer)  # arrays sharing a buffer hold its bytes once
+      for device, size in array.device_bytes().items():
+        island = int(topology.island_of_device(device).id)
+        per_island[island] = per_island.get(island, 0) + size
+    return {
+        "client": self.number,
+        "peer": self.peer,
+        "asked": self.request.describe(),
+        "devices": list(held.physical_ids) if held else None,
+        "arrays": len(self.arrays),
+        "array_bytes": per_island,
+        "executables": len(self.executables),
+    }
+
   def close(self) -> None:
     """Frees everything the session held, on controller and workers."""
     by_island: dict[int, list[int]] = {}
@@ -193,3 +237,4 @@ class Session:
     self.executables.drain()
     self.futures.drain()
     self.execute_results.drain()
+    self.services.resources.release(self.id)

@@ -17,9 +17,12 @@ BACKEND_NAME = "proxy"
 # Key and header under which the cluster token travels (see
 # controller/grpc_service.py).
 TOKEN_KEY = "jax_pathways_token"
+DEVICES_KEY = "jax_pathways_devices"
+ISLAND_KEY = "jax_pathways_island"
 CONNECT_TIMEOUT_S = 60
 
 _token: str | None = None
+_slice: dict[str, str] = {}  # the virtual slice asked for (DEVICES_KEY, ...)
 _closed = False
 
 
@@ -36,9 +39,10 @@ def register() -> None:
                                       priority=-1, fail_quietly=True)
 
 
-def configure(token: str | None) -> None:
-  global _token, _closed
+def configure(token: str | None, wanted: dict[str, str]) -> None:
+  global _token, _slice, _closed
   _token = token
+  _slice = dict(wanted)
   _closed = False
 
 
@@ -72,7 +76,7 @@ def _preflight(target: str, token: str | None) -> None:
   while True:
     try:
       admin.status(target, token, timeout=5.0)
-      return
+      break
     except admin.AdminError as e:
       if e.code == grpc.StatusCode.UNAUTHENTICATED:
         raise RuntimeError(
@@ -86,6 +90,14 @@ def _preflight(target: str, token: str | None) -> None:
         raise RuntimeError(f"jax_pathways: no controller answers at {target} "
                            f"after {CONNECT_TIMEOUT_S} s ({e})") from None
       time.sleep(0.5)
+  if _slice:
+    try:
+      admin.check_slice(target, _slice.get(DEVICES_KEY),
+                        _slice.get(ISLAND_KEY), token)
+    except admin.AdminError as e:
+      if e.code in (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    grpc.StatusCode.INVALID_ARGUMENT):
+        raise RuntimeError(f"jax_pathways: {e.details}") from None
 
 
 def _make_client() -> Any:
@@ -102,8 +114,11 @@ def _make_client() -> Any:
   # finalization, and calling into Python then aborts the process. The
   # embedded cluster watches its controller instead (cluster/local_cluster).
   token = _token or os.environ.get("JAX_PATHWAYS_TOKEN")
+  data = {k: v.encode() for k, v in _slice.items()}
   if token:
-    options.initialization_data = {TOKEN_KEY: token.encode()}
+    data[TOKEN_KEY] = token.encode()
+  if data:
+    options.initialization_data = data
   target = _target()
   _preflight(target, token)
   return ifrt_proxy.get_client(target, options)

@@ -21,6 +21,7 @@ from jax_pathways import shardy_mpmd
 from jax_pathways.programs import xla_program
 from jax_pathways.programs.xla_program import PlacedProgram
 from jax_pathways.resources.topology import Topology
+from jax_pathways.resources.virtual_slice import VirtualSlice
 from jax_pathways.status import invalid_argument, unimplemented
 
 IFRT_IR_PROGRAM = "xla::ifrt::IfrtIRProgram"
@@ -81,7 +82,7 @@ class MpmdProgram:
 
 
 def place(program: Any, compile_options: Any, topology: Topology,
-          spmd_across_islands: bool) -> MpmdProgram:
+          spmd_across_islands: bool, devices: VirtualSlice) -> MpmdProgram:
   """Reads a CompileRequest's IfrtIRProgram (xla.ifrt.Serialized)."""
   if compile_options.type_name != IFRT_IR_COMPILE_OPTIONS:
     raise invalid_argument(
@@ -93,7 +94,8 @@ def place(program: Any, compile_options: Any, topology: Topology,
                         "supported; send the unversioned MLIR bytecode")
   options = protos.msg("xla.ifrt.IfrtIrCompileOptionsProto").FromString(
       compile_options.data)
-  return _Reader(topology, spmd_across_islands, list(options.device_ids),
+  return _Reader(topology, spmd_across_islands,
+                 list(devices.physical(options.device_ids)),
                  options.compile_option_overrides).read(proto.ifrt_program)
 
 
@@ -218,7 +220,7 @@ class _Reader:
           _standalone(nested[module_name], len(devices)),
           self._options(options_key, devices), self._topology,
           self._spmd_across_islands,
-          f"fragment {module_name} on mesh {mesh!r}"))
+          f"fragment {module_name} on mesh {mesh!r}", devices))
       self._names.append(module_name)
     return Call(self._fragments[key], self._ids(op.operands),
                 self._new(op.results))

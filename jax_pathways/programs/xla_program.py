@@ -3,7 +3,9 @@
 The client compiles for global device ids (its device assignment). Placing a
 program finds the islands holding those devices; each of their workers
 compiles the very bytes the client's jaxlib wrote, with the device
-assignment rewritten (by the worker) into the devices it knows. A program
+assignment rewritten (by the worker) into the devices it knows. The
+client's ids are those of its virtual slice; placing maps them to physical
+devices. A program
 within one island runs on that island's own client; one that spans islands
 runs as one SPMD program on every island's worker, gang-launched.
 """
@@ -11,11 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Any
+from typing import Any, Sequence
 
 from jax_pathways import protos
 from jax_pathways.resources.island import Island
 from jax_pathways.resources.topology import Topology
+from jax_pathways.resources.virtual_slice import VirtualSlice
 from jax_pathways.status import invalid_argument, unimplemented
 
 XLA_PROGRAM = "xla::ifrt::XlaProgram"
@@ -56,8 +59,9 @@ def device_assignment(build_options: Any) -> list[int]:
 
 
 def place(program: Any, compile_options: Any, topology: Topology,
-          spmd_across_islands: bool) -> PlacedProgram:
-  """Places a CompileRequest's program (xla.ifrt.Serialized)."""
+          spmd_across_islands: bool, devices: VirtualSlice) -> PlacedProgram:
+  """Places a CompileRequest's program (xla.ifrt.Serialized), compiled by
+  the client for the devices of its virtual slice."""
   if program.type_name != XLA_PROGRAM:
     raise unimplemented(f"program type {program.type_name!r} is not supported")
   if compile_options.type_name != XLA_COMPILE_OPTIONS:
@@ -66,19 +70,30 @@ def place(program: Any, compile_options: Any, topology: Topology,
         "an XlaProgram")
   xla_options = protos.msg("xla.ifrt.XlaCompileOptionsProto").FromString(
       compile_options.data)
-  return placed(program.data, xla_options.compile_options, topology,
-                spmd_across_islands, "the program's device assignment")
+  options = xla_options.compile_options
+  build = options.executable_build_options
+  virtual = device_assignment(build) or list(
+      range(max(1, build.num_replicas) * max(1, build.num_partitions)))
+  physical = devices.physical(virtual)
+  if build.HasField("device_assignment"):
+    # Physical ids in the options too: clients whose slices share devices
+    # share the compiled program.
+    da = build.device_assignment
+    for r in range(da.replica_count):
+      for c in range(da.computation_count):
+        da.computation_devices[c].replica_device_ids[r] = physical[
+            r * da.computation_count + c]
+  return placed(program.data, options, topology, spmd_across_islands,
+                "the program's device assignment", physical)
 
 
 def placed(program: bytes, compile_options: Any, topology: Topology,
-           spmd_across_islands: bool, what: str) -> PlacedProgram:
-  """`program` with its xla.CompileOptionsProto (global device ids), placed
-  on the islands that hold its devices."""
-  build = compile_options.executable_build_options
-  devices = device_assignment(build)
-  replicas = max(1, build.num_replicas)
-  if not devices:
-    devices = list(range(replicas * max(1, build.num_partitions)))
+           spmd_across_islands: bool, what: str,
+           devices: Sequence[int]) -> PlacedProgram:
+  """`program` with its xla.CompileOptionsProto, placed on the islands that
+  hold `devices` (physical ids, in the program's logical order)."""
+  replicas = max(1, compile_options.executable_build_options.num_replicas)
+  devices = list(devices)
   islands = topology.islands_of(devices, what)
   if len(islands) > 1 and not spmd_across_islands:
     raise unimplemented(

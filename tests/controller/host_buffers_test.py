@@ -52,13 +52,10 @@ def _delete(channel, session, handle):
 
 
 @pytest.fixture
-def session_id(pathways, proxy_devices):
-  """A live session's id: the test process's own JAX session."""
-  import json
-  from jax_pathways import admin
-  status = admin.status(pathways.address, pathways.token)
-  assert status["clients"], json.dumps(status)
-  return status["clients"][0]["session"]
+def session_id(raw_session):
+  """The id of a live session of our own (a session's host buffers are
+  reachable only through its id, which only that client learns)."""
+  return raw_session().id
 
 
 def test_store_lookup_delete(channel, session_id):

@@ -33,6 +33,11 @@ def _usable(session: Session, handle: int) -> Array:
   return array
 
 
+def _sharding(session: Session, proto: Any) -> Sharding:
+  """A ShardingProto of the client's (virtual) devices, on physical ones."""
+  return session.slice.physical_sharding(sharding_lib.from_proto(proto))
+
+
 def _islands(session: Session, sharding: Sharding, what: str
              ) -> tuple[Island, ...]:
   islands = session.services.topology.islands_of(sharding.devices, what)
@@ -91,7 +96,7 @@ def make_array_from_host_buffer(session: Session, req: Any,
   data = _upload(session, req.host_buffer_handle)
   dtype = dtypes.name_of(req.dtype)
   _check_layout(req, len(req.shape.dims))
-  sharding = sharding_lib.from_proto(req.sharding)
+  sharding = _sharding(session, req.sharding)
   islands = _islands(session, sharding, "the array")
   array = _new_array(session, req.array_handle, islands, dtype,
                      req.shape.dims, sharding)
@@ -116,7 +121,7 @@ def make_arrays_from_host_buffer_shards(session: Session, req: Any,
   gangs = []
   for handle, spec in zip(req.array_handles, req.specs):
     asp = spec.array_spec
-    sharding = sharding_lib.from_proto(asp.sharding)
+    sharding = _sharding(session, asp.sharding)
     islands = _islands(session, sharding, "the array")
     dtype = dtypes.name_of(asp.dtype)
     array = _new_array(session, handle, islands, dtype, asp.shape.dims,
@@ -198,7 +203,8 @@ def copy_arrays(session: Session, req: Any, reply: Reply) -> None:
   kind = req.memory_kind if req.HasField("memory_kind") else None
   for h, result in zip(req.array_handles, req.result_handles):
     src = _usable(session, h)
-    sharding = src.sharding.with_devices(req.device_ids, kind)
+    sharding = src.sharding.with_devices(
+        session.slice.physical(req.device_ids), kind)
     dst = _new_array(session, result, _islands(session, sharding, "the copy"),
                      src.dtype, src.shape, sharding)
     moves.move(session.services, src, dst)
@@ -214,7 +220,7 @@ def reshard_arrays(session: Session, req: Any, reply: Reply) -> None:
   for h, spec, result in zip(req.array_handles, req.array_specs,
                              req.result_handles):
     src = _usable(session, h)
-    sharding = sharding_lib.from_proto(spec.sharding)
+    sharding = _sharding(session, spec.sharding)
     dst = _new_array(session, result,
                      _islands(session, sharding, "the resharded array"),
                      dtypes.name_of(spec.dtype), spec.shape.dims, sharding)
@@ -273,7 +279,7 @@ def assemble(session: Session, req: Any, reply: Reply) -> None:
   parts = [_usable(session, h) for h in req.single_device_array_handles]
   if not parts:
     raise invalid_argument("assembling an array from no shards")
-  sharding = sharding_lib.from_proto(req.sharding)
+  sharding = _sharding(session, req.sharding)
   islands = _islands(session, sharding, "the assembled array")
   dtype = dtypes.name_of(req.dtype) if req.HasField("dtype") else parts[0].dtype
   shape = tuple(req.shape.dims)

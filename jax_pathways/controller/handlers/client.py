@@ -21,12 +21,12 @@ def _attribute(attrs: Any, key: str, value: Any) -> None:
 @handles("init_request")
 def init(session: Session, req: Any, reply: Reply) -> None:
   topology = session.services.topology
-  topology.wait_complete(session.services.wait_for_topology_s)
-  islands = topology.islands()
+  devices = session.slice  # waits for every island to join
+  first = topology.island_of_device(devices.physical_ids[0])
 
   def fill(r: Any) -> None:
     r.session_id = session.id
-    r.platform_name = islands[0].platform or "cpu"
+    r.platform_name = first.platform or "cpu"
     r.platform_version = session.services.platform_version
     r.platform_id = 0
     r.process_index = 0  # one client drives every device
@@ -34,33 +34,38 @@ def init(session: Session, req: Any, reply: Reply) -> None:
     # The proxy client cannot serialize executables; JAX must not try to
     # use its persistent compilation cache with them.
     _attribute(r.client_attributes, "supports_executable_serialization", False)
-    for island in islands:
-      for local, device in enumerate(island.device_ids):
-        d = r.all_devices.add()
-        d.id = device
-        d.local_device_id = device
-        d.local_hardware_id = device
-        d.platform_name = island.platform or "cpu"
-        d.device_kind = island.device_kind or "cpu"
-        d.default_memory_id = device
-        d.memory_ids.append(device)
-        text = f"PathwaysDevice(id={device}, island={island.id}, local={local})"
-        d.debug_string = text
-        d.to_string = text
-        # How Pathways shows slices: device.slice_index names the island.
-        _attribute(d.attributes, "slice_index", int(island.id))
-        _attribute(d.attributes, "island", int(island.id))
-        _attribute(d.attributes, "island_local_index", local)
-        _attribute(d.attributes, "worker", island.name)
-        r.primary_device_ids.append(device)
-        r.addressable_device_ids.append(device)
-        m = r.memories.add()
-        m.id = device
-        m.memory_space_kind = "device"
-        m.kind_id = 0
-        m.device_ids.append(device)
-        m.debug_string = f"PathwaysMemory(device={device}, kind=device)"
-        m.to_string = m.debug_string
+    # The client sees its virtual slice: devices 0..n-1, each saying where
+    # it really is.
+    for device, physical in enumerate(devices.physical_ids):
+      island = topology.island_of_device(physical)
+      local = island.local_index(physical)
+      d = r.all_devices.add()
+      d.id = device
+      d.local_device_id = device
+      d.local_hardware_id = physical
+      d.platform_name = island.platform or "cpu"
+      d.device_kind = island.device_kind or "cpu"
+      d.default_memory_id = device
+      d.memory_ids.append(device)
+      text = (f"PathwaysDevice(id={device}, island={island.id}, "
+              f"local={local}, physical={physical})")
+      d.debug_string = text
+      d.to_string = text
+      # How Pathways shows slices: device.slice_index names the island.
+      _attribute(d.attributes, "slice_index", int(island.id))
+      _attribute(d.attributes, "island", int(island.id))
+      _attribute(d.attributes, "island_local_index", local)
+      _attribute(d.attributes, "physical_device", physical)
+      _attribute(d.attributes, "worker", island.name)
+      r.primary_device_ids.append(device)
+      r.addressable_device_ids.append(device)
+      m = r.memories.add()
+      m.id = device
+      m.memory_space_kind = "device"
+      m.kind_id = 0
+      m.device_ids.append(device)
+      m.debug_string = f"PathwaysMemory(device={device}, kind=device)"
+      m.to_string = m.debug_string
 
   reply.ok(fill)
 
@@ -69,7 +74,7 @@ def init(session: Session, req: Any, reply: Reply) -> None:
 def get_default_device_assignment(session: Session, req: Any,
                                   reply: Reply) -> None:
   replicas, partitions = req.num_replicas, req.num_partitions
-  total = session.services.topology.num_devices()
+  total = session.slice.size
   if replicas * partitions > total or replicas * partitions < 1:
     raise invalid_argument(
         f"cannot assign {replicas} replicas x {partitions} partitions to "

@@ -32,7 +32,7 @@ def compile_program(session: Session, req: Any, reply: Reply) -> None:
   mpmd = req.program.type_name == ifrt_ir_program.IFRT_IR_PROGRAM
   program = (ifrt_ir_program if mpmd else xla_program).place(
       req.program, req.compile_options, services.topology,
-      services.spmd_across_islands)
+      services.spmd_across_islands, session.slice)
 
   def compiled(status: Status,
                result: CompiledProgram | MpmdExecutable | None) -> None:
@@ -47,9 +47,10 @@ def compile_program(session: Session, req: Any, reply: Reply) -> None:
     def fill(r: Any) -> None:
       r.loaded_executable_handle = handle
       r.name = result.metadata.get("name", "jax_pathways_program")
-      r.num_devices = len(result.devices)
-      r.device_ids.extend(result.devices)
-      r.addressable_device_ids.extend(result.devices)
+      devices = session.slice.virtual(result.devices)
+      r.num_devices = len(devices)
+      r.device_ids.extend(devices)
+      r.addressable_device_ids.extend(devices)
       fingerprint = result.metadata.get("fingerprint")
       if fingerprint:
         r.fingerprint_value = base64.b64decode(fingerprint)
@@ -58,9 +59,9 @@ def compile_program(session: Session, req: Any, reply: Reply) -> None:
         # Its presence makes the client build an MPMD executable.
         by_mesh = r.mpmd_addressable_devices
         by_mesh.SetInParent()
-        for mesh, devices in result.program.meshes.items():
+        for mesh, on in result.program.meshes.items():
           by_mesh.mpmd_addressable_devices[mesh].mpmd_addressable_device_ids \
-              .extend(devices)
+              .extend(session.slice.virtual(on))
 
     reply.ok(fill)
 

@@ -148,7 +148,7 @@ def execute(session: Session, req: Any, reply: Reply) -> None:
       o = r.outputs.add()
       dtypes.to_proto(dtype, o.dtype)
       o.shape.dims.extend(shape)
-      sharding_lib.to_proto(s, o.sharding)
+      sharding_lib.to_proto(session.slice.virtual_sharding(s), o.sharding)
       o.array_handle = h
 
   reply.ok(fill)
