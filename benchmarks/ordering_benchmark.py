@@ -1,0 +1,155 @@
+"""B7: adversarial ordering. Many clients, collectives over overlapping
+device sets that span islands, issued without blocking in random
+interleavings: 0 hangs and 0 wrong results through jax_pathways; the same
+harness against per-worker FIFOs without gang order (benchmarks/naive_fifo.py)
+shows what goes wrong without it.
+
+    python benchmarks/ordering_benchmark.py [--clients 2 4 8] [--rounds 1000]
+    python benchmarks/ordering_benchmark.py --naive --rounds 50
+
+A cluster of 2 islands x 4 CPU devices (controller and workers started as
+on real hosts, over loopback TCP); N client processes (ordering_client.py).
+A round: every client is told "go" at once, issues --programs collectives
+(psum, pmax, ppermute; random device set and data), then checks every result
+exactly. A round that does not finish within --round-timeout is a hang; the
+cluster is then restarted for the remaining rounds (at most --max-hangs
+times). One JSON line per N.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import secrets
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from harness import emit, log  # noqa: E402
+
+ISLANDS, DEVICES = 2, 4
+
+
+class Cluster:
+  """Controller, workers and clients, all killed on close."""
+
+  def __init__(self, clients: int, naive: bool, programs: int):
+    self.token = secrets.token_hex(16)
+    self.env = dict(os.environ, JAX_PATHWAYS_TOKEN=self.token)
+    self.env.pop("JAX_PLATFORMS", None)
+    self.procs: list[subprocess.Popen] = []
+    controller = ([sys.executable, os.path.join(HERE, "naive_fifo.py")]
+                  if naive else [sys.executable, "-m", "jax_pathways.cli"])
+    ctl = self._spawn(controller + ["controller", "--islands", str(ISLANDS),
+                                    "--listen", "127.0.0.1:0",
+                                    "--worker-listen", "127.0.0.1:0"])
+    ready = json.loads(self._line(ctl, 60))
+    for island in range(ISLANDS):
+      self._spawn([sys.executable, "-m", "jax_pathways.cli", "worker",
+                   "--controller", ready["worker_address"], "--island",
+                   str(island), "--devices", str(DEVICES)])
+    self.env["JAX_PATHWAYS_ADDRESS"] = f"grpc://{ready['address']}"
+    self.clients = [self._spawn([sys.executable,
+                                 os.path.join(HERE, "ordering_client.py"),
+                                 "--programs", str(programs), "--seed",
+                                 str(k)], stdin=True)
+                    for k in range(clients)]
+    for c in self.clients:
+      msg = json.loads(self._line(c, 180))
+      assert msg.get("ready"), msg
+
+  def _spawn(self, argv: list[str], stdin: bool = False) -> subprocess.Popen:
+    proc = subprocess.Popen(argv, env=self.env, cwd="/", text=True,
+                            stdin=subprocess.PIPE if stdin else None,
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    self.procs.append(proc)
+    return proc
+
+  @staticmethod
+  def _line(proc: subprocess.Popen, timeout: float) -> str:
+    if not select.select([proc.stdout], [], [], timeout)[0]:
+      raise TimeoutError
+    line = proc.stdout.readline()
+    if not line:
+      raise RuntimeError(f"process {proc.pid} exited ({proc.poll()})")
+    return line
+
+  def round(self, timeout: float) -> list[dict]:
+    """One round; TimeoutError if a client does not answer in time."""
+    for c in self.clients:
+      c.stdin.write("go\n")
+      c.stdin.flush()
+    deadline = time.monotonic() + timeout
+    return [json.loads(self._line(c, max(0.0, deadline - time.monotonic())))
+            for c in self.clients]
+
+  def close(self) -> None:
+    for p in self.procs:
+      if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+    for p in self.procs:
+      p.wait(timeout=10)
+
+
+def run(clients: int, rounds: int, args: argparse.Namespace) -> dict:
+  totals = {"rounds": 0, "programs": 0, "wrong": 0, "hangs": 0, "errors": 0,
+            "examples": []}
+  start = time.monotonic()
+  cluster = Cluster(clients, args.naive, args.programs)
+  try:
+    while totals["rounds"] < rounds:
+      totals["rounds"] += 1
+      try:
+        answers = cluster.round(args.round_timeout)
+      except (TimeoutError, RuntimeError) as e:
+        totals["hangs"] += 1
+        log(f"round {totals['rounds']}: hang ({type(e).__name__})")
+        cluster.close()
+        if totals["hangs"] >= args.max_hangs or totals["rounds"] >= rounds:
+          break
+        cluster = Cluster(clients, args.naive, args.programs)
+        continue
+      for a in answers:
+        if "error" in a:
+          totals["errors"] += 1
+          totals["examples"].append(a["error"])
+          continue
+        totals["programs"] += a["programs"]
+        totals["wrong"] += a["wrong"]
+        if a["example"] and len(totals["examples"]) < 3:
+          totals["examples"].append(a["example"])
+  finally:
+    cluster.close()
+  totals["seconds"] = round(time.monotonic() - start, 1)
+  return totals
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--clients", type=int, nargs="+", default=[2, 4, 8])
+  parser.add_argument("--rounds", type=int, default=1000,
+                      help="rounds per client count")
+  parser.add_argument("--programs", type=int, default=6,
+                      help="collectives per client per round")
+  parser.add_argument("--naive", action="store_true",
+                      help="per-worker FIFOs without gang order")
+  parser.add_argument("--round-timeout", type=float, default=20.0)
+  parser.add_argument("--max-hangs", type=int, default=3)
+  args = parser.parse_args()
+  mode = "naive per-worker FIFO" if args.naive else "jax_pathways"
+  for n in args.clients:
+    log(f"{mode}: {n} clients, {args.rounds} rounds")
+    result = run(n, args.rounds, args)
+    emit("B7 ordering", f"{mode}, {n} clients", mode=mode, clients=n,
+         programs_per_round=args.programs, **result)
+
+
+if __name__ == "__main__":
+  main()
