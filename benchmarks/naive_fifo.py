@@ -17,7 +17,6 @@ nothing in the package uses it.
 from __future__ import annotations
 
 import collections
-import contextvars
 import random
 import sys
 import threading
@@ -26,13 +25,8 @@ from typing import Sequence
 
 from jax_pathways import cli
 from jax_pathways.controller import controller as controller_module
-from jax_pathways.controller import session as session_module
 from jax_pathways.dispatch.dispatcher import Dispatcher, IslandOp, OnDone
 from jax_pathways.status import Status
-
-_client: contextvars.ContextVar[int] = contextvars.ContextVar("client",
-                                                              default=0)
-
 
 class NaiveDispatcher(Dispatcher):
   """Islands receive each client's ops in order, clients interleaved at
@@ -48,11 +42,10 @@ class NaiveDispatcher(Dispatcher):
     self._rng = random.Random(0)
     self._delivering: dict[int, threading.Thread] = {}
 
-  def submit(self, gang: Sequence[IslandOp], on_done: OnDone | None = None
-             ) -> None:
+  def submit(self, gang: Sequence[IslandOp], on_done: OnDone | None = None,
+             client: int = 0) -> None:
     parts = list(gang)
     done = _Joined(len(parts), on_done)
-    client = _client.get()
     with self._mu:
       for index, op in enumerate(parts):
         self._queues[op.island][client].append((op, index, done))
@@ -67,9 +60,10 @@ class NaiveDispatcher(Dispatcher):
       with self._mu:
         self._mu.wait_for(lambda: any(self._queues[island].values()))
         clients = [c for c, q in self._queues[island].items() if q]
-        op, index, done = self._queues[island][
-            self._rng.choice(clients)].popleft()
-      super().submit([op], lambda s, p, i=index, d=done: d.part(i, s, p))
+        client = self._rng.choice(clients)
+        op, index, done = self._queues[island][client].popleft()
+      super().submit([op], lambda s, p, i=index, d=done: d.part(i, s, p),
+                     client)
       time.sleep(self._rng.random() * 2e-4)  # the network's say in it
 
 
@@ -94,15 +88,6 @@ class _Joined:
       self._on_done(self._status, self._payloads)
 
 
-def _handle_as_client(original):
-  def handle(self, request):
-    _client.set(self.number)
-    return original(self, request)
-  return handle
-
-
 if __name__ == "__main__":
   controller_module.Dispatcher = NaiveDispatcher
-  session_module.Session.handle = _handle_as_client(
-      session_module.Session.handle)
   sys.exit(cli.main(sys.argv[1:]))

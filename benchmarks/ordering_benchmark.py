@@ -54,12 +54,12 @@ class Cluster:
                    "--controller", ready["worker_address"], "--island",
                    str(island), "--devices", str(DEVICES)])
     self.env["JAX_PATHWAYS_ADDRESS"] = f"grpc://{ready['address']}"
-    self.clients = [self._spawn([sys.executable,
-                                 os.path.join(HERE, "ordering_client.py"),
-                                 "--programs", str(programs), "--seed",
-                                 str(k)], stdin=True)
-                    for k in range(clients)]
-    for c in self.clients:
+    self.clients = []
+    for k in range(clients):  # one at a time: warm-ups do not overlap
+      c = self._spawn([sys.executable, os.path.join(HERE, "ordering_client.py"),
+                       "--programs", str(programs), "--seed", str(k)],
+                      stdin=True)
+      self.clients.append(c)
       msg = json.loads(self._line(c, 180))
       assert msg.get("ready"), msg
 

@@ -39,7 +39,8 @@ def initialize(address: str | None = None, *, islands: int | None = None,
                max_in_flight: int | None = None,
                token: str | None = None,
                devices: int | Sequence[int] | None = None,
-               island: int | None = None) -> str:
+               island: int | None = None,
+               weight: float | None = None) -> str:
   """Makes JAX in this process run on jax_pathways; returns the address.
 
   Args:
@@ -54,6 +55,9 @@ def initialize(address: str | None = None, *, islands: int | None = None,
       controller on physical devices that other clients may share
       (JAX_PATHWAYS_DEVICES=4 or 2x4). None: every device of the cluster.
     island: keep the slice on this island (JAX_PATHWAYS_ISLAND).
+    weight: this process's share of devices other clients also use, when
+      they are all busy, relative to the others' weights (default 1;
+      JAX_PATHWAYS_WEIGHT).
   """
   global _cluster, _address, _token
   from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
@@ -75,6 +79,12 @@ def initialize(address: str | None = None, *, islands: int | None = None,
     address = address or cfg.address
     wanted = _slice_request(devices if devices is not None else cfg.devices,
                             island if island is not None else cfg.island)
+    weight = weight if weight is not None else cfg.weight
+    if weight is not None:
+      if not 0 < weight < float("inf"):
+        raise ValueError(f"jax_pathways.initialize: weight={weight} must be "
+                         "a positive number")
+      wanted[plugin.WEIGHT_KEY] = repr(float(weight))
     if address is None:
       if token is not None:
         raise ValueError("token= is for joining a running controller; an "

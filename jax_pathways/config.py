@@ -17,6 +17,7 @@ LOG_DIR = "JAX_PATHWAYS_LOG_DIR"          # where an embedded cluster logs
 VERBOSITY = "JAX_PATHWAYS_VERBOSITY"      # controller/worker log detail (0, 1, 2)
 DEVICES = "JAX_PATHWAYS_DEVICES"  # this client's virtual slice: 4 or 2x4
 ISLAND = "JAX_PATHWAYS_ISLAND"    # ... on this island
+WEIGHT = "JAX_PATHWAYS_WEIGHT"    # this client's share of busy islands
 
 DEFAULT_ISLANDS = 2
 DEFAULT_DEVICES_PER_ISLAND = 4
@@ -40,7 +41,8 @@ def _int(name: str, default: int, lo: int, hi: int) -> int:
   return value
 
 
-def _float(name: str, default: float) -> float:
+def _float(name: str, default: float, what: str = "a number of seconds"
+           ) -> float:
   raw = os.environ.get(name)
   if raw is None or raw == "":
     return default
@@ -48,7 +50,7 @@ def _float(name: str, default: float) -> float:
     value = float(raw)
   except ValueError:
     raise invalid_argument(
-        f"{name}={raw!r} is not a number of seconds") from None
+        f"{name}={raw!r} is not {what}") from None
   if value <= 0:
     raise invalid_argument(f"{name}={value} must be positive")
   return value
@@ -66,6 +68,7 @@ class Config:
   verbosity: int
   devices: str | None
   island: int | None
+  weight: float | None
 
 
 def from_env() -> Config:
@@ -82,4 +85,6 @@ def from_env() -> Config:
       verbosity=_int(VERBOSITY, 0, 0, 3),
       devices=os.environ.get(DEVICES) or None,
       island=_int(ISLAND, -1, 0, 1 << 20) if os.environ.get(ISLAND) else None,
+      weight=(_float(WEIGHT, 1.0, "a positive weight")
+              if os.environ.get(WEIGHT) else None),
   )

@@ -2,6 +2,9 @@
 
 #include "common/thread_name.h"
 
+#include <algorithm>
+#include <chrono>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -30,7 +33,8 @@ Status Dispatcher::AddIsland(IslandId island, int fd, std::string name) {
   return Status::Ok();
 }
 
-void Dispatcher::Submit(std::vector<IslandOp> gang, uint64_t tag) {
+void Dispatcher::Submit(std::vector<IslandOp> gang, uint64_t tag,
+                        ClientId client) {
   Outbox outbox;
   std::vector<Completion> done;
   {
@@ -71,19 +75,72 @@ void Dispatcher::Submit(std::vector<IslandOp> gang, uint64_t tag) {
       buffers_.Resolve(g->results, refusal, &done);
       if (tag) done.push_back(Completion{tag, refusal, g->payloads});
     } else {
-      for (size_t i = 0; i < gang.size(); ++i) {
-        Island* island = islands_.at(gang[i].island).get();
-        Op op = std::move(gang[i].op);
-        op.seq = order_.Next(island->id);
-        GangSlot slot{g, i, op.kind == OpKind::kLaunch};
-        std::vector<Op> ready;
-        island->queue.Push(std::move(op), std::move(slot), &ready);
-        ++island->submitted;
-        Admitted(island, std::move(ready), &outbox, &done);
-      }
+      fair_.Push(client, Held{std::move(g), std::move(gang)});
+      AdmitHeld(&outbox, &done);
     }
   }
   Flush(std::move(outbox), std::move(done));
+}
+
+bool Dispatcher::Fits(const Held& held) const {
+  for (const IslandOp& io : held.ops) {
+    if (io.op.kind != OpKind::kLaunch) continue;
+    auto it = islands_.find(io.island);
+    // A dead island takes anything: the gang is failed when admitted.
+    if (it != islands_.end() && it->second->alive &&
+        !it->second->queue.HasRoom()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void Dispatcher::AdmitHeld(Outbox* outbox, std::vector<Completion>* done) {
+  while (auto next = fair_.Next([this](const Held& h) { return Fits(h); })) {
+    auto& [client, held] = *next;
+    Gang& g = *held.gang;
+    Status refusal;
+    for (const IslandOp& io : held.ops) {
+      auto it = islands_.find(io.island);
+      if (it == islands_.end() || !it->second->alive) {  // died meanwhile
+        refusal = it == islands_.end() ? Unavailable("island is gone")
+                                       : it->second->death;
+        break;
+      }
+    }
+    if (!refusal.ok()) {
+      buffers_.Resolve(g.results, refusal, done);
+      if (g.tag) done->push_back(Completion{g.tag, refusal, g.payloads});
+      continue;
+    }
+    auto now = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < held.ops.size(); ++i) {
+      Island* island = islands_.at(held.ops[i].island).get();
+      Op op = std::move(held.ops[i].op);
+      op.seq = order_.Next(island->id);
+      GangSlot slot{held.gang, i, op.kind == OpKind::kLaunch, client, 0, now};
+      if (slot.is_launch) slot.estimate = fair_.Started(client);
+      std::vector<Op> ready;
+      island->queue.Push(std::move(op), std::move(slot), &ready);
+      ++island->submitted;
+      Admitted(island, std::move(ready), outbox, done);
+    }
+  }
+}
+
+void Dispatcher::SetWeight(ClientId client, double weight) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fair_.SetWeight(client, weight);
+}
+
+void Dispatcher::ForgetClient(ClientId client) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fair_.Forget(client);
+}
+
+std::vector<ClientShare> Dispatcher::Shares() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return fair_.Shares();
 }
 
 void Dispatcher::Flush(Outbox outbox, std::vector<Completion> done) {
@@ -149,15 +206,16 @@ void Dispatcher::ReadLoop(Island* island) {
     }
     if (s.ok()) s = DecodeEvent(body, &event);
     if (!s.ok()) {
+      Outbox outbox;
       std::vector<Completion> done;
       {
         std::lock_guard<std::mutex> lock(mu_);
         KillLocked(island,
                    Unavailable("worker " + island->name +
                                " is unreachable: " + s.message()),
-                   &done);
+                   &outbox, &done);
       }
-      Flush({}, std::move(done));
+      Flush(std::move(outbox), std::move(done));
       return;
     }
     HandleEvent(island, std::move(event));
@@ -176,11 +234,22 @@ void Dispatcher::HandleEvent(Island* island, Event event) {
       KillLocked(island,
                  DataLoss("worker " + island->name + " finished op " +
                           std::to_string(event.seq) + " that was never sent"),
-                 &done);
+                 &outbox, &done);
     } else {
       ++island->finished;
+      if (slot->is_launch) {
+        // The island was this launch's from when it was sent or the previous
+        // launch finished, whichever is later.
+        auto now = std::chrono::steady_clock::now();
+        auto began = std::max(slot->sent, island->last_finish);
+        island->last_finish = now;
+        fair_.Finished(slot->client,
+                       std::chrono::duration<double>(now - began).count(),
+                       slot->estimate);
+      }
       FinishSlot(*slot, event.status, std::move(event.payload), &done);
       Admitted(island, std::move(ready), &outbox, &done);
+      AdmitHeld(&outbox, &done);
     }
   }
   Flush(std::move(outbox), std::move(done));
@@ -212,26 +281,29 @@ void Dispatcher::FinishSlot(const GangSlot& slot, const Status& status,
 }
 
 void Dispatcher::KillLocked(Island* island, const Status& why,
-                            std::vector<Completion>* done) {
+                            Outbox* outbox, std::vector<Completion>* done) {
   if (!island->alive) return;
   island->alive = false;
   island->death = why;
   island->channel->Shutdown();
   for (GangSlot& slot : island->queue.DrainAll()) {
     ++island->finished;
+    if (slot.is_launch) fair_.Abandoned(slot.client);
     FinishSlot(slot, why, {}, done);
   }
+  AdmitHeld(outbox, done);  // held gangs for this island fail now
 }
 
 void Dispatcher::FailIsland(IslandId island, const Status& why) {
+  Outbox outbox;
   std::vector<Completion> done;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = islands_.find(island);
     if (it == islands_.end()) return;
-    KillLocked(it->second.get(), why, &done);
+    KillLocked(it->second.get(), why, &outbox, &done);
   }
-  Flush({}, std::move(done));
+  Flush(std::move(outbox), std::move(done));
 }
 
 void Dispatcher::WhenReady(const std::vector<BufferId>& ids, uint64_t tag) {
@@ -259,6 +331,10 @@ std::vector<Completion> Dispatcher::Poll(double timeout_s, size_t max_items) {
 
 std::vector<IslandStats> Dispatcher::Stats() {
   std::lock_guard<std::mutex> lock(mu_);
+  std::map<IslandId, size_t> held;
+  fair_.ForEachWaiting([&held](const Held& h) {
+    for (const IslandOp& io : h.ops) ++held[io.island];
+  });
   std::vector<IslandStats> out;
   for (auto& [id, island] : islands_) {
     IslandStats s;
@@ -266,7 +342,7 @@ std::vector<IslandStats> Dispatcher::Stats() {
     s.name = island->name;
     s.alive = island->alive;
     s.error = island->death.message();
-    s.queued = island->queue.queued();
+    s.queued = island->queue.queued() + held[id];
     s.in_flight = island->queue.in_flight();
     s.unfinished = island->queue.sent_unfinished();
     s.submitted = island->submitted;

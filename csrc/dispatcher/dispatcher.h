@@ -1,10 +1,11 @@
 // Dispatcher: the controller's hot path from "launch this" to the workers.
 //
-// Submit() gives every op of a gang its place in each island's gang order,
-// registers the gang's results as pending buffers and returns at once: ops go
-// to the worker before their inputs exist (workers run them in order, so an
-// op's inputs are always produced by earlier ops). Launches beyond an island's
-// in-flight window wait in its LaunchQueue. One reader thread per island turns
+// Submit() registers the gang's results as pending buffers and returns at
+// once. The gang waits in FairShare, behind its client's earlier gangs, until
+// every island it launches on has room in its in-flight window and its client
+// is the least served of those that fit; then every op gets its place in each
+// island's gang order and goes to the worker before its inputs exist (workers
+// run ops in order, so an op's inputs are always produced by earlier ops). One reader thread per island turns
 // Events into buffer states and Completions; a dead worker fails everything it
 // held and everything later sent to it.
 //
@@ -13,6 +14,7 @@
 #ifndef JAX_PATHWAYS_CSRC_DISPATCHER_DISPATCHER_H_
 #define JAX_PATHWAYS_CSRC_DISPATCHER_DISPATCHER_H_
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -25,6 +27,7 @@
 #include "common/status.h"
 #include "dispatcher/buffer_futures.h"
 #include "dispatcher/completion_queue.h"
+#include "dispatcher/fair_share.h"
 #include "dispatcher/gang_order.h"
 #include "dispatcher/launch_queue.h"
 #include "transport/channel.h"
@@ -62,7 +65,12 @@ class Dispatcher {
   // `tag` (0: no completion wanted) once every op finished, with the first
   // error if any. Fails at once, sending nothing, if an island is unknown or
   // dead or an argument buffer already failed.
-  void Submit(std::vector<IslandOp> gang, uint64_t tag);
+  void Submit(std::vector<IslandOp> gang, uint64_t tag, ClientId client = 0);
+  // A client's share of saturated islands, relative to the others' weights.
+  void SetWeight(ClientId client, double weight);
+  // The client is gone: drops its bookkeeping once its work has finished.
+  void ForgetClient(ClientId client);
+  std::vector<ClientShare> Shares();
   // Completes under `tag` when all `ids` are ready, or at the first failure.
   void WhenReady(const std::vector<BufferId>& ids, uint64_t tag);
   BufferState State(BufferId id, Status* failure);
@@ -92,12 +100,18 @@ class Dispatcher {
     Status death;
     uint64_t submitted = 0;
     uint64_t finished = 0;
+    std::chrono::steady_clock::time_point last_finish;  // of a launch
     std::thread reader;
 
     Island(IslandId i, std::string n, std::shared_ptr<Channel> c, int window)
         : id(i), name(std::move(n)), channel(std::move(c)), queue(window) {}
   };
   using Outbox = std::vector<std::pair<std::shared_ptr<Channel>, Op>>;
+  // A gang that passed Submit's checks and waits for its turn.
+  struct Held {
+    std::shared_ptr<Gang> gang;
+    std::vector<IslandOp> ops;
+  };
 
   void ReadLoop(Island* island);
   // Requires mu_. Moves ops the window admitted to the outbox; ops that
@@ -108,8 +122,11 @@ class Dispatcher {
   // Requires mu_. Records that one op of `slot`'s gang finished.
   void FinishSlot(const GangSlot& slot, const Status& status,
                   Bytes payload, std::vector<Completion>* done);
+  // Requires mu_. Numbers and sends the held gangs whose turn it is.
+  void AdmitHeld(Outbox* outbox, std::vector<Completion>* done);
+  bool Fits(const Held& held) const;
   // Requires mu_. Marks `island` dead and fails everything it held.
-  void KillLocked(Island* island, const Status& why,
+  void KillLocked(Island* island, const Status& why, Outbox* outbox,
                   std::vector<Completion>* done);
   // Sends `outbox` and publishes `done`; called without mu_.
   void Flush(Outbox outbox, std::vector<Completion> done);
@@ -123,6 +140,7 @@ class Dispatcher {
   std::mutex mu_;
   std::map<IslandId, std::unique_ptr<Island>> islands_;
   GangOrder order_;
+  FairShare<Held> fair_;
   BufferFutures buffers_;
   CompletionQueue completions_;
   bool shut_down_ = false;

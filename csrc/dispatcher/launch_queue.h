@@ -8,6 +8,7 @@
 #ifndef JAX_PATHWAYS_CSRC_DISPATCHER_LAUNCH_QUEUE_H_
 #define JAX_PATHWAYS_CSRC_DISPATCHER_LAUNCH_QUEUE_H_
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -16,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "dispatcher/fair_share.h"
 #include "dispatcher/in_flight_window.h"
 #include "transport/messages.h"
 
@@ -30,11 +32,14 @@ struct Gang {
   std::vector<BufferId> results;      // of every island's op
 };
 
-// Where an op's Event goes.
+// Where an op's Event goes, and whose launch it was.
 struct GangSlot {
   std::shared_ptr<Gang> gang;
   size_t index = 0;
   bool is_launch = false;
+  ClientId client = 0;
+  double estimate = 0;  // seconds charged when it was numbered
+  std::chrono::steady_clock::time_point sent;
 };
 
 class LaunchQueue {
@@ -51,6 +56,8 @@ class LaunchQueue {
   std::vector<GangSlot> DrainAll();
 
   size_t queued() const { return waiting_.size(); }
+  // Whether a launch numbered now would be sent at once.
+  bool HasRoom() const { return waiting_.empty() && window_.HasRoom(); }
   int in_flight() const { return window_.in_flight(); }
   size_t sent_unfinished() const { return sent_.size(); }
 

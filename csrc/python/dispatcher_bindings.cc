@@ -43,7 +43,7 @@ void RegisterDispatcher(py::module_& m) {
       .def(
           "submit",
           [](Dispatcher& d, const std::vector<PyIslandOp>& gang,
-             uint64_t tag) {
+             uint64_t tag, ClientId client) {
             std::vector<IslandOp> ops;
             ops.reserve(gang.size());
             for (const auto& [island, kind, program, args, results, payload] :
@@ -58,9 +58,25 @@ void RegisterDispatcher(py::module_& m) {
               ops.push_back(std::move(io));
             }
             py::gil_scoped_release nogil;
-            d.Submit(std::move(ops), tag);
+            d.Submit(std::move(ops), tag, client);
           },
-          py::arg("gang"), py::arg("tag"))
+          py::arg("gang"), py::arg("tag"), py::arg("client") = 0)
+      .def("set_weight", &Dispatcher::SetWeight, py::arg("client"),
+           py::arg("weight"))
+      .def("forget_client", &Dispatcher::ForgetClient, py::arg("client"))
+      .def("shares",
+           [](Dispatcher& d) {
+             py::list out;
+             for (const ClientShare& s : d.Shares()) {
+               py::dict row;
+               row["client"] = s.client;
+               row["weight"] = s.weight;
+               row["device_seconds"] = s.device_seconds;
+               row["waiting"] = s.waiting;
+               out.append(row);
+             }
+             return out;
+           })
       .def("when_ready", &Dispatcher::WhenReady, py::arg("ids"),
            py::arg("tag"), py::call_guard<py::gil_scoped_release>())
       .def(

@@ -89,7 +89,13 @@ class Controller:
       })
     with self.service._lock:  # pylint: disable=protected-access
       sessions = list(self.service.sessions.values())
-    clients = [s.describe() for s in sessions]
+    shares = self.dispatcher.shares()
+    clients = []
+    for session in sessions:
+      row = session.describe()
+      row["device_seconds"] = round(
+          shares.get(session.number, {}).get("device_seconds", 0.0), 6)
+      clients.append(row)
     return {
         "version": jax_pathways.__version__,
         "uptime_s": round(time.time() - self.started, 1),

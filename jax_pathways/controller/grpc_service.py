@@ -38,6 +38,7 @@ TOKEN_KEY = "jax_pathways_token"
 # The virtual slice a client asks for (initialize(devices=..., island=...)).
 DEVICES_KEY = "jax_pathways_devices"
 ISLAND_KEY = "jax_pathways_island"
+WEIGHT_KEY = "jax_pathways_weight"  # its share of saturated islands
 ADMIN_TOKEN_HEADER = "jax-pathways-token"
 
 Event = _frontend.EventKind
@@ -116,6 +117,7 @@ class GrpcService:
     try:
       request = SliceRequest.parse(_attribute(meta, DEVICES_KEY),
                                    _attribute(meta, ISLAND_KEY))
+      weight = _weight(_attribute(meta, WEIGHT_KEY))
     except StatusError as e:
       self._server.finish(stream, e.status.code, e.status.message)
       return
@@ -128,11 +130,12 @@ class GrpcService:
                       RESULT_HANDLES,
                       send=lambda r: server.send(stream, r.SerializeToString()),
                       request=request, peer=peer,
-                      number=next(self._numbers))
+                      number=next(self._numbers), weight=weight)
     with self._lock:
       self.sessions[stream] = session
     logging.info("client %d opened a session (protocol %d, peer %s, asks "
-                 "for %s)", session.number, version, peer, request.describe())
+                 "for %s, weight %g)", session.number, version, peer,
+                 request.describe(), weight)
 
   def _request(self, stream: int, data: bytes, *_: Any) -> None:
     session = self.sessions.get(stream)
@@ -237,3 +240,16 @@ def _attribute(meta: Any, key: str) -> str | None:
   if value is None:
     return None
   return value.string_value.decode(errors="replace")
+
+
+def _weight(raw: str | None) -> float:
+  if raw is None:
+    return 1.0
+  try:
+    weight = float(raw)
+  except ValueError:
+    weight = -1.0
+  if not 0 < weight < float("inf"):
+    raise StatusError(Code.INVALID_ARGUMENT,
+                      f"weight={raw!r}: a client's weight is a positive number")
+  return weight

@@ -30,7 +30,7 @@ from jax_pathways.status import Code, Status, StatusError
 class Services:
   """What the controller lends every session."""
   topology: Topology
-  dispatcher: Dispatcher
+  dispatcher: Dispatcher  # a session's: ClientDispatcher
   host_buffers: Any  # _frontend.HostBuffers: take(), store()
   compile_cache: CompileCache
   resources: ResourceManager
@@ -102,11 +102,15 @@ class Session:
                result_handles: dict[str, Callable[[Any], list[int]]],
                send: Callable[[Any], Any],
                request: SliceRequest = SliceRequest(), peer: str = "",
-               number: int = 0):
+               number: int = 0, weight: float = 1.0):
     # The id is a secret (it names the session's host buffers); `number`
     # is what others may see of this client.
     self.id = session_id
     self.number = number
+    self.weight = weight
+    # Everything this session submits is this client's (proportional share).
+    services = dataclasses.replace(
+        services, dispatcher=services.dispatcher.for_client(number, weight))
     self.peer = peer
     self.request = request  # the devices the client asked for
     self._slice: VirtualSlice | None = None
@@ -221,6 +225,7 @@ class Session:
         "arrays": len(self.arrays),
         "array_bytes": per_island,
         "executables": len(self.executables),
+        "weight": self.weight,
     }
 
   def close(self) -> None:
@@ -238,3 +243,4 @@ class Session:
     self.futures.drain()
     self.execute_results.drain()
     self.services.resources.release(self.id)
+    dispatcher.forget_client(self.number)

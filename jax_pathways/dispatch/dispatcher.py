@@ -2,8 +2,8 @@
 
 Handlers describe work as IslandOps and get called back when it finishes; the
 C++ core numbers the ops in each island's gang order, tracks every buffer as
-a future, bounds launches in flight and never blocks the caller on device
-data. One thread here turns the core's completions into callbacks, so the
+a future, bounds launches in flight, shares saturated islands among clients
+by weight, and never blocks the caller on device data. One thread here turns the core's completions into callbacks, so the
 core holds no Python references.
 """
 from __future__ import annotations
@@ -53,12 +53,26 @@ class Dispatcher:
   def add_island(self, island: int, sock: socket.socket, name: str) -> None:
     self._core.add_island(island, sock.detach(), name)
 
-  def submit(self, gang: Sequence[IslandOp], on_done: OnDone | None = None
-             ) -> None:
-    """Enqueues the gang on its islands; `on_done` runs when all finished."""
+  def submit(self, gang: Sequence[IslandOp], on_done: OnDone | None = None,
+             client: int = 0) -> None:
+    """Enqueues the gang on its islands, in `client`'s turn when they are
+    saturated; `on_done` runs when all finished."""
     tag = self._file(on_done) if on_done is not None else 0
     self._core.submit([(op.island, op.kind, op.program, list(op.args),
-                        list(op.results), op.payload) for op in gang], tag)
+                        list(op.results), op.payload) for op in gang], tag,
+                      client)
+
+  def for_client(self, client: int, weight: float) -> "ClientDispatcher":
+    """This dispatcher as one client's session uses it."""
+    self._core.set_weight(client, weight)
+    return ClientDispatcher(self, client)
+
+  def forget_client(self, client: int) -> None:
+    self._core.forget_client(client)
+
+  def shares(self) -> dict[int, dict]:
+    """Client -> its weight and the device seconds it has received."""
+    return {s["client"]: s for s in self._core.shares()}
 
   def when_ready(self, buffers: Sequence[int],
                  on_done: Callable[[Status], None]) -> None:
@@ -116,3 +130,19 @@ class Dispatcher:
           callback(Status(code, message), payloads)
         except Exception:  # pylint: disable=broad-except
           logging.exception("completion callback for tag %d failed", tag)
+
+
+class ClientDispatcher:
+  """A Dispatcher whose submissions are one client's (for proportional
+  share); everything else is the shared dispatcher's."""
+
+  def __init__(self, dispatcher: Dispatcher, client: int):
+    self._dispatcher = dispatcher
+    self.client = client
+
+  def submit(self, gang: Sequence[IslandOp], on_done: OnDone | None = None
+             ) -> None:
+    self._dispatcher.submit(gang, on_done, self.client)
+
+  def __getattr__(self, name: str):
+    return getattr(self._dispatcher, name)

@@ -19,6 +19,7 @@ BACKEND_NAME = "proxy"
 TOKEN_KEY = "jax_pathways_token"
 DEVICES_KEY = "jax_pathways_devices"
 ISLAND_KEY = "jax_pathways_island"
+WEIGHT_KEY = "jax_pathways_weight"
 CONNECT_TIMEOUT_S = 60
 
 _token: str | None = None
