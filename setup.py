@@ -43,6 +43,8 @@ def _pkg_config(package: str) -> tuple[list[str], list[str]]:
 
 
 _grpc_cflags, _grpc_libs = _pkg_config("grpc++")
+# A changed header rebuilds the extension (an in-place build compares times).
+_HEADERS = sorted(glob.glob(os.path.join("csrc", "**", "*.h"), recursive=True))
 
 core = Pybind11Extension(
     "jax_pathways._core",
@@ -51,6 +53,7 @@ core = Pybind11Extension(
              "python/op_bindings.cc", "python/dispatcher_bindings.cc",
              "python/executor_bindings.cc"),
     include_dirs=["csrc"],
+    depends=_HEADERS,
     cxx_std=17,
     extra_compile_args=_CXX_FLAGS,
     extra_link_args=["-pthread"],
@@ -61,6 +64,7 @@ frontend = Pybind11Extension(
     _sources("frontend/*.cc", "python/frontend_module.cc",
              "python/frontend_bindings.cc", "python/status_bindings.cc"),
     include_dirs=["csrc"],
+    depends=_HEADERS,
     cxx_std=17,
     extra_compile_args=_CXX_FLAGS + _grpc_cflags,
     extra_link_args=["-pthread"] + _grpc_libs,

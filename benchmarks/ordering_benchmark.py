@@ -18,12 +18,7 @@ times). One JSON line per N.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import select
-import secrets
-import signal
-import subprocess
 import sys
 import time
 
@@ -31,71 +26,34 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from harness import emit, log  # noqa: E402
+from processes import Processes  # noqa: E402
 
 ISLANDS, DEVICES = 2, 4
 
 
 class Cluster:
-  """Controller, workers and clients, all killed on close."""
+  """The cluster and its N ordering clients."""
 
   def __init__(self, clients: int, naive: bool, programs: int):
-    self.token = secrets.token_hex(16)
-    self.env = dict(os.environ, JAX_PATHWAYS_TOKEN=self.token)
-    self.env.pop("JAX_PLATFORMS", None)
-    self.procs: list[subprocess.Popen] = []
-    controller = ([sys.executable, os.path.join(HERE, "naive_fifo.py")]
-                  if naive else [sys.executable, "-m", "jax_pathways.cli"])
-    ctl = self._spawn(controller + ["controller", "--islands", str(ISLANDS),
-                                    "--listen", "127.0.0.1:0",
-                                    "--worker-listen", "127.0.0.1:0"])
-    ready = json.loads(self._line(ctl, 60))
-    for island in range(ISLANDS):
-      self._spawn([sys.executable, "-m", "jax_pathways.cli", "worker",
-                   "--controller", ready["worker_address"], "--island",
-                   str(island), "--devices", str(DEVICES)])
-    self.env["JAX_PATHWAYS_ADDRESS"] = f"grpc://{ready['address']}"
-    self.clients = []
-    for k in range(clients):  # one at a time: warm-ups do not overlap
-      c = self._spawn([sys.executable, os.path.join(HERE, "ordering_client.py"),
-                       "--programs", str(programs), "--seed", str(k)],
-                      stdin=True)
-      self.clients.append(c)
-      msg = json.loads(self._line(c, 180))
-      assert msg.get("ready"), msg
-
-  def _spawn(self, argv: list[str], stdin: bool = False) -> subprocess.Popen:
-    proc = subprocess.Popen(argv, env=self.env, cwd="/", text=True,
-                            stdin=subprocess.PIPE if stdin else None,
-                            stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    self.procs.append(proc)
-    return proc
-
-  @staticmethod
-  def _line(proc: subprocess.Popen, timeout: float) -> str:
-    if not select.select([proc.stdout], [], [], timeout)[0]:
-      raise TimeoutError
-    line = proc.stdout.readline()
-    if not line:
-      raise RuntimeError(f"process {proc.pid} exited ({proc.poll()})")
-    return line
+    self.processes = Processes(
+        ISLANDS, DEVICES,
+        [sys.executable, os.path.join(HERE, "naive_fifo.py")] if naive
+        else None)
+    # One at a time: warm-ups (which check each program alone) never overlap.
+    self.clients = [self.processes.client(
+        "ordering_client.py", "--programs", str(programs), "--seed", str(k))
+        for k in range(clients)]
 
   def round(self, timeout: float) -> list[dict]:
     """One round; TimeoutError if a client does not answer in time."""
     for c in self.clients:
-      c.stdin.write("go\n")
-      c.stdin.flush()
+      Processes.tell(c, "go")
     deadline = time.monotonic() + timeout
-    return [json.loads(self._line(c, max(0.0, deadline - time.monotonic())))
+    return [self.processes.read(c, max(0.0, deadline - time.monotonic()))
             for c in self.clients]
 
   def close(self) -> None:
-    for p in self.procs:
-      if p.poll() is None:
-        os.killpg(p.pid, signal.SIGKILL)
-    for p in self.procs:
-      p.wait(timeout=10)
+    self.processes.close()
 
 
 def run(clients: int, rounds: int, args: argparse.Namespace) -> dict:

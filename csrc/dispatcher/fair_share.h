@@ -7,9 +7,9 @@
 // per-island scheduler). A gang is charged an estimate when it is numbered
 // (the client's recent time per launch) and corrected when each launch
 // finishes with the time it held its island, divided by the client's weight.
-// A client that has been idle restarts level with the least-served waiting
-// client: it banks no credit, so idleness costs the others nothing, now or
-// later. With one client everything passes in order, as without it.
+// A client that has been idle restarts at the weighted time of the latest
+// gang to go (the scheduler's clock): it banks no credit, so idleness costs
+// the others nothing, now or later. With one client everything passes in order, as without it.
 // Not thread-safe: the Dispatcher's mutex guards it.
 #ifndef JAX_PATHWAYS_CSRC_DISPATCHER_FAIR_SHARE_H_
 #define JAX_PATHWAYS_CSRC_DISPATCHER_FAIR_SHARE_H_
@@ -17,7 +17,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
-#include <limits>
 #include <map>
 #include <optional>
 #include <utility>
@@ -44,8 +43,7 @@ class FairShare {
   void Push(ClientId c, T item) {
     Client& client = clients_[c];
     if (client.waiting.empty() && client.running == 0) {
-      double floor = LeastWaitingTime();
-      if (floor != kNone) client.vtime = std::max(client.vtime, floor);
+      client.vtime = std::max(client.vtime, clock_);
     }
     client.waiting.push_back(std::move(item));
   }
@@ -63,6 +61,7 @@ class FairShare {
       }
     }
     if (best == nullptr) return std::nullopt;
+    clock_ = std::max(clock_, best->vtime);
     T item = std::move(best->waiting.front());
     best->waiting.pop_front();
     return std::make_pair(best_id, std::move(item));
@@ -118,8 +117,6 @@ class FairShare {
   }
 
  private:
-  static constexpr double kNone = std::numeric_limits<double>::infinity();
-
   struct Client {
     double weight = 1.0;
     double vtime = 0;        // weighted device time received
@@ -129,16 +126,9 @@ class FairShare {
     std::deque<T> waiting;
   };
 
-  double LeastWaitingTime() const {
-    double least = kNone;
-    for (const auto& [id, client] : clients_) {
-      if (!client.waiting.empty() || client.running > 0) {
-        least = std::min(least, client.vtime);
-      }
-    }
-    return least;
-  }
-
+  // The weighted time of the latest gang to go: where a client that has
+  // been idle starts again.
+  double clock_ = 0;
   std::map<ClientId, Client> clients_;  // ordered: ties go to the oldest id
 };
 

@@ -223,3 +223,18 @@ def test_an_idle_client_banks_no_credit():
   # Client 2 was idle: it starts level, not ahead by 10 launches' worth.
   served = _serve(ex, 10, 0.003)
   assert 3 <= served.count(b"a") <= 7, served
+
+
+def test_clients_returning_together_start_level():
+  d, ex = _pair(window=1)
+  for i in range(10):
+    d.submit([(0, OpKind.LAUNCH, 7, [], [100 + i], b"a")], 0, 1)
+  _serve(ex, 10, 0.003)  # client 1 alone, then everyone idle
+  time.sleep(0.05)
+  for client, tag in ((2, b"b"), (1, b"a")):  # 2 arrives first, 1 right after
+    for i in range(10):
+      d.submit([(0, OpKind.LAUNCH, 7, [], [client * 1000 + i], tag)], 0,
+               client)
+  # Client 1's past does not count against it: they alternate.
+  served = _serve(ex, 10, 0.003)
+  assert 3 <= served.count(b"a") <= 7, served
