@@ -125,6 +125,7 @@ void Dispatcher::AdmitHeld(Outbox* outbox, std::vector<Completion>* done) {
       ++island->submitted;
       Admitted(island, std::move(ready), outbox, done);
     }
+    fair_.DropIfDone(client);
   }
 }
 

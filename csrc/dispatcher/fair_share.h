@@ -83,19 +83,31 @@ class FairShare {
     client.per_launch = client.per_launch == 0
                             ? seconds
                             : 0.8 * client.per_launch + 0.2 * seconds;
+    DropIfDone(c);
   }
 
   // ... or was failed unfinished (its island died): nothing measured.
   void Abandoned(ClientId c) {
     Client& client = clients_[c];
     if (client.running > 0) --client.running;
+    DropIfDone(c);
   }
 
-  // Drops a client that has nothing waiting or running (its session ended).
+  // The client is gone (its session ended): dropped once nothing of it
+  // waits or runs.
   void Forget(ClientId c) {
     auto it = clients_.find(c);
-    if (it != clients_.end() && it->second.waiting.empty() &&
-        it->second.running == 0) {
+    if (it == clients_.end()) return;
+    it->second.forgotten = true;
+    DropIfDone(c);
+  }
+
+  // Drops a forgotten client with nothing waiting or running (after its last
+  // gang was numbered, or its last launch finished).
+  void DropIfDone(ClientId c) {
+    auto it = clients_.find(c);
+    if (it != clients_.end() && it->second.forgotten &&
+        it->second.waiting.empty() && it->second.running == 0) {
       clients_.erase(it);
     }
   }
@@ -123,8 +135,10 @@ class FairShare {
     double per_launch = 0;   // recent seconds per launch: the estimate
     double device_seconds = 0;
     int running = 0;         // launches numbered, not finished
+    bool forgotten = false;  // its session has ended
     std::deque<T> waiting;
   };
+
 
   // The weighted time of the latest gang to go: where a client that has
   // been idle starts again.

@@ -238,3 +238,16 @@ def test_clients_returning_together_start_level():
   # Client 1's past does not count against it: they alternate.
   served = _serve(ex, 10, 0.003)
   assert 3 <= served.count(b"a") <= 7, served
+
+
+def test_a_forgotten_client_goes_once_its_work_is_done():
+  d, ex = _pair(window=1)
+  for i in range(3):
+    d.submit([(0, OpKind.LAUNCH, 7, [], [100 + i], b"a")], 0, 5)
+  d.forget_client(5)  # its session ended with work queued
+  assert 5 in {s["client"] for s in d.shares()}
+  _serve(ex, 3, 0.001)
+  deadline = time.monotonic() + 5
+  while 5 in {s["client"] for s in d.shares()}:
+    assert time.monotonic() < deadline, d.shares()
+    time.sleep(0.01)
