@@ -31,12 +31,16 @@ def _print_status(s: dict[str, Any]) -> None:
         f"islands {len(s['islands'])}/{s['expected_islands']}  "
         f"max in flight {s['max_in_flight']}")
   print(f"{'island':>6}  {'devices':<12} {'alive':<5} {'queued':>6} "
-        f"{'in flight':>9} {'done':>8}  worker")
+        f"{'in flight':>9} {'done':>8}  {'memory MiB':>15}  worker")
   for i in s["islands"]:
     devs = i["devices"]
     span = f"{devs[0]}..{devs[-1]}" if devs else "-"
+    cap = i.get("memory_capacity", 0)
+    memory = (f"{i.get('memory_used', 0) / 2**20:.0f}/"
+              f"{cap / 2**20:.0f}" if cap else "untracked")
     print(f"{i['island']:>6}  {span:<12} {str(i['alive']):<5} "
           f"{i['queued']:>6} {i['in_flight']:>9} {i['finished']:>8}  "
+          f"{memory:>15}  "
           f"{i['worker']}" + (f"  ERROR: {i['error']}" if i["error"] else ""))
   print(f"clients: {len(s['clients'])}")
   for c in s["clients"]:
@@ -87,6 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                  help="where other workers send data (HOST:PORT or "
                  "unix:/path; default 127.0.0.1:0)")
   w.add_argument("--connect-timeout", type=float, default=60.0)
+  w.add_argument("--device-memory", default=None,
+                 help="device memory per device, e.g. 16G (default: what "
+                 f"the device reports, or ${config.DEVICE_MEMORY}; CPU "
+                 "devices report none: unlimited)")
 
   s = sub.add_parser("status", help="show a controller's islands and queues")
   s.add_argument("--address", default=None,
@@ -113,9 +121,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   if args.command == "worker":
     _setup_logging(cfg.verbosity)
     from jax_pathways.worker import main as worker_main  # pylint: disable=import-outside-toplevel
+    memory = (config.parse_bytes(args.device_memory, "--device-memory")
+              if args.device_memory else cfg.device_memory)
     return worker_main.run(args.controller, args.island,
                            args.devices or cfg.devices_per_island, cfg.token,
-                           args.data_listen, args.connect_timeout)
+                           args.data_listen, args.connect_timeout, memory)
   from jax_pathways import admin  # pylint: disable=import-outside-toplevel
   address = args.address or cfg.address
   if not address:

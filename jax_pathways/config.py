@@ -18,6 +18,7 @@ VERBOSITY = "JAX_PATHWAYS_VERBOSITY"      # controller/worker log detail (0, 1, 
 DEVICES = "JAX_PATHWAYS_DEVICES"  # this client's virtual slice: 4 or 2x4
 ISLAND = "JAX_PATHWAYS_ISLAND"    # ... on this island
 WEIGHT = "JAX_PATHWAYS_WEIGHT"    # this client's share of busy islands
+DEVICE_MEMORY = "JAX_PATHWAYS_DEVICE_MEMORY"  # workers: bytes per device (64M)
 
 DEFAULT_ISLANDS = 2
 DEFAULT_DEVICES_PER_ISLAND = 4
@@ -69,6 +70,7 @@ class Config:
   devices: str | None
   island: int | None
   weight: float | None
+  device_memory: int  # 0: ask the device (unlimited if it does not say)
 
 
 def from_env() -> Config:
@@ -87,4 +89,22 @@ def from_env() -> Config:
       island=_int(ISLAND, -1, 0, 1 << 20) if os.environ.get(ISLAND) else None,
       weight=(_float(WEIGHT, 1.0, "a positive weight")
               if os.environ.get(WEIGHT) else None),
+      device_memory=parse_bytes(os.environ.get(DEVICE_MEMORY) or "0",
+                                DEVICE_MEMORY),
   )
+
+
+def parse_bytes(raw: str, what: str) -> int:
+  """'4096', '64M', '2G' -> bytes."""
+  units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+  text = raw.strip().upper().removesuffix("IB").removesuffix("B")
+  number, unit = text[:-1] if text[-1:] in units else text, (
+      text[-1] if text[-1:] in units else "")
+  try:
+    value = int(float(number) * units[unit])
+  except ValueError:
+    raise invalid_argument(f"{what}={raw!r} is not a size like 64M or "
+                           "2G") from None
+  if value < 0:
+    raise invalid_argument(f"{what}={raw!r} is negative")
+  return value

@@ -4,17 +4,37 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <optional>
 #include <set>
 
 namespace jax_pathways {
+namespace {
+
+// "600 B", "1.5 MiB": what error messages say of memory.
+std::string Size(int64_t bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 4) {
+    value /= 1024;
+    ++unit;
+  }
+  char text[32];
+  snprintf(text, sizeof(text), unit ? "%.1f %s" : "%.0f %s", value,
+           kUnits[unit]);
+  return text;
+}
+
+}  // namespace
 
 Dispatcher::Dispatcher(int max_in_flight) : max_in_flight_(max_in_flight) {}
 
 Dispatcher::~Dispatcher() { Shutdown(); }
 
-Status Dispatcher::AddIsland(IslandId island, int fd, std::string name) {
+Status Dispatcher::AddIsland(IslandId island, int fd, std::string name,
+                             int64_t memory_bytes) {
   auto channel = std::make_shared<Channel>(fd);
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_down_) return Unavailable("dispatcher is shut down");
@@ -23,7 +43,8 @@ Status Dispatcher::AddIsland(IslandId island, int fd, std::string name) {
                   "island " + std::to_string(island) + " already has a worker");
   }
   auto owned = std::make_unique<Island>(island, std::move(name),
-                                        std::move(channel), max_in_flight_);
+                                        std::move(channel), max_in_flight_,
+                                        memory_bytes);
   Island* raw = owned.get();
   islands_.emplace(island, std::move(owned));
   raw->reader = std::thread([this, raw] {
@@ -68,6 +89,19 @@ void Dispatcher::Submit(std::vector<IslandOp> gang, uint64_t tag,
       } else {
         refusal = buffers_.FirstFailure(io.op.args);
       }
+      if (refusal.ok() && it != islands_.end() && it->second->capacity > 0) {
+        int64_t need = 0;
+        for (int64_t b : io.result_bytes) need += b;
+        if (need > it->second->capacity) {
+          refusal = Status(
+              Code::kResourceExhausted,
+              "out of device memory: the results need " + Size(need) +
+                  " on island " + std::to_string(io.island) + " (" +
+                  it->second->name + "), which has " +
+                  Size(it->second->capacity) +
+                  " in all; use more devices or smaller arrays");
+        }
+      }
       if (!refusal.ok()) break;
     }
     if (gang.empty()) refusal = InvalidArgument("empty gang");
@@ -84,21 +118,83 @@ void Dispatcher::Submit(std::vector<IslandOp> gang, uint64_t tag,
 
 bool Dispatcher::Fits(const Held& held) const {
   for (const IslandOp& io : held.ops) {
-    if (io.op.kind != OpKind::kLaunch) continue;
     auto it = islands_.find(io.island);
     // A dead island takes anything: the gang is failed when admitted.
-    if (it != islands_.end() && it->second->alive &&
-        !it->second->queue.HasRoom()) {
-      return false;
+    if (it == islands_.end() || !it->second->alive) continue;
+    const Island& island = *it->second;
+    if (io.op.kind == OpKind::kLaunch && !island.queue.HasRoom()) return false;
+    if (island.capacity > 0) {
+      int64_t need = 0;
+      for (int64_t b : io.result_bytes) need += b;
+      if (island.used + need > island.capacity) return false;
     }
   }
   return true;
 }
 
+Status Dispatcher::Hopeless(ClientId client, const Held& held) const {
+  for (const IslandOp& io : held.ops) {
+    auto it = islands_.find(io.island);
+    if (it == islands_.end() || it->second->capacity == 0) continue;
+    const Island& island = *it->second;
+    int64_t need = 0;
+    for (int64_t b : io.result_bytes) need += b;
+    auto mine = island.used_by.find(client);
+    int64_t others = island.used - (mine == island.used_by.end()
+                                        ? 0 : mine->second);
+    // Only memory other clients hold can be freed while this gang waits: the
+    // client's own deletions come after it.
+    if (island.used - others + need > island.capacity) {
+      return Status(
+          Code::kResourceExhausted,
+          "out of device memory on island " + std::to_string(io.island) +
+              " (" + island.name + "): the results need " + Size(need) +
+              " but this client's arrays already hold " +
+              Size(island.used - others) + " of its " + Size(island.capacity) +
+              "; delete arrays you no longer need (or let them go) first");
+    }
+  }
+  return Status::Ok();
+}
+
+void Dispatcher::CountMemory(Island* island, ClientId client,
+                             const IslandOp& io) {
+  if (io.op.kind == OpKind::kDelete) {
+    for (BufferId b : io.op.args) {
+      auto it = island->held.find(b);
+      if (it == island->held.end()) continue;
+      island->used -= it->second.second;
+      island->used_by[it->second.first] -= it->second.second;
+      island->held.erase(it);
+    }
+    return;
+  }
+  for (size_t k = 0; k < io.result_bytes.size() && k < io.op.results.size();
+       ++k) {
+    auto [it, fresh] = island->held.emplace(
+        io.op.results[k], std::make_pair(client, io.result_bytes[k]));
+    if (!fresh) continue;
+    island->used += io.result_bytes[k];
+    island->used_by[client] += io.result_bytes[k];
+  }
+}
+
+void Dispatcher::Refuse(const Gang& gang, const Status& why,
+                        std::vector<Completion>* done) {
+  buffers_.Resolve(gang.results, why, done);
+  if (gang.tag) done->push_back(Completion{gang.tag, why, gang.payloads});
+}
+
 void Dispatcher::AdmitHeld(Outbox* outbox, std::vector<Completion>* done) {
+  fair_.DropHeads([&](ClientId client, const Held& held) {
+    if (Fits(held)) return false;
+    Status why = Hopeless(client, held);
+    if (why.ok()) return false;
+    Refuse(*held.gang, why, done);
+    return true;
+  });
   while (auto next = fair_.Next([this](const Held& h) { return Fits(h); })) {
     auto& [client, held] = *next;
-    Gang& g = *held.gang;
     Status refusal;
     for (const IslandOp& io : held.ops) {
       auto it = islands_.find(io.island);
@@ -107,15 +203,19 @@ void Dispatcher::AdmitHeld(Outbox* outbox, std::vector<Completion>* done) {
                                        : it->second->death;
         break;
       }
+      // An input that failed while this waited (e.g. refused for memory).
+      refusal = buffers_.FirstFailure(io.op.args);
+      if (!refusal.ok()) break;
     }
     if (!refusal.ok()) {
-      buffers_.Resolve(g.results, refusal, done);
-      if (g.tag) done->push_back(Completion{g.tag, refusal, g.payloads});
+      Refuse(*held.gang, refusal, done);
+      fair_.DropIfDone(client);
       continue;
     }
     auto now = std::chrono::steady_clock::now();
     for (size_t i = 0; i < held.ops.size(); ++i) {
       Island* island = islands_.at(held.ops[i].island).get();
+      CountMemory(island, client, held.ops[i]);
       Op op = std::move(held.ops[i].op);
       op.seq = order_.Next(island->id);
       GangSlot slot{held.gang, i, op.kind == OpKind::kLaunch, client, 0, now};
@@ -344,6 +444,8 @@ std::vector<IslandStats> Dispatcher::Stats() {
     s.alive = island->alive;
     s.error = island->death.message();
     s.queued = island->queue.queued() + held[id];
+    s.memory_used = island->used;
+    s.memory_capacity = island->capacity;
     s.in_flight = island->queue.in_flight();
     s.unfinished = island->queue.sent_unfinished();
     s.submitted = island->submitted;

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -38,6 +39,8 @@ namespace jax_pathways {
 struct IslandOp {
   IslandId island = 0;
   Op op;  // `seq` is assigned by the Dispatcher
+  // Device memory each of op.results takes on this island (empty: none).
+  std::vector<int64_t> result_bytes;
 };
 
 struct IslandStats {
@@ -50,6 +53,8 @@ struct IslandStats {
   size_t unfinished = 0; // all ops sent, not finished
   uint64_t submitted = 0;
   uint64_t finished = 0;
+  int64_t memory_used = 0;      // by arrays numbered and not yet deleted
+  int64_t memory_capacity = 0;  // 0: not tracked
 };
 
 class Dispatcher {
@@ -60,7 +65,10 @@ class Dispatcher {
   Dispatcher& operator=(const Dispatcher&) = delete;
 
   // Takes ownership of `fd`, a connected and authenticated worker socket.
-  Status AddIsland(IslandId island, int fd, std::string name);
+  // `memory_bytes`: the island's device memory (0: unlimited); gangs whose
+  // results would not fit wait until deletions make room.
+  Status AddIsland(IslandId island, int fd, std::string name,
+                   int64_t memory_bytes = 0);
   // Enqueues every op of the gang atomically (see GangOrder). Completes under
   // `tag` (0: no completion wanted) once every op finished, with the first
   // error if any. Fails at once, sending nothing, if an island is unknown or
@@ -101,10 +109,18 @@ class Dispatcher {
     uint64_t submitted = 0;
     uint64_t finished = 0;
     std::chrono::steady_clock::time_point last_finish;  // of a launch
+    // Device memory, counted in gang order: results when numbered, freed
+    // when their DELETE is numbered (the worker runs both in that order).
+    int64_t capacity = 0;
+    int64_t used = 0;
+    std::unordered_map<BufferId, std::pair<ClientId, int64_t>> held;
+    std::map<ClientId, int64_t> used_by;
     std::thread reader;
 
-    Island(IslandId i, std::string n, std::shared_ptr<Channel> c, int window)
-        : id(i), name(std::move(n)), channel(std::move(c)), queue(window) {}
+    Island(IslandId i, std::string n, std::shared_ptr<Channel> c, int window,
+           int64_t memory)
+        : id(i), name(std::move(n)), channel(std::move(c)), queue(window),
+          capacity(memory) {}
   };
   using Outbox = std::vector<std::pair<std::shared_ptr<Channel>, Op>>;
   // A gang that passed Submit's checks and waits for its turn.
@@ -122,9 +138,18 @@ class Dispatcher {
   // Requires mu_. Records that one op of `slot`'s gang finished.
   void FinishSlot(const GangSlot& slot, const Status& status,
                   Bytes payload, std::vector<Completion>* done);
-  // Requires mu_. Numbers and sends the held gangs whose turn it is.
+  // Requires mu_. Numbers and sends the held gangs whose turn it is; fails
+  // those that only their own client could make room for.
   void AdmitHeld(Outbox* outbox, std::vector<Completion>* done);
   bool Fits(const Held& held) const;
+  // The reason `held` can never get the memory it needs while `client`'s
+  // later gangs wait behind it, or OK.
+  Status Hopeless(ClientId client, const Held& held) const;
+  // Requires mu_. Counts the memory of an op being numbered.
+  void CountMemory(Island* island, ClientId client, const IslandOp& io);
+  // Requires mu_. Fails a gang that will not be numbered.
+  void Refuse(const Gang& gang, const Status& why,
+              std::vector<Completion>* done);
   // Requires mu_. Marks `island` dead and fails everything it held.
   void KillLocked(Island* island, const Status& why, Outbox* outbox,
                   std::vector<Completion>* done);

@@ -67,6 +67,17 @@ class FairShare {
     return std::make_pair(best_id, std::move(item));
   }
 
+  // Removes each client's next gangs for as long as `drop(client, gang)`
+  // says so (it has failed them).
+  template <typename Drop>
+  void DropHeads(Drop drop) {
+    for (auto& [id, client] : clients_) {
+      while (!client.waiting.empty() && drop(id, client.waiting.front())) {
+        client.waiting.pop_front();
+      }
+    }
+  }
+
   // A launch of `c` is sent: charges (and returns) its estimated time.
   double Started(ClientId c) {
     Client& client = clients_[c];

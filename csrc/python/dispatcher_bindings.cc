@@ -36,14 +36,18 @@ void RegisterDispatcher(py::module_& m) {
       .def(py::init<int>(), py::arg("max_in_flight"))
       .def(
           "add_island",
-          [](Dispatcher& d, IslandId island, int fd, std::string name) {
-            ThrowIfError(d.AddIsland(island, fd, std::move(name)));
+          [](Dispatcher& d, IslandId island, int fd, std::string name,
+             int64_t memory_bytes) {
+            ThrowIfError(
+                d.AddIsland(island, fd, std::move(name), memory_bytes));
           },
-          py::arg("island"), py::arg("fd"), py::arg("name"))
+          py::arg("island"), py::arg("fd"), py::arg("name"),
+          py::arg("memory_bytes") = 0)
       .def(
           "submit",
           [](Dispatcher& d, const std::vector<PyIslandOp>& gang,
-             uint64_t tag, ClientId client) {
+             uint64_t tag, ClientId client,
+             const std::vector<std::vector<int64_t>>& result_bytes) {
             std::vector<IslandOp> ops;
             ops.reserve(gang.size());
             for (const auto& [island, kind, program, args, results, payload] :
@@ -55,12 +59,16 @@ void RegisterDispatcher(py::module_& m) {
               io.op.args = args;
               io.op.results = results;
               io.op.payload = Bytes::Copy(BytesView(payload).view());
+              if (ops.size() < result_bytes.size()) {
+                io.result_bytes = result_bytes[ops.size()];
+              }
               ops.push_back(std::move(io));
             }
             py::gil_scoped_release nogil;
             d.Submit(std::move(ops), tag, client);
           },
-          py::arg("gang"), py::arg("tag"), py::arg("client") = 0)
+          py::arg("gang"), py::arg("tag"), py::arg("client") = 0,
+          py::arg("result_bytes") = std::vector<std::vector<int64_t>>())
       .def("set_weight", &Dispatcher::SetWeight, py::arg("client"),
            py::arg("weight"))
       .def("forget_client", &Dispatcher::ForgetClient, py::arg("client"))
@@ -132,6 +140,8 @@ void RegisterDispatcher(py::module_& m) {
                row["unfinished"] = s.unfinished;
                row["submitted"] = s.submitted;
                row["finished"] = s.finished;
+               row["memory_used"] = s.memory_used;
+               row["memory_capacity"] = s.memory_capacity;
                out.append(row);
              }
              return out;

@@ -15,6 +15,7 @@ from jax_pathways import dtypes
 
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.resources.island import Island
+from jax_pathways.resources.topology import Topology
 from jax_pathways.status import Code, Status, StatusError
 
 
@@ -64,9 +65,13 @@ class Array:
     """Bytes it takes on each device holding it."""
     if self.sharding is None:
       return {}
-    shard = math.prod(self.sharding.shard_shape(self.shape))
-    size = shard * dtypes.itemsize(self.dtype)
-    return {d: size for d in self.sharding.devices}
+    return device_bytes(self.dtype, self.shape, self.sharding)
+
+  def island_bytes(self, topology: Topology) -> dict[int, int]:
+    """Bytes it takes on each island holding it."""
+    if self.sharding is None:
+      return {}
+    return island_bytes(self.dtype, self.shape, self.sharding, topology)
 
   def check_usable(self) -> None:
     """Raises the error a request using this array should fail with."""
@@ -74,3 +79,20 @@ class Array:
       raise StatusError(self.error.code, self.error.message)
     if self.deleted or self.shared.donated:
       raise StatusError(Code.FAILED_PRECONDITION, "Array has been deleted.")
+
+
+def device_bytes(dtype: str, shape: tuple[int, ...], sharding: Sharding
+                 ) -> dict[int, int]:
+  """Bytes an array of this layout takes on each of its devices."""
+  size = math.prod(sharding.shard_shape(shape)) * dtypes.itemsize(dtype)
+  return {d: size for d in sharding.devices}
+
+
+def island_bytes(dtype: str, shape: tuple[int, ...], sharding: Sharding,
+                 topology: Topology) -> dict[int, int]:
+  """... and on each island (what a worker's memory budget counts)."""
+  out: dict[int, int] = {}
+  for device, size in device_bytes(dtype, shape, sharding).items():
+    island = int(topology.island_of_device(device).id)
+    out[island] = out.get(island, 0) + size
+  return out

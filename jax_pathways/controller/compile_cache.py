@@ -13,13 +13,14 @@ import json
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from jax_pathways.controller.arrays import Array
+from jax_pathways.controller.arrays import Array, island_bytes
 from jax_pathways.dispatch import payloads
 from jax_pathways.dispatch.dispatcher import (Dispatcher, IslandOp, OnDone,
                                               OpKind)
 from jax_pathways.programs import sharding as sharding_lib
 from jax_pathways.programs.xla_program import PlacedProgram
 from jax_pathways.resources.island import Island
+from jax_pathways.resources.topology import Topology
 from jax_pathways.status import Code, Status, invalid_argument
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ class CompiledProgram:
         [sharding_lib.from_op_sharding(devices, p, None) for p in params])
     self.output_islands = [islands] * len(self.outputs)
     self.num_parameters: int | None = None  # the worker's PJRT checks
+    self._output_bytes: dict[int, list[int]] | None = None
 
   def check_argument(self, i: int, array: Array) -> None:
     if array.islands != self.islands:
@@ -66,9 +68,22 @@ class CompiledProgram:
              results: Sequence[int], on_done: OnDone | None) -> None:
     """One LAUNCH gang over the program's islands: `args` -> `results`."""
     buffers = [a.buffer for a in args]
+    sizes = self.output_bytes(services.topology)
     services.dispatcher.submit(
         [IslandOp(island.id, OpKind.LAUNCH, self.program_id, buffers,
-                  list(results)) for island in self.islands], on_done)
+                  list(results), result_bytes=sizes[island.id])
+         for island in self.islands], on_done)
+
+  def output_bytes(self, topology: Topology) -> dict[int, list[int]]:
+    """Island -> the device memory of each output there."""
+    if self._output_bytes is None:
+      per_output = [island_bytes(dtype, shape, sharding, topology)
+                    for (shape, dtype), sharding in zip(self.outputs,
+                                                         self.output_shardings)]
+      self._output_bytes = {island.id: [b.get(island.id, 0)
+                                        for b in per_output]
+                            for island in self.islands}
+    return self._output_bytes
 
 
 OnCompiled = Callable[[Status, "CompiledProgram | None"], None]

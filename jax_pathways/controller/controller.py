@@ -86,6 +86,8 @@ class Controller:
           "in_flight": s.get("in_flight", 0),
           "submitted": s.get("submitted", 0),
           "finished": s.get("finished", 0),
+          "memory_used": s.get("memory_used", 0),
+          "memory_capacity": s.get("memory_capacity", 0),
       })
     with self.service._lock:  # pylint: disable=protected-access
       sessions = list(self.service.sessions.values())

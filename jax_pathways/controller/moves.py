@@ -33,12 +33,14 @@ def plan(services: Services, src: Array, dst: Array
   island's op loop until the bytes arrive; early in the order it would
   stall work that does not need them). Otherwise all in `sends`."""
   topology = services.topology
+  sizes = dst.island_bytes(topology)
   if src.islands == dst.islands and len(src.islands) == 1:
     return [IslandOp(src.islands[0].id, OpKind.COPY, args=[src.buffer],
                      results=[dst.buffer],
                      payload=payloads.encode({
                          "mode": "reshard",
-                         "sharding": dst.sharding.worker_spec(topology)}))], []
+                         "sharding": dst.sharding.worker_spec(topology)}),
+                     result_bytes=[sizes[src.islands[0].id]])], []
   if dst.dtype != src.dtype or dst.shape != src.shape:
     raise invalid_argument(
         f"cannot change dtype or shape ({src.dtype}{list(src.shape)} -> "
@@ -66,7 +68,8 @@ def plan(services: Services, src: Array, dst: Array
         island, OpKind.RECEIVE if receive else OpKind.SEND,
         args=[src.buffer] if island in src_ids else [],
         results=[dst.buffer] if receive else [],
-        payload=payloads.encode(header))
+        payload=payloads.encode(header),
+        result_bytes=[sizes[island]] if receive else [])
     (receives if receive and not src_ids & dst_ids else sends).append(op)
   return sends, receives
 

@@ -73,6 +73,7 @@ class WorkerListener:
       return
     island = admitted[0]
     sock.settimeout(None)
-    self._dispatcher.add_island(island.id, sock, island.name)
+    self._dispatcher.add_island(island.id, sock, island.name,
+                                island.memory_bytes)
     self._topology.connected(island.id)
     logging.info("%s joined with %d devices", island.name, island.num_devices)

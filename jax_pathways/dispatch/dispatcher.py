@@ -32,6 +32,8 @@ class IslandOp(NamedTuple):
   args: Sequence[int] = ()
   results: Sequence[int] = ()
   payload: bytes = b""
+  # Device memory each result takes on this island (gangs wait for room).
+  result_bytes: Sequence[int] = ()
 
 
 class Dispatcher:
@@ -50,8 +52,9 @@ class Dispatcher:
   def new_buffers(self, n: int) -> list[int]:
     return [next(self._buffer_ids) for _ in range(n)]
 
-  def add_island(self, island: int, sock: socket.socket, name: str) -> None:
-    self._core.add_island(island, sock.detach(), name)
+  def add_island(self, island: int, sock: socket.socket, name: str,
+                 memory_bytes: int = 0) -> None:
+    self._core.add_island(island, sock.detach(), name, memory_bytes)
 
   def submit(self, gang: Sequence[IslandOp], on_done: OnDone | None = None,
              client: int = 0) -> None:
@@ -60,7 +63,7 @@ class Dispatcher:
     tag = self._file(on_done) if on_done is not None else 0
     self._core.submit([(op.island, op.kind, op.program, list(op.args),
                         list(op.results), op.payload) for op in gang], tag,
-                      client)
+                      client, [list(op.result_bytes) for op in gang])
 
   def for_client(self, client: int, weight: float) -> "ClientDispatcher":
     """This dispatcher as one client's session uses it."""

@@ -23,6 +23,7 @@ class Island:
   worker_host: str
   data_address: str
   first_device: DeviceId = DeviceId(-1)  # set when the topology is complete
+  memory_bytes: int = 0  # device memory of the whole island; 0: untracked
 
   @property
   def name(self) -> str:

@@ -43,6 +43,10 @@ class Topology:
                       str(hello.get("device_kind", "")),
                       int(hello.get("pid", 0)), str(hello.get("host", "")),
                       str(hello.get("data_address", "")))
+      memory = hello.get("memory_bytes", 0)
+      if not isinstance(memory, int) or memory < 0:
+        raise ValueError(f"worker reports {memory!r} bytes of memory")
+      island.memory_bytes = memory
       self._islands[island.id] = island
       if len(self._islands) == self.expected_islands:
         first = 0

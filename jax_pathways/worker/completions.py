@@ -90,8 +90,7 @@ class Completions:
         self._send(seq, arrays, b"")
         continue
       try:
-        for a in arrays:
-          a.block_until_ready()
+        _wait(arrays)
         payload = finish() if finish is not None else b""
         status = Status()
       except Exception as e:  # pylint: disable=broad-except
@@ -107,3 +106,16 @@ class Completions:
     except Exception as e:  # pylint: disable=broad-except
       # The controller is gone; the op loop notices and exits.
       logging.warning("could not report op %d: %s", seq, e)
+
+
+def _wait(arrays: Sequence[Any]) -> None:
+  """Until every array is ready. One that a later op already consumed (a
+  donating launch, a DELETE) counts as ready: that op ran after it was
+  made and reports any error itself; failing this op instead would poison
+  its other results, which are fine."""
+  for a in arrays:
+    try:
+      a.block_until_ready()
+    except Exception:  # pylint: disable=broad-except
+      if not a.is_deleted():
+        raise

@@ -1,6 +1,7 @@
 """The worker process: joins a controller and runs its island's ops.
 
     jax-pathways worker --controller HOST:PORT [--island N] [--devices N]
+        [--device-memory 16G]
 
 The cluster token comes from JAX_PATHWAYS_TOKEN. The worker exits when the
 controller tells it to or when the controller connection is lost.
@@ -15,7 +16,8 @@ from absl import logging
 
 
 def run(controller: str, island: int | None, devices: int,
-        token: str | None, data_listen: str, connect_timeout: float) -> int:
+        token: str | None, data_listen: str, connect_timeout: float,
+        device_memory: int = 0) -> int:
   """Joins `controller` and serves until told to stop; returns an exit code."""
   # Configure JAX before anything initializes its backends: this process
   # must keep every dtype the client sends; its CPU backend is the
@@ -38,6 +40,9 @@ def run(controller: str, island: int | None, devices: int,
       "role": "worker",
       "island": island,
       "num_devices": len(backend.devices),
+      # The island's device memory, which the controller budgets.
+      "memory_bytes": (device_memory or backend.memory_per_device()) *
+                      len(backend.devices),
       "platform": backend.devices[0].platform,
       "device_kind": backend.devices[0].device_kind,
       "pid": os.getpid(),

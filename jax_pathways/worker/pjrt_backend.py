@@ -327,6 +327,18 @@ class PjrtBackend:
             enumerate(shards.distinct(shards.indices(spec, shape)))
             if pos in by_position}
 
+  def memory_per_device(self) -> int:
+    """The smallest device memory the devices report; 0 if they report none
+    (CPU devices)."""
+    limits = []
+    for d in self.devices:
+      try:
+        stats = d.memory_stats() or {}
+      except Exception:  # pylint: disable=broad-except
+        stats = {}
+      limits.append(int(stats.get("bytes_limit", 0)))
+    return min(limits) if limits and all(limits) else 0
+
   def is_local(self, ref: DeviceRef) -> bool:
     return self.device(ref) in self._local_global
 

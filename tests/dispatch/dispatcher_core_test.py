@@ -10,10 +10,10 @@ from jax_pathways import _core
 OpKind = _core.OpKind
 
 
-def _pair(window=2):
+def _pair(window=2, memory=0):
   a, b = socket.socketpair()
   d = _core.Dispatcher(window)
-  d.add_island(0, a.detach(), "w0")
+  d.add_island(0, a.detach(), "w0", memory)
   return d, _core.Executor(b.detach())
 
 
@@ -251,3 +251,42 @@ def test_a_forgotten_client_goes_once_its_work_is_done():
   while 5 in {s["client"] for s in d.shares()}:
     assert time.monotonic() < deadline, d.shares()
     time.sleep(0.01)
+
+
+def _put(d, buffer, size, client, tag=0):
+  d.submit([(0, OpKind.PUT, 0, [], [buffer], b"")], tag, client, [[size]])
+
+
+def test_memory_is_budgeted_in_gang_order():
+  d, ex = _pair(memory=1000)
+  _put(d, 1, 600, client=1)
+  _put(d, 2, 600, client=2)  # does not fit until buffer 1 goes
+  assert ex.next(2.0).results == [1]
+  assert ex.next(0.2) is None
+  stats = d.stats()[0]
+  assert (stats["memory_used"], stats["memory_capacity"]) == (600, 1000)
+  assert stats["queued"] == 1
+  d.submit([(0, OpKind.DELETE, 0, [1], [], b"")], 0, 1)
+  assert ex.next(2.0).kind == OpKind.DELETE  # frees, in order, then...
+  assert ex.next(2.0).results == [2]         # ... the held upload goes
+  assert d.stats()[0]["memory_used"] == 600
+
+
+def test_what_can_never_fit_fails_clearly_and_loses_nothing():
+  d, ex = _pair(memory=1000)
+  _put(d, 1, 600, client=1)
+  op = ex.next(2.0)
+  ex.complete(op.seq, 0, "", b"")
+  _put(d, 2, 2000, client=1, tag=7)  # more than the island has
+  _put(d, 3, 600, client=1, tag=8)   # only this client could make room
+  done = dict((tag, (code, msg)) for tag, code, msg, _ in _poll_all(d, 2))
+  assert done[7] == (8, "out of device memory: the results need 2.0 KiB on "
+                     "island 0 (w0), which has 1000 B in all; use more "
+                     "devices or smaller arrays")
+  assert done[8] == (8, "out of device memory on island 0 (w0): the results "
+                     "need 600 B but this client's arrays already hold 600 B "
+                     "of its 1000 B; delete arrays you no longer need (or "
+                     "let them go) first")
+  assert d.state(1) == ("ready", (0, ""))  # what was computed is kept
+  assert d.state(3)[0] == "failed"
+  assert ex.next(0.2) is None

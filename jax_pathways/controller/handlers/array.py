@@ -104,8 +104,10 @@ def make_array_from_host_buffer(session: Session, req: Any,
   payload = payloads.encode({
       "dtype": dtype, "shape": list(req.shape.dims), "strides": _strides(req),
       "sharding": sharding.worker_spec(session.services.topology)}, data)
+  sizes = array.island_bytes(session.services.topology)
   session.services.dispatcher.submit(
-      [IslandOp(i.id, OpKind.PUT, results=[array.buffer], payload=payload)
+      [IslandOp(i.id, OpKind.PUT, results=[array.buffer], payload=payload,
+                result_bytes=[sizes[i.id]])
        for i in islands])
   reply.ok(lambda r: setattr(r, "array_handle", req.array_handle))
 
@@ -144,9 +146,11 @@ def make_arrays_from_host_buffer_shards(session: Session, req: Any,
         per_island[island][1].append(data)
     header = {"dtype": dtype, "shape": list(asp.shape.dims),
               "sharding": sharding.worker_spec(topology)}
+    sizes = array.island_bytes(topology)
     gangs.append([IslandOp(island, OpKind.PUT, results=[array.buffer],
                            payload=payloads.encode(
-                               dict(header, shards=shards), *blobs))
+                               dict(header, shards=shards), *blobs),
+                           result_bytes=[sizes[island]])
                   for island, (shards, blobs) in per_island.items()])
   for gang in gangs:  # one gang per array: its buffer is ready once whole
     session.services.dispatcher.submit(gang)
@@ -244,6 +248,7 @@ def _split(session: Session, src: Array, handles_: Sequence[int]) -> None:
     positions.setdefault(island.id, []).append(seen.get(island.id, 0))
     results.setdefault(island.id, []).append(b)
     seen[island.id] = seen.get(island.id, 0) + 1
+  # The shards share the source's device memory: no result_bytes.
   session.services.dispatcher.submit(
       [IslandOp(i, OpKind.COPY, args=[src.buffer], results=results[i],
                 payload=payloads.encode({"mode": "shards",
@@ -301,6 +306,7 @@ def assemble(session: Session, req: Any, reply: Reply) -> None:
       raise invalid_argument(
           "a shard lives outside the assembled array's islands")
     by_island.setdefault(p.islands[0].id, []).append(p.buffer)
+  # The assembled array shares its shards' device memory: no result_bytes.
   session.services.dispatcher.submit(
       [IslandOp(i.id, OpKind.COPY, args=by_island.get(i.id, []),
                 results=[array.buffer],
