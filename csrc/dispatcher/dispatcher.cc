@@ -109,7 +109,8 @@ void Dispatcher::Submit(std::vector<IslandOp> gang, uint64_t tag,
       buffers_.Resolve(g->results, refusal, &done);
       if (tag) done.push_back(Completion{tag, refusal, g->payloads});
     } else {
-      fair_.Push(client, Held{std::move(g), std::move(gang)});
+      fair_.Push(client, Held{std::move(g), std::move(gang),
+                              std::chrono::steady_clock::now()});
       AdmitHeld(&outbox, &done);
     }
   }
@@ -130,6 +131,49 @@ bool Dispatcher::Fits(const Held& held) const {
     }
   }
   return true;
+}
+
+const Dispatcher::Island* Dispatcher::ShortOfMemory(const Held& held) const {
+  for (const IslandOp& io : held.ops) {
+    auto it = islands_.find(io.island);
+    if (it == islands_.end() || !it->second->alive ||
+        it->second->capacity == 0) {
+      continue;
+    }
+    int64_t need = 0;
+    for (int64_t b : io.result_bytes) need += b;
+    if (it->second->used + need > it->second->capacity) {
+      return it->second.get();
+    }
+  }
+  return nullptr;
+}
+
+void Dispatcher::ExpireMemoryWaits(double max_wait_s) {
+  Outbox outbox;
+  std::vector<Completion> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto now = std::chrono::steady_clock::now();
+    fair_.DropHeads([&](ClientId client, const Held& held) {
+      double waited =
+          std::chrono::duration<double>(now - held.since).count();
+      const Island* island = ShortOfMemory(held);
+      if (island == nullptr || waited <= max_wait_s) return false;
+      Refuse(*held.gang,
+             Status(Code::kResourceExhausted,
+                    "out of device memory on island " +
+                        std::to_string(island->id) + " (" + island->name +
+                        "): waited " + std::to_string(int(waited)) +
+                        " s for other clients to free " + Size(island->used) +
+                        " of its " + Size(island->capacity) +
+                        "; try again later, or ask for less"),
+             &done);
+      return true;
+    });
+    AdmitHeld(&outbox, &done);
+  }
+  Flush(std::move(outbox), std::move(done));
 }
 
 Status Dispatcher::Hopeless(ClientId client, const Held& held) const {

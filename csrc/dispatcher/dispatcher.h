@@ -79,6 +79,9 @@ class Dispatcher {
   // The client is gone: drops its bookkeeping once its work has finished.
   void ForgetClient(ClientId client);
   std::vector<ClientShare> Shares();
+  // Fails gangs that have waited longer than `max_wait_s` for device memory
+  // other clients hold (called periodically): a wait is never endless.
+  void ExpireMemoryWaits(double max_wait_s);
   // Completes under `tag` when all `ids` are ready, or at the first failure.
   void WhenReady(const std::vector<BufferId>& ids, uint64_t tag);
   BufferState State(BufferId id, Status* failure);
@@ -127,6 +130,7 @@ class Dispatcher {
   struct Held {
     std::shared_ptr<Gang> gang;
     std::vector<IslandOp> ops;
+    std::chrono::steady_clock::time_point since;  // submitted
   };
 
   void ReadLoop(Island* island);
@@ -142,6 +146,8 @@ class Dispatcher {
   // those that only their own client could make room for.
   void AdmitHeld(Outbox* outbox, std::vector<Completion>* done);
   bool Fits(const Held& held) const;
+  // The island whose memory `held` does not fit in, or nullptr.
+  const Island* ShortOfMemory(const Held& held) const;
   // The reason `held` can never get the memory it needs while `client`'s
   // later gangs wait behind it, or OK.
   Status Hopeless(ClientId client, const Held& held) const;

@@ -23,6 +23,8 @@ from jax_pathways.status import Status
 OpKind = _core.OpKind
 # on_done(status, payloads): one payload per op of the gang, in gang order.
 OnDone = Callable[[Status, list[bytes]], None]
+# How long a launch may wait for memory other clients hold before it fails.
+MEMORY_WAIT_S = 60.0
 
 
 class IslandOp(NamedTuple):
@@ -39,8 +41,10 @@ class IslandOp(NamedTuple):
 class Dispatcher:
   """Submits gangs of ops to islands; one instance per controller."""
 
-  def __init__(self, max_in_flight: int):
+  def __init__(self, max_in_flight: int,
+               memory_wait_s: float = MEMORY_WAIT_S):
     self.max_in_flight = max_in_flight
+    self.memory_wait_s = memory_wait_s
     self._core = _core.Dispatcher(max_in_flight)
     self._tags = itertools.count(1)
     self._buffer_ids = itertools.count(1)
@@ -124,6 +128,7 @@ class Dispatcher:
       done = self._core.poll(0.5, 1024)
       if not done and self._stopping:
         return
+      self._core.expire_memory_waits(self.memory_wait_s)
       for tag, code, message, payloads in done:
         with self._lock:
           callback = self._callbacks.pop(tag, None)

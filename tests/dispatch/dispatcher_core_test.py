@@ -290,3 +290,18 @@ def test_what_can_never_fit_fails_clearly_and_loses_nothing():
   assert d.state(1) == ("ready", (0, ""))  # what was computed is kept
   assert d.state(3)[0] == "failed"
   assert ex.next(0.2) is None
+
+
+def test_a_wait_for_memory_is_bounded():
+  d, ex = _pair(memory=1000)
+  _put(d, 1, 600, client=1)
+  _put(d, 2, 600, client=2, tag=9)  # waits for client 1's memory...
+  d.expire_memory_waits(30.0)
+  assert d.stats()[0]["queued"] == 1
+  time.sleep(0.2)
+  d.expire_memory_waits(0.1)        # ... but not for ever
+  (tag, code, msg, _), = _poll_all(d, 1)
+  assert (tag, code) == (9, 8)
+  assert msg.startswith("out of device memory on island 0 (w0): waited 0 s "
+                        "for other clients to free 600 B of its 1000 B")
+  assert d.stats()[0]["queued"] == 0
