@@ -51,7 +51,8 @@ def _print_status(s: dict[str, Any]) -> None:
     print(f"  client {c['client']} ({c['peer']}): asked {c['asked']}, "
           f"holds {held}")
     print(f"    {c['arrays']} arrays ({memory}), "
-          f"{c['executables']} executables")
+          f"{c['executables']} executables, weight {c.get('weight', 1):g}, "
+          f"{c.get('device_seconds', 0):.3f} device-seconds")
   print(f"live buffers {s['live_buffers']}, compiled programs "
         f"{s['compiled_programs']}, host buffer bytes {s['host_buffer_bytes']}")
 

@@ -34,6 +34,8 @@ def test_status_table(pathways, proxy_devices):
   # Who holds what: this process asked for nothing and holds every device.
   assert "asked all devices, holds devices [0, 1, 2, 3, 4, 5, 6, 7]" in (
       out.stdout)
+  assert "weight 1, " in out.stdout and "device-seconds" in out.stdout
+  assert "memory MiB" in out.stdout and "untracked" in out.stdout
 
 
 def test_status_json(pathways, proxy_devices):
