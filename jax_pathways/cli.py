@@ -77,6 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "client, for programs that span islands (same forms)")
   c.add_argument("--max-in-flight", type=int, default=None,
                  help="launches in flight per island (default 16)")
+  c.add_argument("--memory-wait", type=float, default=None,
+                 help="seconds a launch may wait for device memory other "
+                 "clients hold before it fails (default 60)")
   c.add_argument("--parent-pid", type=int, default=None,
                  help=argparse.SUPPRESS)
 
@@ -116,9 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 1 <= max_in_flight <= config.MAX_SAFE_IN_FLIGHT:
       parser.error(f"--max-in-flight={max_in_flight} must be in "
                    f"1..{config.MAX_SAFE_IN_FLIGHT} (XLA:CPU hangs at 64)")
+    if args.memory_wait is not None and not args.memory_wait > 0:
+      parser.error(f"--memory-wait={args.memory_wait} must be > 0 seconds")
     return controller_main.run(args.islands or cfg.islands, args.listen,
                                args.worker_listen, args.coordinator_listen,
-                               cfg.token, max_in_flight, args.parent_pid)
+                               cfg.token, max_in_flight, args.parent_pid,
+                               args.memory_wait)
   if args.command == "worker":
     _setup_logging(cfg.verbosity)
     from jax_pathways.worker import main as worker_main  # pylint: disable=import-outside-toplevel

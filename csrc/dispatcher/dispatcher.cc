@@ -167,7 +167,8 @@ void Dispatcher::ExpireMemoryWaits(double max_wait_s) {
                         "): waited " + std::to_string(int(waited)) +
                         " s for other clients to free " + Size(island->used) +
                         " of its " + Size(island->capacity) +
-                        "; try again later, or ask for less"),
+                        " (the controller's --memory-wait); try again "
+                        "later, or ask for less"),
              &done);
       return true;
     });

@@ -45,10 +45,12 @@ class LocalCluster:
 
   def __init__(self, islands: int, devices_per_island: int,
                max_in_flight: int, log_dir: str | None = None,
-               start_timeout: float = config.DEFAULT_START_TIMEOUT):
+               start_timeout: float = config.DEFAULT_START_TIMEOUT,
+               memory_wait_s: float | None = None):
     self.islands = islands
     self.devices_per_island = devices_per_island
     self.max_in_flight = max_in_flight
+    self.memory_wait_s = memory_wait_s
     self.token = secrets.token_hex(16)
     # Sockets live in a directory only this user can enter (mode 0700).
     self.socket_dir = tempfile.mkdtemp(prefix="jax_pathways_")
@@ -101,7 +103,9 @@ class LocalCluster:
           "--worker-listen", f"unix:{sockets}/workers.sock",
           "--coordinator-listen", f"unix:{sockets}/coordination.sock",
           "--max-in-flight", str(self.max_in_flight),
-          "--parent-pid", str(os.getpid())])
+          "--parent-pid", str(os.getpid())] + (
+              ["--memory-wait", str(self.memory_wait_s)]
+              if self.memory_wait_s is not None else []))
       ready = self._read_ready_line(self.controller, deadline)
       self.controller_address = ready["address"]
       for i in range(self.islands):

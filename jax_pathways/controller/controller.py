@@ -18,7 +18,7 @@ from jax_pathways.controller.coordination import Coordinator
 from jax_pathways.controller.grpc_service import GrpcService
 from jax_pathways.controller.session import Services
 from jax_pathways.controller.worker_listener import WorkerListener
-from jax_pathways.dispatch.dispatcher import Dispatcher
+from jax_pathways.dispatch.dispatcher import MEMORY_WAIT_S, Dispatcher
 from jax_pathways.resources.resource_manager import ResourceManager
 from jax_pathways.resources.topology import Topology
 
@@ -29,10 +29,13 @@ class Controller:
   def __init__(self, islands: int, listen: str = "127.0.0.1:0",
                worker_listen: str = "127.0.0.1:0",
                coordinator_listen: str = "127.0.0.1:0",
-               token: str | None = None, max_in_flight: int = 16):
+               token: str | None = None, max_in_flight: int = 16,
+               memory_wait_s: float | None = None):
     self.started = time.time()
     self.topology = Topology(islands)
-    self.dispatcher = Dispatcher(max_in_flight)
+    self.dispatcher = Dispatcher(
+        max_in_flight,
+        MEMORY_WAIT_S if memory_wait_s is None else memory_wait_s)
     # Programs may span islands once the workers share a global client.
     self.coordinator = (Coordinator(islands, coordinator_listen)
                         if islands > 1 else None)

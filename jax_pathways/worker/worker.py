@@ -83,8 +83,9 @@ class Worker:
         if op.kind == OpKind.SHUTDOWN:
           self._completions.add(op.seq, [])
           return
-        record = self._tracer.issuing(op.seq, op.kind.name.lower(),
-                                      self._name(op))
+        record = (self._tracer.issuing(op.seq, op.kind.name.lower(),
+                                       self._name(op))
+                  if self._tracer.enabled else None)
         try:
           self._handlers[op.kind](op)
           if record is not None:

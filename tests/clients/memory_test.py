@@ -20,11 +20,24 @@ pytestmark = [pytest.mark.integration, pytest.mark.multiprocess]
 SCRIPT = os.path.join(os.path.dirname(__file__), "memory_client.py")
 
 
+def _cluster(monkeypatch, **kwargs):
+  monkeypatch.setenv(config.DEVICE_MEMORY, "8M")
+  c = LocalCluster(islands=2, devices_per_island=4, max_in_flight=16, **kwargs)
+  c.start()
+  return c
+
+
 @pytest.fixture
 def cluster(monkeypatch):
-  monkeypatch.setenv(config.DEVICE_MEMORY, "8M")
-  c = LocalCluster(islands=2, devices_per_island=4, max_in_flight=16)
-  c.start()
+  c = _cluster(monkeypatch)
+  yield c
+  c.stop()
+
+
+@pytest.fixture
+def impatient_cluster(monkeypatch):
+  """Launches wait at most 1 s for memory (`--memory-wait 1`)."""
+  c = _cluster(monkeypatch, memory_wait_s=1.0)
   yield c
   c.stop()
 
@@ -93,3 +106,26 @@ def test_uploads_wait_for_memory_and_fail_clearly(cluster):
   while _island0(cluster)["memory_used"] and time.monotonic() < deadline:
     time.sleep(0.2)
   assert _island0(cluster)["memory_used"] == 0  # the dead clients' memory
+
+
+def test_a_wait_for_memory_is_bounded_by_the_controller_flag(
+    impatient_cluster):
+  a, b = Client(impatient_cluster), Client(impatient_cluster)
+  try:
+    a.send("put 20")
+    assert a.reply() == {"ok": 1}
+    start = time.monotonic()
+    b.send("put 20")            # a never frees: b gives up after ~1 s
+    msg = b.reply(timeout=30)["error"]
+    assert time.monotonic() - start < 20
+    assert "RESOURCE_EXHAUSTED" in msg
+    assert "out of device memory on island 0" in msg
+    assert "for other clients to free 20.0 MiB of its 32.0 MiB" in msg
+    assert "(the controller's --memory-wait)" in msg
+    b.send("put 8")             # what fits still goes
+    assert b.reply() == {"ok": 1}
+    a.send("check")
+    assert a.reply() == {"ok": True}
+  finally:
+    a.kill()
+    b.kill()
