@@ -26,14 +26,15 @@ import jax_pathways  # noqa: E402
 DEVICES = 4
 
 
-def setup(islands: int = 1, devices_per_island: int = DEVICES
-          ) -> tuple[list[Any], list[Any]]:
-  """Starts the embedded cluster; returns (pathways devices, cpu devices):
-  every island's devices and as many in-process CPU devices."""
+def setup(islands: int = 1, devices_per_island: int = DEVICES,
+          **cluster: Any) -> tuple[list[Any], list[Any]]:
+  """Starts the embedded cluster (`cluster`: more initialize() options);
+  returns (pathways devices, cpu devices): every island's devices and as
+  many in-process CPU devices."""
   n = islands * devices_per_island
   jax.config.update("jax_num_cpu_devices", n)
   jax_pathways.initialize(islands=islands,
-                          devices_per_island=devices_per_island)
+                          devices_per_island=devices_per_island, **cluster)
   CONTEXT["devices"] = n
   return jax.devices("proxy")[:n], jax.devices("cpu")[:n]
 

@@ -40,7 +40,8 @@ def initialize(address: str | None = None, *, islands: int | None = None,
                token: str | None = None,
                devices: int | Sequence[int] | None = None,
                island: int | None = None,
-               weight: float | None = None) -> str:
+               weight: float | None = None,
+               reduction_order: str | None = None) -> str:
   """Makes JAX in this process run on jax_pathways; returns the address.
 
   Args:
@@ -58,6 +59,10 @@ def initialize(address: str | None = None, *, islands: int | None = None,
     weight: this process's share of devices other clients also use, when
       they are all busy, relative to the others' weights (default 1;
       JAX_PATHWAYS_WEIGHT).
+    reduction_order: embedded cluster: 'rank' (default) makes float sums of
+      programs that span islands add in the order one host would (the same
+      bits; each such reduction gathers n copies); 'ring' leaves them to
+      gloo's ring all-reduce (less memory; the last bits may differ).
   """
   global _cluster, _address, _token
   from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
@@ -89,18 +94,24 @@ def initialize(address: str | None = None, *, islands: int | None = None,
       if token is not None:
         raise ValueError("token= is for joining a running controller; an "
                          "embedded cluster makes its own")
+      if reduction_order not in (None, "rank", "ring"):
+        raise ValueError(f"jax_pathways.initialize: reduction_order="
+                         f"{reduction_order!r} must be 'rank' or 'ring'")
       cluster = LocalCluster(
           islands if islands is not None else cfg.islands,
           devices_per_island if devices_per_island is not None
           else cfg.devices_per_island,
           max_in_flight if max_in_flight is not None else cfg.max_in_flight,
-          log_dir=cfg.log_dir, start_timeout=cfg.start_timeout)
+          log_dir=cfg.log_dir, start_timeout=cfg.start_timeout,
+          reduction_order=reduction_order or "rank")
       cluster.start()
       _cluster = cluster
       address, token = cluster.address, cluster.token
-    elif islands is not None or devices_per_island is not None:
-      raise ValueError("islands= and devices_per_island= shape an embedded "
-                       "cluster; a running controller has its own")
+    elif (islands is not None or devices_per_island is not None or
+          reduction_order is not None):
+      raise ValueError("islands=, devices_per_island= and reduction_order= "
+                       "shape an embedded cluster; a running controller has "
+                       "its own (jax-pathways controller --reduction-order)")
     _address = _normalize(address)
     _token = token or cfg.token
     plugin.configure(_token, wanted)

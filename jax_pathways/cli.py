@@ -80,6 +80,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   c.add_argument("--memory-wait", type=float, default=None,
                  help="seconds a launch may wait for device memory other "
                  "clients hold before it fails (default 60)")
+  c.add_argument("--reduction-order", choices=("rank", "ring"),
+                 default="rank",
+                 help="float sums of programs that span islands: 'rank' adds "
+                 "in the order one host would (same bits; each reduction "
+                 "gathers n copies), 'ring' leaves them to gloo's ring "
+                 "(less memory, last bits differ) (default rank)")
   c.add_argument("--parent-pid", type=int, default=None,
                  help=argparse.SUPPRESS)
 
@@ -124,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return controller_main.run(args.islands or cfg.islands, args.listen,
                                args.worker_listen, args.coordinator_listen,
                                cfg.token, max_in_flight, args.parent_pid,
-                               args.memory_wait)
+                               args.memory_wait, args.reduction_order)
   if args.command == "worker":
     _setup_logging(cfg.verbosity)
     from jax_pathways.worker import main as worker_main  # pylint: disable=import-outside-toplevel

@@ -46,11 +46,13 @@ class LocalCluster:
   def __init__(self, islands: int, devices_per_island: int,
                max_in_flight: int, log_dir: str | None = None,
                start_timeout: float = config.DEFAULT_START_TIMEOUT,
-               memory_wait_s: float | None = None):
+               memory_wait_s: float | None = None,
+               reduction_order: str = "rank"):
     self.islands = islands
     self.devices_per_island = devices_per_island
     self.max_in_flight = max_in_flight
     self.memory_wait_s = memory_wait_s
+    self.reduction_order = reduction_order
     self.token = secrets.token_hex(16)
     # Sockets live in a directory only this user can enter (mode 0700).
     self.socket_dir = tempfile.mkdtemp(prefix="jax_pathways_")
@@ -86,7 +88,12 @@ class LocalCluster:
     with open(log_path, "ab") as log:
       proc = subprocess.Popen(
           [sys.executable, "-m", "jax_pathways.cli", *args],
-          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
+          # The controller's stdout carries its ready line and shows its
+          # death; a worker's goes to its log (a pipe nobody reads would
+          # block the worker once full).
+          stdin=subprocess.DEVNULL,
+          stdout=subprocess.PIPE if name == "controller" else log,
+          stderr=log,
           # Not the caller's directory: `-m` would import a source checkout
           # found there (without its compiled core) instead of the install.
           cwd=self.log_dir, env=env, start_new_session=True)
@@ -103,6 +110,7 @@ class LocalCluster:
           "--worker-listen", f"unix:{sockets}/workers.sock",
           "--coordinator-listen", f"unix:{sockets}/coordination.sock",
           "--max-in-flight", str(self.max_in_flight),
+          "--reduction-order", self.reduction_order,
           "--parent-pid", str(os.getpid())] + (
               ["--memory-wait", str(self.memory_wait_s)]
               if self.memory_wait_s is not None else []))

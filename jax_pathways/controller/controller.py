@@ -30,7 +30,8 @@ class Controller:
                worker_listen: str = "127.0.0.1:0",
                coordinator_listen: str = "127.0.0.1:0",
                token: str | None = None, max_in_flight: int = 16,
-               memory_wait_s: float | None = None):
+               memory_wait_s: float | None = None,
+               reduction_order: str = "rank"):
     self.started = time.time()
     self.topology = Topology(islands)
     self.dispatcher = Dispatcher(
@@ -53,7 +54,8 @@ class Controller:
     self.address = ""
     self._workers = WorkerListener(
         worker_listen, token, self.topology, self.dispatcher,
-        self.coordinator.address if self.coordinator else None)
+        self.coordinator.address if self.coordinator else None,
+        reduction_order)
     self.worker_address = self._workers.address
 
   def start(self) -> None:

@@ -25,9 +25,11 @@ class WorkerListener:
   """Accepts, authenticates and registers island workers."""
 
   def __init__(self, address: str, token: str | None, topology: Topology,
-               dispatcher: Dispatcher, coordinator: str | None):
+               dispatcher: Dispatcher, coordinator: str | None,
+               reduction_order: str = "rank"):
     self._token = token
     self._coordinator = coordinator
+    self._reduction_order = reduction_order
     self._topology = topology
     self._dispatcher = dispatcher
     self._sock = addresses.listen(address)
@@ -63,7 +65,9 @@ class WorkerListener:
       admitted.append(island)
       return {"island": int(island.id),
               "islands": self._topology.expected_islands,
-              "coordinator": self._coordinator}
+              "coordinator": self._coordinator,
+              # Every worker must rewrite programs alike (or gloo hangs).
+              "reduction_order": self._reduction_order}
 
     try:
       handshake.accept(sock, self._token, decide, HANDSHAKE_TIMEOUT_S)

@@ -69,6 +69,7 @@ def run(controller: str, island: int | None, devices: int,
       gloo_host = socket.gethostname()
     backend.join_global(peers.island, int(welcome["islands"]),
                         welcome["coordinator"], gloo_host)
+    backend.rank_order_reductions = welcome.get("reduction_order") == "rank"
   logging.info("worker pid %d joined as island %d (%d devices); data at %s",
                os.getpid(), peers.island, len(backend.devices), peers.address)
   executor = _core.Executor(sock.detach())

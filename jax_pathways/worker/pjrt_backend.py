@@ -24,6 +24,7 @@ import hashlib
 from typing import Any, Sequence
 
 import numpy as np
+from absl import logging
 
 import jax
 from jax._src import core as jax_core
@@ -35,6 +36,7 @@ from jax._src.lib import _jax
 from jax._src.lib import xla_client as xc
 from jax._src.lib.mlir import ir
 
+from jax_pathways.worker import order_reductions
 from jax_pathways.worker import shards
 
 # Seconds a worker waits for every island to join the global client, and the
@@ -94,6 +96,9 @@ class PjrtBackend:
     self.global_client: Any = None
     self._global_devices: dict[tuple[int, int], Any] = {}
     self._local_global: tuple[Any, ...] = ()
+    # Float all-reduces of programs across islands add in the order one
+    # host would (order_reductions); off: gloo's ring order, less memory.
+    self.rank_order_reductions = True
     self._cache: dict[str, Program] = {}  # compile key -> Program
     self._ir_context = mlir.make_ir_context()
 
@@ -174,8 +179,13 @@ class PjrtBackend:
     # The client compiled for its own device ids; these are this worker's.
     compile_options.device_assignment = xc.DeviceAssignment.create(
         np.array([d.id for d in devices]).reshape(replicas, -1))
-    executable = client.compile_and_load(program, xc.DeviceList(devices),
-                                         compile_options)
+    device_list = xc.DeviceList(devices)
+    if client is self.global_client and self.rank_order_reductions:
+      executable, runner = self._compile_rank_ordered(
+          program, device_list, compile_options, replicas)
+    else:
+      executable = runner = client.compile_and_load(program, device_list,
+                                                    compile_options)
     outputs, donated = self._signature(program)
     out_shardings = executable.get_output_shardings()
     handlers = []
@@ -189,11 +199,40 @@ class PjrtBackend:
       aval = jax_core.ShapedArray(shape, np_dtype(dtype))
       handlers.append(xc.array_result_handler(aval, sharding, committed=True,
                                               _skip_checks=True))
-    metadata = self._metadata(executable, outputs)
+    metadata = self._metadata(runner, outputs)
     metadata["donated_input_indices"] = donated
-    prog = Program(executable, client, devices, handlers, metadata)
+    # What the client sees of a rank-ordered program is the program it sent.
+    for field in ("output_shardings", "parameter_shardings"):
+      metadata[field] = self._shardings(getattr(executable, f"get_{field}")())
+    prog = Program(runner, client, devices, handlers, metadata)
     self._cache[key] = prog
     return prog
+
+  def _compile_rank_ordered(self, program: bytes, devices: Any,
+                            options: Any, replicas: int) -> tuple[Any, Any]:
+    """(the program compiled as usual, the same program with its float
+    all-reduces combined in rank order: see order_reductions)."""
+    client = self.global_client
+    executable, partitioned = order_reductions.partitioned_module(
+        client, program, devices, options)
+    try:
+      if partitioned is None:
+        raise order_reductions.NotRewritten(
+            "XLA wrote no module after its SPMD partitioner")
+      text, rewritten = order_reductions.order_reductions(
+          self._ir_context, partitioned, replicas)
+      if not rewritten:
+        return executable, executable
+      runner = client.compile_and_load(
+          text.encode(), devices, order_reductions.partitioned_options(options))
+      logging.info("%s: %d float reductions combined in rank order",
+                   executable.hlo_modules()[0].name, rewritten)
+      return executable, runner
+    except Exception as e:  # pylint: disable=broad-except
+      # Still correct, only not bit-identical to one host: say so, run it.
+      logging.warning("%s: float sums across islands keep gloo's order (%s)",
+                      executable.hlo_modules()[0].name, e)
+      return executable, executable
 
   def execute(self, program: Program, args: Sequence[jax.Array]) -> list[jax.Array]:
     args = [self.on_client(a, program.client) for a in args]
@@ -227,13 +266,15 @@ class PjrtBackend:
     raise ValueError("the program has no public function @main")
 
   @staticmethod
+  def _shardings(shardings: list[Any] | None) -> list[str] | None:
+    if shardings is None:
+      return None
+    return [base64.b64encode(s.SerializeToString()).decode()
+            for s in shardings]
+
+  @staticmethod
   def _metadata(executable: Any, outputs: list[tuple[tuple[int, ...], str]]
                 ) -> dict[str, Any]:
-    def shardings(lst):
-      if lst is None:
-        return None
-      return [base64.b64encode(s.SerializeToString()).decode() for s in lst]
-
     def layouts(fn):
       try:
         # pylint: disable-next=protected-access
@@ -250,8 +291,6 @@ class PjrtBackend:
         "name": executable.hlo_modules()[0].name,
         "fingerprint": _fingerprint(executable),
         "outputs": [{"shape": list(s), "dtype": d} for s, d in outputs],
-        "output_shardings": shardings(executable.get_output_shardings()),
-        "parameter_shardings": shardings(executable.get_parameter_shardings()),
         "output_layouts": layouts(executable.get_output_layouts),
         "parameter_layouts": layouts(executable.get_parameter_layouts),
         "output_memory_kinds": [list(k) for k in

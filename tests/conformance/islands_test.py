@@ -52,13 +52,10 @@ def test_device_put_across_islands_and_back(run_both):
   run_both(program)
 
 
-def test_data_parallel_jit_over_both_islands(proxy_devices, cpu_devices):
+def test_data_parallel_jit_over_both_islands(run_both):
   """One SPMD program over all 8 devices of 2 islands, gloo between the
-  island workers. Not bit-exact against local CPU: gloo's ring all-reduce
-  adds the 8 partial gradients in another order than XLA's in-process
-  all-reduce, so floating-point sums may differ in the last bit (they are
-  identical wherever the sum is exact, see test_collectives_across_islands).
-  """
+  island workers, the same bits as one host: its float reductions add in
+  rank order (worker/order_reductions.py)."""
   def program(devices):
     mesh = Mesh(np.array(devices), ("data",))
     batch = NamedSharding(mesh, P("data"))
@@ -79,14 +76,72 @@ def test_data_parallel_jit_over_both_islands(proxy_devices, cpu_devices):
       w, loss = step(w, x, y)
       losses.append(loss)
     assert w.sharding.mesh.devices.size == 8
-    return np.array(losses), np.asarray(w)
+    return losses, w
+  run_both(program)
 
-  with jax.default_device(cpu_devices[0]):
-    expected = program(cpu_devices)
-  with jax.default_device(proxy_devices[0]):
-    actual = program(proxy_devices)
-  for e, a in zip(expected, actual):
-    np.testing.assert_allclose(a, e, rtol=2e-6, atol=1e-7)
+
+def test_data_and_model_parallel_training_across_islands(run_both):
+  """A 4-layer MLP on a (data 4, model 2) mesh over both islands: gradient
+  all-reduces over 'data' cross islands, activations' over 'model' do
+  not."""
+  def program(devices):
+    mesh = Mesh(np.array(devices).reshape(4, 2), ("data", "model"))
+    rng = np.random.default_rng(1)
+    ws = [jax.device_put(rng.standard_normal((32, 32)).astype(np.float32) * .2,
+                         NamedSharding(mesh, P(None, "model")))
+          for _ in range(4)]
+    x = jax.device_put(rng.standard_normal((64, 32)).astype(np.float32),
+                       NamedSharding(mesh, P("data")))
+
+    @jax.jit
+    def step(ws, x):
+      def loss(ws):
+        h = x
+        for w in ws:
+          h = jnp.tanh(h @ w)
+        return jnp.mean(h ** 2)
+      value, grads = jax.value_and_grad(loss)(ws)
+      return [w - 0.5 * g for w, g in zip(ws, grads)], value
+
+    losses = []
+    for _ in range(3):
+      ws, value = step(ws, x)
+      losses.append(value)
+    return losses, ws
+  run_both(program)
+
+
+def test_float_reductions_across_islands_add_in_rank_order(run_both):
+  """psum, pmean, psum_scatter, sums and products over a sharded axis
+  (f32, bf16, f16), on values whose float sum depends on the order of the
+  terms."""
+  rng = np.random.default_rng(2)
+  values = (rng.standard_normal((64, 16)) *
+            10.0 ** rng.integers(-4, 5, (64, 16))).astype(np.float32)
+  parts = values.reshape(8, 8, 16).sum(axis=1)
+  in_order, backwards = parts[0].copy(), parts[7].copy()
+  for i in range(1, 8):
+    in_order, backwards = in_order + parts[i], backwards + parts[7 - i]
+  assert not np.array_equal(in_order, backwards)  # the order shows
+
+  def program(devices):
+    mesh = Mesh(np.array(devices).reshape(2, 4), ("a", "b"))
+    x = jax.device_put(values, NamedSharding(mesh, P(("a", "b"))))
+    f = jax.jit(jax.shard_map(
+        lambda v: (jax.lax.psum(v, ("a", "b")), jax.lax.pmean(v, "a"),
+                   jax.lax.psum_scatter(v, ("a", "b"), tiled=True),
+                   jax.lax.psum_scatter(v, "a", tiled=True),
+                   jax.lax.psum(v.astype(jnp.bfloat16), "b")),
+        mesh=mesh, in_specs=P(("a", "b")),
+        out_specs=(P(), P("b"), P(("a", "b")), P(("a", "b")), P("a"))))
+    # 80 KB per device: above GATHER_BYTES, chunks are exchanged.
+    wide = jax.device_put(np.tile(values, (1, 1250)),
+                          NamedSharding(mesh, P(("a", "b"))))
+    g = jax.jit(lambda v: (v.sum(axis=0), jnp.prod(1 + v * 1e-6, axis=0),
+                           jnp.prod((1 + v * 1e-3).astype(jnp.bfloat16), axis=0),
+                           v.astype(jnp.float16).sum(axis=0)))
+    return f(x), g(x), jax.jit(lambda v: v.sum(axis=0))(wide)
+  run_both(program)
 
 
 def test_collectives_across_islands(run_both):

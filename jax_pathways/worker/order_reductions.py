@@ -1,0 +1,330 @@
+"""Makes programs that span islands add in the order one host would.
+
+XLA's in-process CPU all-reduce combines the participants' values in rank
+order, x0 + x1 + ... + x(n-1) (checked bit for bit), so a data-parallel
+program on one host with 8 devices has one answer. Between processes the
+global client's collectives go over gloo, whose ring all-reduce starts each
+chunk at another rank: the same program over two islands differs in the last
+bits of every float sum. This pass fixes the order without touching gloo:
+
+  1. compile the program as usual, with XLA dumping the module right after
+     its SPMD partitioner (the per-device program, collectives explicit);
+  2. rewrite each floating-point add/multiply reduce-scatter in it into an
+     all-to-all (participant r receives everyone's r-th block; exact, it
+     only copies) and the combine of those n blocks in rank order; and each
+     such all-reduce into the same over chunks of the flattened value,
+     followed by an all-gather of the combined chunks;
+  3. compile the result as an already partitioned program (every parameter
+     and result {manual}, so the partitioner leaves it as it is).
+
+Cost: the rewritten collectives move as many bytes as gloo's ring does, in
+two or three rounds instead of 2(n-1) steps; the program is compiled twice
+(once, then cached). Integer, min and max reductions are exact in any order
+and are left to gloo, as are programs with several replicas.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import tempfile
+from typing import Any
+
+import numpy as np
+from jax._src.lib import _jax
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import hlo
+
+# The combines whose result depends on the order of the operands.
+_COMBINES = {"stablehlo.add": hlo.AddOp, "stablehlo.multiply": hlo.MulOp}
+_REDUCTIONS = ("stablehlo.all_reduce", "stablehlo.reduce_scatter")
+# All-reduces of at most this many bytes gather all n values in one round;
+# larger ones exchange chunks first (less traffic, one more round).
+GATHER_BYTES = 64 << 10
+
+
+class NotRewritten(Exception):
+  """The program could not be taken apart; it runs with gloo's order."""
+
+
+def partitioned_module(client: Any, program: bytes, devices: Any,
+                       options: Any) -> tuple[Any, str | None]:
+  """Compiles `program` as usual and returns (executable, the per-device
+  module XLA dumped right after its SPMD partitioner, or None if it wrote
+  none)."""
+  dump = tempfile.mkdtemp(prefix="jax_pathways_partitioned_")
+  try:
+    # A copy: dump options left on would, with no directory, dump to stdout.
+    options = type(options).ParseFromString(options.SerializeAsString())
+    debug = options.executable_build_options.debug_options
+    debug.xla_dump_to = dump
+    debug.xla_dump_hlo_pass_re = "spmd-partitioning"
+    debug.xla_dump_hlo_as_proto = True
+    debug.xla_dump_hlo_as_text = False
+    executable = client.compile_and_load(program, devices, options)
+    found = [f for f in glob.glob(os.path.join(
+        dump, "*after_spmd-partitioning*")) if f.endswith(".pb")]
+    if not found:
+      return executable, None
+    with open(found[0], "rb") as f:
+      dumped = f.read()
+  finally:
+    shutil.rmtree(dump, ignore_errors=True)
+  return executable, dumped
+
+
+def order_reductions(context: ir.Context, dumped: bytes, replicas: int = 1
+                     ) -> tuple[str, int]:
+  """Rewrites the float add/multiply all-reduces and reduce-scatters of a
+  partitioned module (see the module docstring); returns (the program to
+  compile with `partitioned_options`, how many collectives were
+  rewritten)."""
+  if replicas != 1:  # collective ids would not all be partition ids
+    return "", 0
+  text = _jax.mlir.hlo_to_stablehlo(_hlo_module(dumped))
+  with context, ir.Location.unknown():
+    module = ir.Module.parse(text)
+    meshes = _meshes(module)
+    rewritten = sum(_rewrite(op, meshes) for op in _reductions(module.operation))
+    if rewritten:
+      _mark_manual(module)
+      module.operation.verify()
+    return str(module), rewritten
+
+
+def partitioned_options(options: Any) -> Any:
+  """`options` for a program that is already partitioned."""
+  build = options.executable_build_options
+  build.use_spmd_partitioning = True
+  build.use_shardy_partitioner = False  # it reads {manual} shardings
+  return options
+
+
+def _hlo_module(hlo_proto: bytes) -> bytes:
+  """The HloModuleProto (field 1) of a dumped HloProto."""
+  if not hlo_proto or hlo_proto[0] != 0x0A:
+    raise NotRewritten("the dumped module is not an HloProto")
+  size, shift, i = 0, 0, 1
+  while True:
+    byte = hlo_proto[i]
+    size |= (byte & 0x7F) << shift
+    shift += 7
+    i += 1
+    if byte < 0x80:
+      return hlo_proto[i:i + size]
+
+
+def _reductions(op: Any) -> list[Any]:
+  found = []
+  for region in op.regions:
+    for block in region.blocks:
+      for inner in block.operations:
+        found.extend(_reductions(inner.operation))
+        if inner.operation.name in _REDUCTIONS:
+          found.append(inner.operation)
+  return found
+
+
+def _meshes(module: ir.Module) -> dict[str, dict[str, int]]:
+  """sdy mesh name -> {axis: size}, in axis order (meshes name the replica
+  groups of collectives the partitioner writes in mesh-axes form). Meshes
+  with explicit device ids are left out (their groups are not read here)."""
+  meshes = {}
+  for op in module.body.operations:
+    if op.operation.name == "sdy.mesh":
+      mesh = str(op.operation.attributes["mesh"])
+      if "device_ids" in mesh:
+        continue
+      name = ir.StringAttr(op.operation.attributes["sym_name"]).value
+      meshes[name] = {a: int(n) for a, n in re.findall(
+          r'"([^"]+)"\s*=\s*(\d+)', mesh)}
+  return meshes
+
+
+def _groups(attr: ir.Attribute, meshes: dict[str, dict[str, int]]
+            ) -> np.ndarray | None:
+  """[groups, size] participant ids, in rank order; None if not read."""
+  if isinstance(attr, ir.DenseIntElementsAttr):
+    shape = attr.type.shape
+    if len(shape) != 2:
+      return None
+    return np.array([int(v) for v in attr], np.int64).reshape(shape)
+  text = str(attr)
+  match = re.match(r"#stablehlo\.replica_group_mesh_axes<mesh = @([\w.$-]+), "
+                   r"axes = \[(.*)\]>$", text)
+  if not match or "sub_axis" in text or match.group(1) not in meshes:
+    return None
+  mesh = meshes[match.group(1)]
+  axes = re.findall(r'name = "([^"]+)"', match.group(2))
+  names = list(mesh)
+  # Ids are the mesh's row-major positions; a group varies `axes` (its
+  # first axis slowest) with the other axes fixed.
+  ids = np.arange(int(np.prod(list(mesh.values())))).reshape(
+      [mesh[a] for a in names])
+  order = [names.index(a) for a in names if a not in axes]
+  order += [names.index(a) for a in axes]
+  size = int(np.prod([mesh[a] for a in axes]))
+  return ids.transpose(order).reshape(-1, size)
+
+
+def _combine(op: Any) -> Any:
+  """The order-dependent elementwise op the collective combines with."""
+  body = list(op.regions[0].blocks[0].operations)
+  if len(body) != 2 or body[0].operation.name not in _COMBINES:
+    return None
+  args = list(op.regions[0].blocks[0].arguments)
+  if list(body[0].operation.operands) != args:
+    return None
+  return _COMBINES[body[0].operation.name]
+
+
+def _rewrite(op: Any, meshes: dict[str, dict[str, int]]) -> bool:
+  """Replaces `op` (an all-reduce or reduce-scatter) by an all-to-all and
+  a combine in rank order (see the module docstring); False (and `op`
+  untouched) where that is not needed or not understood."""
+  combine = _combine(op)
+  groups = _groups(op.attributes["replica_groups"], meshes)
+  types = [ir.RankedTensorType(v.type) for v in op.operands]
+  if (combine is None or groups is None or groups.shape[1] < 2 or
+      not any(_inexact(t.element_type) for t in types) or
+      any(0 in t.shape for t in types)):
+    return False
+  channel = {k: op.attributes[k] for k in ("channel_handle",)
+             if k in op.attributes}
+  dense = ir.DenseIntElementsAttr.get(np.ascontiguousarray(groups))
+  with ir.InsertionPoint(op), op.location:
+    if op.name == "stablehlo.reduce_scatter":
+      dim = ir.IntegerAttr(op.attributes["scatter_dimension"]).value
+      results = [_exchange_combine(op.operands[0], dim, dense, channel,
+                                   combine)]
+    else:
+      results = [_all_reduce(v, t, dense, channel, combine)
+                 for v, t in zip(op.operands, types)]
+  for old, new in zip(op.results, results):
+    old.replace_all_uses_with(new)
+  op.erase()
+  return True
+
+
+def _all_reduce(value: Any, t: ir.RankedTensorType, groups: Any,
+                channel: dict[str, Any], combine: Any) -> Any:
+  """Small values: everyone gathers all n and combines them in rank order
+  (one round). Larger ones: participant r combines, in rank order,
+  everyone's r-th chunk of the flattened value, and the combined chunks are
+  gathered (two rounds, as many bytes as a ring all-reduce moves)."""
+  n = ir.DenseIntElementsAttr(groups).type.shape[1]
+  size = int(np.prod(t.shape))
+  flat = hlo.ReshapeOp(_tensor([size], t), value).result
+  gather = {"all_gather_dim": _i64(0), "replica_groups": groups, **channel}
+  if channel:  # ids are partitions, as the all-to-all's (one replica)
+    gather["use_global_device_ids"] = ir.UnitAttr.get()
+  if size * _itemsize(t) <= GATHER_BYTES:
+    everyone = ir.Operation.create(
+        "stablehlo.all_gather", results=[_tensor([size * n], t)],
+        operands=[flat], attributes=gather).result
+    return hlo.ReshapeOp(t, _combine_blocks(everyone, 0, n, combine)).result
+  chunk = -(-size // n)
+  if chunk * n != size:  # pad with copies of an element: dropped at the end
+    first = hlo.SliceOp(flat, _i64s([0]), _i64s([1]), _i64s([1])).result
+    filler = hlo.BroadcastInDimOp(_tensor([chunk * n - size], t), first,
+                                  _i64s([0])).result
+    flat = hlo.ConcatenateOp([flat, filler], 0).result
+  mine = _exchange_combine(flat, 0, groups, channel, combine)
+  whole = ir.Operation.create(
+      "stablehlo.all_gather", results=[_tensor([chunk * n], t)],
+      operands=[mine], attributes=gather).result
+  if chunk * n != size:
+    whole = hlo.SliceOp(whole, _i64s([0]), _i64s([size]), _i64s([1])).result
+  return hlo.ReshapeOp(t, whole).result
+
+
+def _exchange_combine(value: Any, dim: int, groups: Any,
+                      channel: dict[str, Any], combine: Any) -> Any:
+  """Splits `value` into n blocks along `dim`, sends block j to the j-th
+  participant, and combines the n blocks it receives in rank order: a
+  reduce-scatter whose sums add one by one, as XLA's in-process one does."""
+  t = ir.RankedTensorType(value.type)
+  n = ir.DenseIntElementsAttr(groups).type.shape[1]
+  attrs = {"split_dimension": _i64(dim), "concat_dimension": _i64(dim),
+           "split_count": _i64(n), "replica_groups": groups, **channel}
+  received = ir.Operation.create("stablehlo.all_to_all", results=[t],
+                                 operands=[value], attributes=attrs).result
+  return _combine_blocks(received, dim, n, combine)
+
+
+def _combine_blocks(value: Any, dim: int, n: int, combine: Any) -> Any:
+  """combine(...combine(b0, b1)..., b(n-1)) over the n blocks of `value`
+  along `dim`."""
+  t = ir.RankedTensorType(value.type)
+  block = list(t.shape)
+  block[dim] //= n
+  out = _tensor(block, t)
+  # XLA's in-process reduction adds bfloat16 in float32, rounding once.
+  wide = (ir.RankedTensorType.get(block, ir.F32Type.get())
+          if isinstance(t.element_type, ir.BF16Type) else out)
+  total = None
+  for j in range(n):
+    start = [0] * len(block)
+    start[dim] = j * block[dim]
+    limit = list(block)
+    limit[dim] = (j + 1) * block[dim]
+    part = hlo.SliceOp(value, _i64s(start), _i64s(limit),
+                       _i64s([1] * len(block))).result
+    if wide is not out:
+      part = hlo.ConvertOp(wide, part).result
+    total = part if total is None else combine(total, part).result
+  return total if wide is out else hlo.ConvertOp(out, total).result
+
+
+def _itemsize(t: ir.RankedTensorType) -> int:
+  et = t.element_type
+  if isinstance(et, ir.ComplexType):
+    return 2 * _itemsize(ir.RankedTensorType.get([], et.element_type))
+  return max(1, et.width // 8)
+
+
+def _tensor(shape: list[int], like: ir.RankedTensorType
+            ) -> ir.RankedTensorType:
+  return ir.RankedTensorType.get(shape, like.element_type)
+
+
+def _i64(value: int) -> ir.IntegerAttr:
+  return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), value)
+
+
+def _inexact(element_type: Any) -> bool:
+  """Types whose sums depend on the order, and whose in-process order is
+  known (measured: f16/f32/f64/complex add one by one, bf16 in f32)."""
+  return isinstance(element_type, (ir.F16Type, ir.BF16Type, ir.F32Type,
+                                   ir.F64Type, ir.ComplexType))
+
+
+def _i64s(values: list[int]) -> ir.DenseI64ArrayAttr:
+  return ir.DenseI64ArrayAttr.get(values)
+
+
+def _mark_manual(module: ir.Module) -> None:
+  """Every parameter and result of @main {manual}: the program is per
+  device already."""
+  for name in ("mhlo.spmd_output_sharding", "mhlo.spmd_parameters_shardings"):
+    if name in module.operation.attributes:
+      del module.operation.attributes[name]
+  manual = ir.StringAttr.get("{manual}")
+  for op in module.body.operations:
+    if (op.operation.name != "func.func" or
+        ir.StringAttr(op.operation.attributes["sym_name"]).value != "main"):
+      continue
+    ftype = ir.FunctionType(
+        ir.TypeAttr(op.operation.attributes["function_type"]).value)
+    for key, count in (("arg_attrs", len(ftype.inputs)),
+                       ("res_attrs", len(ftype.results))):
+      old = (list(ir.ArrayAttr(op.operation.attributes[key]))
+             if key in op.operation.attributes else [None] * count)
+      new = []
+      for attrs in old:
+        entries = ({a.name: a.attr for a in ir.DictAttr(attrs)}
+                   if attrs is not None else {})
+        entries["mhlo.sharding"] = manual
+        new.append(ir.DictAttr.get(entries))
+      op.operation.attributes[key] = ir.ArrayAttr.get(new)
