@@ -34,15 +34,17 @@ def test_bad_arguments():
   out = _run("""
       import jax_pathways
       for kwargs in ({"address": "grpc://127.0.0.1:1", "islands": 2},
-                     {"address": None, "token": "t"}):
+                     {"address": None, "token": "t"},
+                     {"reduction_order": "fastest"}):
         try:
           jax_pathways.initialize(**kwargs)
         except ValueError as e:
           print("ERROR", e)
   """)
-  assert out.stdout.count("ERROR") == 2, out.stderr[-2000:]
+  assert out.stdout.count("ERROR") == 3, out.stderr[-2000:]
   assert "shape an embedded cluster" in out.stdout
   assert "makes its own" in out.stdout
+  assert "reduction_order='fastest' must be 'rank' or 'ring'" in out.stdout
 
 
 def test_shutdown_stops_the_cluster():
@@ -67,3 +69,34 @@ def test_shutdown_stops_the_cluster():
   """)
   assert "ALIVE []" in out.stdout, out.stderr[-2000:]
   assert "AFTER True" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+def test_ring_reduction_order_leaves_sums_to_gloo():
+  """reduction_order='ring': no program is rewritten (the worker logs say
+  which are); sums still agree with one host to float rounding."""
+  out = _run("""
+      import glob, os
+      os.environ["JAX_PLATFORMS"] = "proxy,cpu"
+      import jax, jax.numpy as jnp, numpy as np
+      jax.config.update("jax_num_cpu_devices", 4)
+      import jax_pathways
+      from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+      jax_pathways.initialize(islands=2, devices_per_island=2,
+                              reduction_order="ring")
+      rng = np.random.default_rng(0)
+      x = (rng.standard_normal((8, 64)) *
+           10.0 ** rng.integers(-4, 5, (8, 64))).astype(np.float32)
+      def total(devices):
+        mesh = Mesh(np.array(devices), ("i",))
+        v = jax.device_put(x, NamedSharding(mesh, P("i")))
+        return np.asarray(jax.jit(lambda v: v.sum(axis=0))(v))
+      with jax.default_device(jax.devices("cpu")[0]):
+        want = total(jax.devices("cpu"))
+      got = total(jax.devices("proxy"))
+      print("CLOSE", np.allclose(got, want, rtol=1e-5, atol=1e-3))
+      logs = "".join(open(f).read() for f in glob.glob(
+          os.path.join(jax_pathways.local_cluster().log_dir, "worker*.log")))
+      print("REWRITTEN", "rank order" in logs)
+  """)
+  assert "CLOSE True" in out.stdout, out.stdout + out.stderr[-2000:]
+  assert "REWRITTEN False" in out.stdout, out.stdout + out.stderr[-2000:]
