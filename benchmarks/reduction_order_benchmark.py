@@ -6,10 +6,10 @@ One dense layer (parameters d x d, replicated) trained on a batch split over
 the 8 devices of 2 islands (4 each), so every step all-reduces a d x d
 gradient across islands. Each --reduction-order runs in a child process
 with its own embedded cluster: 'rank' (the default: float sums add in the
-order one host would, same bits, n gathered copies per reduction) and
-'ring' (gloo's ring all-reduce). Each child times the same step in-process
-on 8 CPU devices, interleaved, for the ratio, and says whether its losses
-equal the in-process ones bit for bit. One JSON line per case.
+order one host would, the same bits) and 'ring' (gloo's ring all-reduce).
+Each child times the same step in-process on 8 CPU devices, interleaved,
+for the ratio, and says whether its losses equal the in-process ones bit
+for bit. One JSON line per case.
 """
 from __future__ import annotations
 

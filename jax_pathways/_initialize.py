@@ -61,8 +61,8 @@ def initialize(address: str | None = None, *, islands: int | None = None,
       JAX_PATHWAYS_WEIGHT).
     reduction_order: embedded cluster: 'rank' (default) makes float sums of
       programs that span islands add in the order one host would (the same
-      bits; each such reduction gathers n copies); 'ring' leaves them to
-      gloo's ring all-reduce (less memory; the last bits may differ).
+      bits; such programs compile twice); 'ring' leaves them to gloo's ring
+      all-reduce (the last bits may differ).
   """
   global _cluster, _address, _token
   from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel

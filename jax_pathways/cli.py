@@ -83,9 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   c.add_argument("--reduction-order", choices=("rank", "ring"),
                  default="rank",
                  help="float sums of programs that span islands: 'rank' adds "
-                 "in the order one host would (same bits; each reduction "
-                 "gathers n copies), 'ring' leaves them to gloo's ring "
-                 "(less memory, last bits differ) (default rank)")
+                 "in the order one host would (same bits; each such program "
+                 "is compiled twice), 'ring' leaves them to gloo's ring "
+                 "all-reduce (last bits differ) (default rank)")
   c.add_argument("--parent-pid", type=int, default=None,
                  help=argparse.SUPPRESS)
 

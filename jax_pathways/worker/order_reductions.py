@@ -86,7 +86,8 @@ def order_reductions(context: ir.Context, dumped: bytes, replicas: int = 1
   with context, ir.Location.unknown():
     module = ir.Module.parse(text)
     meshes = _meshes(module)
-    rewritten = sum(_rewrite(op, meshes) for op in _reductions(module.operation))
+    rewritten = sum(_rewrite(op, meshes)
+                    for op in _reductions(module.operation))
     if rewritten:
       _mark_manual(module)
       module.operation.verify()

@@ -97,7 +97,7 @@ class PjrtBackend:
     self._global_devices: dict[tuple[int, int], Any] = {}
     self._local_global: tuple[Any, ...] = ()
     # Float all-reduces of programs across islands add in the order one
-    # host would (order_reductions); off: gloo's ring order, less memory.
+    # host would (order_reductions); off: gloo's ring order.
     self.rank_order_reductions = True
     self._cache: dict[str, Program] = {}  # compile key -> Program
     self._ir_context = mlir.make_ir_context()

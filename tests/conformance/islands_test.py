@@ -137,9 +137,10 @@ def test_float_reductions_across_islands_add_in_rank_order(run_both):
     # 80 KB per device: above GATHER_BYTES, chunks are exchanged.
     wide = jax.device_put(np.tile(values, (1, 1250)),
                           NamedSharding(mesh, P(("a", "b"))))
-    g = jax.jit(lambda v: (v.sum(axis=0), jnp.prod(1 + v * 1e-6, axis=0),
-                           jnp.prod((1 + v * 1e-3).astype(jnp.bfloat16), axis=0),
-                           v.astype(jnp.float16).sum(axis=0)))
+    g = jax.jit(lambda v: (
+        v.sum(axis=0), jnp.prod(1 + v * 1e-6, axis=0),
+        jnp.prod((1 + v * 1e-3).astype(jnp.bfloat16), axis=0),
+        v.astype(jnp.float16).sum(axis=0)))
     return f(x), g(x), jax.jit(lambda v: v.sum(axis=0))(wide)
   run_both(program)
 
