@@ -41,13 +41,17 @@ class Trace:
   def fill(self, reply: dict[str, Any]) -> None:
     for island, records in sorted(reply["islands"].items(),
                                   key=lambda kv: int(kv[0])):
-      last_launch_ready = 0
+      last_launch_ready = last_receive_ready = 0
       for seq, kind, name, issued, issue_end, ready in sorted(records):
         start = issued
         if kind == "launch":
-          # An island's launches run one after another.
-          start = max(issued, min(last_launch_ready, ready))
+          # An island's launches run one after another, and not before the
+          # data received before them (a launch may be issued ahead of it).
+          start = max(issued, min(last_launch_ready, ready),
+                      min(last_receive_ready, ready))
           last_launch_ready = ready
+        elif kind == "receive":
+          last_receive_ready = max(last_receive_ready, ready)
         self.ops.append(OpTiming(int(island), seq, kind, name, issued,
                                  max(issue_end, issued), start, ready))
 

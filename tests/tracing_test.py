@@ -69,3 +69,19 @@ def test_trace_rejects_an_unknown_action(pathways):
                      match="trace action must be one of .*'pause'"):
     admin.trace(address, "pause", token)
   assert admin.status(address, token)["complete"]
+
+
+def test_a_launch_starts_after_the_data_received_before_it():
+  """A launch may be issued before its pulled input arrives; its time
+  counts from the later of that and the island's previous launch."""
+  from jax_pathways.tracing import Trace  # pylint: disable=import-outside-toplevel
+  t = Trace()
+  t.fill({"islands": {"1": [
+      [1, "launch", "f", 100, 101, 200],    # runs 100..200
+      [2, "receive", "receive", 110, 111, 500],
+      [3, "launch", "g", 120, 121, 650],    # issued at 120, data at 500
+      [4, "launch", "h", 130, 131, 700],    # after g
+  ]}})
+  assert [(op.start_ns, op.ready_ns) for op in t.launches(1)] == [
+      (100, 200), (500, 650), (650, 700)]
+  assert t.utilization() == {1: pytest.approx((100 + 150 + 50) / 600)}

@@ -25,13 +25,18 @@ def move(services: Services, src: Array, dst: Array) -> None:
   services.dispatcher.submit(list(sends) + list(receives))
 
 
-def plan(services: Services, src: Array, dst: Array
+def plan(services: Services, src: Array, dst: Array, pull: bool = False
          ) -> tuple[list[IslandOp], list[IslandOp]]:
   """The ops of a move, as (sends, receives): two gangs when the source and
   destination islands are disjoint, so a caller that knows when the result
   is first needed can submit the receives then (a receive holds its
   island's op loop until the bytes arrive; early in the order it would
-  stall work that does not need them). Otherwise all in `sends`."""
+  stall work that does not need them). Otherwise all in `sends`.
+
+  pull: let the receiver pull the array (worker/transfers.py) where it can:
+  its op loop goes on at once and the launches after it are enqueued ahead
+  of the bytes, which is what a pipeline stage wants; a lone copy is
+  quicker pushed."""
   topology = services.topology
   sizes = dst.island_bytes(topology)
   if src.islands == dst.islands and len(src.islands) == 1:
@@ -51,6 +56,12 @@ def plan(services: Services, src: Array, dst: Array
   transfer = secrets.randbits(40) << 20
   src_ids = {i.id for i in src.islands}
   dst_ids = {i.id for i in dst.islands}
+  # From one island to another, both with transfer servers: the receiver
+  # may pull shard by shard (the workers decide, from the same header).
+  pull_from = (topology.island(min(src_ids)).transfer_address
+               if pull and len(src_ids) == 1 and len(dst_ids) == 1 and
+               not src_ids & dst_ids and
+               topology.island(min(dst_ids)).transfer_address else "")
   sends, receives = [], []
   for island in sorted(src_ids | dst_ids):
     header = {
@@ -60,10 +71,10 @@ def plan(services: Services, src: Array, dst: Array
                      "address": topology.island(d).data_address}
                     for d in sorted(dst_ids) if d != island and
                     island in src_ids],
+        "sharding": dst.sharding.worker_spec(topology),
+        "pull_from": pull_from,
     }
     receive = island in dst_ids
-    if receive:
-      header["sharding"] = dst.sharding.worker_spec(topology)
     op = IslandOp(
         island, OpKind.RECEIVE if receive else OpKind.SEND,
         args=[src.buffer] if island in src_ids else [],

@@ -196,7 +196,7 @@ class MpmdExecutable:
             None)
       else:
         for a, r in zip(step.args, step.results):
-          sends, later = moves.plan(services, env[a], new(r))
+          sends, later = moves.plan(services, env[a], new(r), pull=True)
           dispatcher.submit(sends)
           if later:
             receives[r] = later

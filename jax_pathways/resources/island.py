@@ -24,6 +24,7 @@ class Island:
   data_address: str
   first_device: DeviceId = DeviceId(-1)  # set when the topology is complete
   memory_bytes: int = 0  # device memory of the whole island; 0: untracked
+  transfer_address: str = ""  # its transfer server; "": pushes only
 
   @property
   def name(self) -> str:

@@ -47,6 +47,7 @@ class Topology:
       if not isinstance(memory, int) or memory < 0:
         raise ValueError(f"worker reports {memory!r} bytes of memory")
       island.memory_bytes = memory
+      island.transfer_address = str(hello.get("transfer_address") or "")
       self._islands[island.id] = island
       if len(self._islands) == self.expected_islands:
         first = 0

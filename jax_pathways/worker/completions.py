@@ -12,9 +12,11 @@ the controller out of order; it matches them by sequence number.
 """
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
-from typing import Any, Callable, Sequence
+import time
+from typing import Any, Callable, Iterator, Sequence
 
 from absl import logging
 
@@ -46,51 +48,64 @@ def error_status(e: BaseException) -> Status:
 class Completions:
   """The in-order completion thread of one worker."""
 
-  def __init__(self, report: Callable[[int, Status, bytes], None]):
+  def __init__(self, report: Callable[[int, Status, bytes], None],
+               stuck: Callable[[int, float], None] | None = None):
+    """stuck(seq, seconds): op `seq`'s arrays were not ready within the
+    deadline it was added with; nothing can cancel that wait."""
     self._report = report
     self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
     self._sends: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    self._watchdog = _Watchdog(stuck) if stuck else None
     self._threads = [threads.start(lambda: self._run(self._queue),
                                    "jp-completions"),
                      threads.start(lambda: self._run(self._sends), "jp-sends")]
 
-  def add(self, seq: int, arrays: Sequence[Any], finish: Finish | None = None
-          ) -> None:
-    self._queue.put((seq, arrays, finish))
+  def add(self, seq: int, arrays: Sequence[Any], finish: Finish | None = None,
+          deadline_s: float | None = None) -> None:
+    """Reports `seq` once `arrays` are ready (then runs `finish`). With a
+    deadline, waiting longer calls `stuck` (for arrays that depend on
+    another process: a pulled array)."""
+    self._queue.put((seq, arrays, finish, deadline_s))
 
   def add_send(self, seq: int | None, arrays: Sequence[Any],
                finish: Finish) -> None:
     """Sending work, on the sends thread once `arrays` are ready: reports
     `seq` when done (None: part of an op whose event comes from elsewhere)."""
-    self._sends.put((seq, arrays, finish))
+    self._sends.put((seq, arrays, finish, None))
 
   def sends_done(self) -> threading.Event:
     """Set once every send added so far has been pushed."""
     done = threading.Event()
-    self._sends.put((None, [], lambda: done.set() or b""))
+    self._sends.put((None, [], lambda: done.set() or b"", None))
     return done
 
   def fail(self, seq: int, status: Status) -> None:
     """Reports a failed op, in order with the ops before it."""
-    self._queue.put((seq, status, None))
+    self._queue.put((seq, status, None, None))
 
   def close(self) -> None:
     for q in (self._queue, self._sends):
       q.put(None)
     for thread in self._threads:
       thread.join(timeout=30)
+    if self._watchdog is not None:
+      self._watchdog.close()
 
   def _run(self, work: queue.SimpleQueue) -> None:
     while True:
       item = work.get()
       if item is None:
         return
-      seq, arrays, finish = item
+      seq, arrays, finish, deadline_s = item
       if isinstance(arrays, Status):
         self._send(seq, arrays, b"")
         continue
       try:
-        _wait(arrays)
+        if deadline_s is not None and self._watchdog is not None:
+          with self._watchdog.watching(seq, deadline_s):
+            _wait(arrays)
+        else:
+          _wait(arrays)
         payload = finish() if finish is not None else b""
         status = Status()
       except Exception as e:  # pylint: disable=broad-except
@@ -119,3 +134,47 @@ def _wait(arrays: Sequence[Any]) -> None:
     except Exception:  # pylint: disable=broad-except
       if not a.is_deleted():
         raise
+
+
+class _Watchdog:
+  """Calls stuck(seq, seconds) when a watched wait outlives its deadline.
+  One thread, asleep until the nearest deadline."""
+
+  def __init__(self, stuck: Callable[[int, float], None]):
+    self._stuck = stuck
+    self._mu = threading.Condition()
+    self._watched: dict[int, tuple[float, float]] = {}  # seq -> (due, s)
+    self._closed = False
+    self._thread = threads.start(self._run, "jp-watchdog")
+
+  @contextlib.contextmanager
+  def watching(self, seq: int, seconds: float) -> Iterator[None]:
+    with self._mu:
+      self._watched[seq] = (time.monotonic() + seconds, seconds)
+      self._mu.notify()
+    try:
+      yield
+    finally:
+      with self._mu:
+        self._watched.pop(seq, None)
+
+  def close(self) -> None:
+    with self._mu:
+      self._closed = True
+      self._mu.notify()
+    self._thread.join(timeout=5)
+
+  def _run(self) -> None:
+    with self._mu:
+      while not self._closed:
+        if not self._watched:
+          self._mu.wait()
+          continue
+        seq, (due, seconds) = min(self._watched.items(),
+                                  key=lambda kv: kv[1][0])
+        left = due - time.monotonic()
+        if left > 0:
+          self._mu.wait(left)
+          continue
+        del self._watched[seq]
+        self._stuck(seq, seconds)

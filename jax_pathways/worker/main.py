@@ -32,10 +32,15 @@ def run(controller: str, island: int | None, devices: int,
   from jax_pathways.cluster import handshake
   from jax_pathways.worker.peers import Peers
   from jax_pathways.worker.pjrt_backend import PjrtBackend
+  from jax_pathways.worker.transfers import Transfers
   from jax_pathways.worker.worker import Worker
 
   backend = PjrtBackend(devices)
   peers = Peers(token, data_listen)
+  # jaxlib's transfer server does not authenticate: only between workers
+  # of one host (its ids are random; other hosts use the token's links).
+  transfers = (Transfers(backend.client, "127.0.0.1")
+               if addresses.is_loopback(data_listen) else None)
   hello = {
       "role": "worker",
       "island": island,
@@ -48,6 +53,7 @@ def run(controller: str, island: int | None, devices: int,
       "pid": os.getpid(),
       "host": socket.gethostname(),
       "data_address": peers.address,
+      "transfer_address": transfers.address if transfers else "",
       "wire_version": _core.WIRE_VERSION,
       "jax_version": jax.__version__,
   }
@@ -74,8 +80,9 @@ def run(controller: str, island: int | None, devices: int,
                os.getpid(), peers.island, len(backend.devices), peers.address)
   executor = _core.Executor(sock.detach())
   try:
-    Worker(executor, backend, peers).run()
+    Worker(executor, backend, peers, transfers).run()
   finally:
     executor.shutdown()
     peers.close()
   return 0
+

@@ -56,3 +56,15 @@ def assemble_on_host(shape: Sequence[int], dtype: np.dtype,
   for index, piece in pieces.items():
     out[as_slices(index)] = piece
   return out
+
+
+def same_pieces(source: dict[str, Any], destination: dict[str, Any],
+                shape: Sequence[int]) -> bool:
+  """Whether each destination device takes exactly the piece of the
+  source device at the same position, with no piece held twice: then the
+  array can move device to device, shard by shard (worker/transfers.py)."""
+  if len(source["devices"]) != len(destination["devices"]):
+    return False
+  pieces = indices(source, shape)
+  return (pieces == indices(destination, shape) and
+          len(distinct(pieces)) == len(pieces))

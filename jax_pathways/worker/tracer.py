@@ -39,6 +39,14 @@ class Tracer:
       self._open[seq] = record
     return record
 
+  def rename(self, seq: int, name: str) -> None:
+    """Op `seq` (being issued) shows as `name`."""
+    if self.enabled:
+      with self._lock:
+        record = self._open.get(seq)
+        if record is not None:
+          record[2] = name
+
   def finished(self, seq: int) -> None:
     """Op `seq`'s results are ready (called in op order)."""
     if self.enabled:

@@ -17,14 +17,18 @@ Payload headers per op kind (built by the controller's handlers):
   COPY     {"mode": "reshard" | "shards" (+"positions") | "assemble", ...}
   TRACE    {"action": "start" | "stop"}; stop's event: the recorded timings
   SEND     {"source", "source_islands", "shape", "dtype", "transfer",
-  RECEIVE   "send_to": [{"island", "address"}], "sharding" (RECEIVE only)}:
+  RECEIVE   "send_to": [{"island", "address"}], "sharding", "pull_from"}:
            one island's part of moving an array between islands; distinct
            piece k of the source travels as transfer + k from the island
-           holding it first; see _exchange() and worker/shards.py
+           holding it first; see _exchange() and worker/shards.py. With
+           "pull_from" (the source island's transfer server) and the same
+           pieces on both sides, the receiver pulls it instead
+           (worker/transfers.py)
 """
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any, Callable
 
@@ -38,6 +42,7 @@ from jax_pathways.status import Code, Status, StatusError
 from jax_pathways.worker.completions import Completions, error_status
 from jax_pathways.worker.peers import Peers
 from jax_pathways.worker.tracer import Tracer
+from jax_pathways.worker.transfers import Transfers
 from jax_pathways.worker import shards
 from jax_pathways.worker.pjrt_backend import (PjrtBackend, Program,
                                               host_view, np_dtype)
@@ -45,6 +50,10 @@ from jax_pathways.worker.pjrt_backend import (PjrtBackend, Program,
 OpKind = _core.OpKind
 # How long a RECEIVE waits for its peer's bytes before failing the op.
 RECEIVE_TIMEOUT_S = 300.0
+# Moves the controller lets pull (pipeline steps) do so up to this size;
+# larger arrays are pushed: the one-copy path between workers of one host
+# has ~6x the bandwidth of the transfer server's (docs/benchmarks.md).
+PULL_MAX_BYTES = 1 << 20
 
 
 STOP_TRACE_WAIT_S = 60.0
@@ -53,14 +62,16 @@ STOP_TRACE_WAIT_S = 60.0
 class Worker:
   """The op loop of one island worker."""
 
-  def __init__(self, executor: Any, backend: PjrtBackend, peers: Peers):
+  def __init__(self, executor: Any, backend: PjrtBackend, peers: Peers,
+               transfers: Transfers | None = None):
     self._executor = executor
     self._backend = backend
     self._peers = peers
+    self._transfers = transfers
     self._programs: dict[int, Program] = {}
     self._buffers: dict[int, jax.Array | Status] = {}
     self._tracer = Tracer()
-    self._completions = Completions(self._report)
+    self._completions = Completions(self._report, self._stuck)
     self._handlers: dict[Any, Callable[[Any], None]] = {
         OpKind.COMPILE: self._compile,
         OpKind.LAUNCH: self._launch,
@@ -104,6 +115,15 @@ class Worker:
   def _report(self, seq: int, status: Status, payload: bytes) -> None:
     self._tracer.finished(seq)
     self._executor.complete(seq, int(status.code), status.message, payload)
+
+  @staticmethod
+  def _stuck(seq: int, seconds: float) -> None:
+    """A pulled array never came, and the launches enqueued on it can never
+    run: exit, so the controller fails this island's work (and says so)
+    instead of every client waiting for ever."""
+    logging.error("op %d: the array it pulls from another island did not "
+                  "arrive within %.0f s; the worker exits", seq, seconds)
+    os._exit(3)  # pylint: disable=protected-access
 
   def _name(self, op: Any) -> str:
     if op.kind == OpKind.LAUNCH and op.program in self._programs:
@@ -240,6 +260,9 @@ class Worker:
         source = self._array(op.args[0])
       except StatusError as e:
         source = e.status
+    if self._pulls(header):
+      self._pull_exchange(op, header, source, receive)
+      return
     if header["send_to"]:
       self._push(source, source_spec, shape, base, header["send_to"],
                  op.seq if not receive else None)
@@ -276,6 +299,45 @@ class Worker:
           shards.assemble_on_host(shape, dtype, by_index), sharding)
     self._store(op, [output])
     self._completions.add(op.seq, [output])
+
+  def _pulls(self, header: dict[str, Any]) -> bool:
+    """Whether this move goes device to device through the transfer
+    servers: both workers decide alike from the same header."""
+    size = int(np.prod(header["shape"])) * np_dtype(header["dtype"]).itemsize
+    return bool(header.get("pull_from") and self._transfers and
+                size <= PULL_MAX_BYTES and
+                all(isinstance(r, int) for r in header["source"]["devices"])
+                and all(isinstance(r, int)
+                        for r in header["sharding"]["devices"]) and
+                shards.same_pieces(header["source"], header["sharding"],
+                                   header["shape"]))
+
+  def _pull_exchange(self, op: Any, header: dict[str, Any],
+                     source: jax.Array | Status | None, receive: bool
+                     ) -> None:
+    """The sender offers the array (or its error) and is done once it is
+    ready; the receiver pulls it and goes on at once: the launches after it
+    are enqueued before its bytes arrive (worker/transfers.py)."""
+    sharding = self._backend.sharding(
+        header["source"] if not receive else header["sharding"])
+    aval = jax.ShapeDtypeStruct(tuple(header["shape"]),
+                                np_dtype(header["dtype"]), sharding=sharding)
+    if not receive:
+      try:
+        self._transfers.offer(header["transfer"], source, aval)
+      except Exception as e:  # pylint: disable=broad-except
+        # The puller must get something, or it would wait for ever.
+        source = error_status(e)
+        self._transfers.offer(header["transfer"], source, aval)
+      if isinstance(source, Status):
+        raise StatusError(source.code, source.message)
+      self._completions.add(op.seq, [source])
+      return
+    output = self._transfers.pull(header["transfer"], header["pull_from"],
+                                  aval)
+    self._tracer.rename(op.seq, "pull")
+    self._store(op, [output])
+    self._completions.add(op.seq, [output], deadline_s=RECEIVE_TIMEOUT_S)
 
   def _push(self, source: jax.Array | Status | None, spec: dict[str, Any],
             shape: list[int], base: int, send_to: list[dict[str, Any]],

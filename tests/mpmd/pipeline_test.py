@@ -97,16 +97,21 @@ def test_schedule_is_data_and_what_the_islands_run(mlp, proxy_devices):
     # Activations and gradients arrive from the other island, worker to
     # worker, inside the step.
     assert any(op.kind == "receive" for op in t.ops if op.island == island)
-    # A receive holds its worker's op loop, so it sits right before the
-    # fragment that needs it (activations for island 1's forwards, gradients
-    # for island 0's backwards), never before other work.
+    # Each receive sits right before the fragment that needs it
+    # (activations for island 1's forwards, gradients for island 0's
+    # backwards), never before other work (a pushed receive holds its op
+    # loop).
     ops = sorted((op for op in t.ops if op.island == island),
                  key=lambda op: op.seq)
+    receives = [k for k, op in enumerate(ops) if op.kind == "receive"]
     following = [next(o for o in ops[k:] if o.kind == "launch")
-                 for k, op in enumerate(ops) if op.kind == "receive"]
+                 for k in receives]
     wanted = "_fwd_" if island == 1 else "_bwd_"
     assert all(wanted in o.name for o in following), [o.name
                                                        for o in following]
+    # They are pulled: the op loop goes on, and the fragment is enqueued
+    # before its data has arrived (worker/transfers.py).
+    assert {ops[k].name for k in receives} == {"pull"}
   assert all(0 < u < 1 for u in t.utilization().values())
 
 

@@ -1,0 +1,52 @@
+"""Transfers: arrays pulled device to device between islands, as futures.
+
+Each worker runs jaxlib's transfer server on its island client. The sending
+island offers an array under the move's transfer id (even one not computed
+yet: the server sends it once it is ready); the receiving island pulls it
+and gets, at once, an array whose buffers are defined when the bytes have
+arrived. A launch on it is enqueued before the data exists, so a pipeline
+stage's next fragment starts when its input lands, with no Python on either
+side in between (docs/benchmarks.md, B4). A failed source is offered as an
+error array: the puller's array, and every launch on it, fail with its
+message. A sender that dies fails the pull within about a second.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import jax
+from jax.experimental import transfer
+
+from jax_pathways.status import Status
+
+
+class Transfers:
+  """This worker's transfer server and its connections to other workers'."""
+
+  def __init__(self, client: Any, host: str):
+    self._server = transfer.start_transfer_server(client, f"{host}:0",
+                                                  [f"{host}:0"])
+    self.address: str = self._server.address()
+    self._mu = threading.Lock()
+    self._connections: dict[str, Any] = {}
+
+  def offer(self, transfer_id: int, source: jax.Array | Status,
+            aval: jax.ShapeDtypeStruct) -> None:
+    """Lets one puller take `source` (or its error) once it is ready."""
+    if isinstance(source, Status):
+      source = transfer.make_error_array(aval, str(source))
+    self._server.await_pull(transfer_id, [source])
+
+  def pull(self, transfer_id: int, address: str, aval: jax.ShapeDtypeStruct
+           ) -> jax.Array:
+    """The array offered at `address` as `transfer_id`, still arriving.
+    Nothing bounds the wait for an offer that never comes (jaxlib 0.10.2
+    ignores pull's timeout): whoever waits on it must bound it."""
+    with self._mu:
+      connection = self._connections.get(address)
+      if connection is None:
+        connection = self._server.connect(address)
+        self._connections[address] = connection
+    array, = connection.pull(transfer_id, [aval])
+    return array

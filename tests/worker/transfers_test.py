@@ -1,0 +1,66 @@
+"""Pulls between two PJRT clients of this process (two islands' worth):
+launches wait for data that has not arrived, errors travel with the array,
+and a pull that never arrives is reported instead of waited on for ever."""
+import threading
+
+import jax
+import numpy as np
+import pytest
+from jax._src.lib import xla_client as xc
+
+from jax_pathways.status import Code, Status
+from jax_pathways.worker.completions import Completions
+from jax_pathways.worker.transfers import Transfers
+
+
+@pytest.fixture(scope="module")
+def islands():
+  """(transfers, device) of two clients, each with a transfer server."""
+  out = []
+  for _ in range(2):
+    client = xc.make_cpu_client(asynchronous=True, num_devices=1)
+    out.append((Transfers(client, "127.0.0.1"), client.local_devices()[0]))
+  return out
+
+
+def _aval(device, shape=(256,)):
+  return jax.ShapeDtypeStruct(shape, np.float32,
+                              sharding=jax.sharding.SingleDeviceSharding(device))
+
+
+def test_a_launch_on_a_pulled_array_waits_for_its_bytes(islands):
+  (sender, a), (receiver, b) = islands
+  pulled = receiver.pull(11, sender.address, _aval(b))
+  doubled = jax.jit(lambda v: v * 2)(pulled)  # enqueued before data exists
+  assert not pulled.is_ready() and not doubled.is_ready()
+  source = np.arange(256, dtype=np.float32)
+  sender.offer(11, jax.device_put(source, a), _aval(a))
+  np.testing.assert_array_equal(np.asarray(doubled), source * 2)
+  assert pulled.devices() == {b}
+
+
+def test_a_failed_source_fails_the_pull_and_what_runs_on_it(islands):
+  (sender, a), (receiver, b) = islands
+  sender.offer(12, Status(Code.FAILED_PRECONDITION, "stage 0 ran out of x"),
+               _aval(a))
+  pulled = receiver.pull(12, sender.address, _aval(b))
+  after = jax.jit(lambda v: v + 1)(pulled)
+  for array in (pulled, after):
+    with pytest.raises(Exception,
+                       match="FAILED_PRECONDITION: stage 0 ran out of x"):
+      array.block_until_ready()
+
+
+def test_a_pull_that_never_arrives_is_reported_stuck(islands):
+  (sender, a), (receiver, b) = islands
+  stuck, reports = threading.Event(), []
+  completions = Completions(lambda *r: reports.append(r),
+                            lambda seq, s: stuck.set() or reports.append(seq))
+  pulled = receiver.pull(13, sender.address, _aval(b))
+  completions.add(7, [pulled], deadline_s=0.3)
+  assert stuck.wait(10)
+  assert reports == [7]
+  # Let the blocked completion thread go (a worker would have exited).
+  sender.offer(13, jax.device_put(np.zeros(256, np.float32), a), _aval(a))
+  completions.close()
+  assert [r[0] for r in reports[1:]] == [7]
