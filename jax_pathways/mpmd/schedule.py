@@ -5,12 +5,13 @@ zero-bubble schedules split a backward into its activation-gradient (Ba)
 and weight-gradient (Bw) halves. `pipeline.schedule` is read back from the
 partitioned program, so it is what the islands run, not what was asked for.
 The textbook orders (`gpipe`, `one_f_one_b`) are here too, as the fallback
-splitter's plan and as a reference.
+splitter's plan and as a reference, and `simulate` replays a schedule with
+given task times: the bubble it costs with stages that are not equal.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Mapping, Sequence
 
 # What the user may ask for -> the partitioner's name for it.
 SCHEDULES = {
@@ -75,8 +76,73 @@ class Schedule:
 
 
 def bubble_fraction(stages: int, microbatches: int) -> float:
-  """Idle fraction of GPipe and 1F1B in theory: (S-1)/(M+S-1)."""
+  """Idle fraction of GPipe and 1F1B in theory, (S-1)/(M+S-1): equal
+  stages and free moves (`simulate` drops the first assumption)."""
   return (stages - 1) / (microbatches + stages - 1)
+
+
+def simulate(schedule: Schedule, stages: Sequence[str],
+             durations: Mapping[str, Sequence[float]]) -> dict[str, float]:
+  """Per mesh, its idle fraction when its i-th task takes durations[mesh][i]
+  and moves between meshes take no time: the bubble the schedule itself
+  costs with stages of these (possibly unequal) costs, which is what
+  bubble_fraction assumes equal. `stages` lists the stages in pipeline
+  order. Idle is 1 - busy / span, span from the first start to the last
+  end of all meshes (as `Trace.utilization` measures it)."""
+  order = {s: k for k, s in enumerate(stages)}
+  for mesh, tasks in schedule.meshes.items():
+    if len(durations.get(mesh, ())) != len(tasks):
+      raise ValueError(f"mesh {mesh!r} runs {len(tasks)} tasks but "
+                       f"{len(durations.get(mesh, ()))} durations were given")
+
+  def made(task: Task) -> set[tuple[str, int | None, str]]:
+    # F makes a stage's activations; B or Ba its input gradient.
+    what = {"F": "F", "B": "grad", "Ba": "grad"}.get(task.kind)
+    return {(what, task.microbatch, s) for s in task.stages} if what else set()
+
+  def needs(task: Task) -> set[tuple[str, int | None, str]]:
+    wanted = set()
+    for s in task.stages:
+      k = order[s]
+      if task.kind == "F" and k > 0:
+        wanted.add(("F", task.microbatch, stages[k - 1]))
+      elif task.kind in ("B", "Ba"):
+        wanted.add(("grad", task.microbatch, stages[k + 1])
+                   if k + 1 < len(stages) else ("F", task.microbatch, s))
+      elif task.kind == "Bw":
+        wanted.add(("grad", task.microbatch, s))
+    # Other tasks (rematerialization, unscheduled fragments) only wait for
+    # their own mesh.
+    return wanted - made(task)
+
+  ends: dict[tuple[str, int | None, str], float] = {}
+  clock = dict.fromkeys(schedule.meshes, 0.0)
+  busy = dict.fromkeys(schedule.meshes, 0.0)
+  next_task = dict.fromkeys(schedule.meshes, 0)
+  remaining = sum(len(t) for t in schedule.meshes.values())
+  while remaining:
+    progressed = False
+    for mesh, tasks in schedule.meshes.items():
+      while next_task[mesh] < len(tasks):
+        i = next_task[mesh]
+        wanted = needs(tasks[i])
+        if not wanted <= ends.keys():
+          break
+        start = max([clock[mesh]] + [ends[w] for w in wanted])
+        clock[mesh] = start + durations[mesh][i]
+        busy[mesh] += durations[mesh][i]
+        ends.update(dict.fromkeys(made(tasks[i]), clock[mesh]))
+        next_task[mesh] += 1
+        remaining -= 1
+        progressed = True
+    if not progressed:
+      stuck = {m: str(t[next_task[m]]) for m, t in schedule.meshes.items()
+               if next_task[m] < len(t)}
+      raise ValueError(f"schedule {schedule.name} never finishes: next tasks "
+                       f"{stuck} wait for work no mesh runs before them")
+  span = max(clock.values())
+  return {m: 1.0 - busy[m] / span if span > 0 else 0.0
+          for m in schedule.meshes}
 
 
 def gpipe(meshes: Sequence[str], stages: Sequence[str],
