@@ -9,6 +9,11 @@ stage's next fragment starts when its input lands, with no Python on either
 side in between (docs/benchmarks.md, B4). A failed source is offered as an
 error array: the puller's array, and every launch on it, fail with its
 message. A sender that dies fails the pull within about a second.
+
+What to wait on for a pull is `arrival(pulled)`, not the pulled array:
+the fragment enqueued on it usually donates it, and a donated array reads
+as ready at once (the trace would start that fragment before its data, and
+a pull that never comes would escape the watchdog).
 """
 from __future__ import annotations
 
@@ -16,9 +21,22 @@ import threading
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.experimental import transfer
 
 from jax_pathways.status import Status
+
+
+# One element of each piece: a launch that cannot run before the piece's
+# bytes have landed (nor before the launches enqueued on its device earlier).
+_FIRST_ELEMENT = jax.jit(lambda x: jnp.ravel(x)[:1])
+
+
+def arrival(pulled: jax.Array) -> list[jax.Array]:
+  """Arrays ready once `pulled`'s bytes have landed on every local device,
+  which stay valid when a later launch donates `pulled`. Enqueue them before
+  that launch."""
+  return [_FIRST_ELEMENT(shard.data) for shard in pulled.addressable_shards]
 
 
 class Transfers:

@@ -42,7 +42,7 @@ from jax_pathways.status import Code, Status, StatusError
 from jax_pathways.worker.completions import Completions, error_status
 from jax_pathways.worker.peers import Peers
 from jax_pathways.worker.tracer import Tracer
-from jax_pathways.worker.transfers import Transfers
+from jax_pathways.worker.transfers import Transfers, arrival
 from jax_pathways.worker import shards
 from jax_pathways.worker.pjrt_backend import (PjrtBackend, Program,
                                               host_view, np_dtype)
@@ -335,9 +335,10 @@ class Worker:
       return
     output = self._transfers.pull(header["transfer"], header["pull_from"],
                                   aval)
+    landed = arrival(output)
     self._tracer.rename(op.seq, "pull")
     self._store(op, [output])
-    self._completions.add(op.seq, [output], deadline_s=RECEIVE_TIMEOUT_S)
+    self._completions.add(op.seq, landed, deadline_s=RECEIVE_TIMEOUT_S)
 
   def _push(self, source: jax.Array | Status | None, spec: dict[str, Any],
             shape: list[int], base: int, send_to: list[dict[str, Any]],

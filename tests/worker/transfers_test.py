@@ -10,7 +10,7 @@ from jax._src.lib import xla_client as xc
 
 from jax_pathways.status import Code, Status
 from jax_pathways.worker.completions import Completions
-from jax_pathways.worker.transfers import Transfers
+from jax_pathways.worker.transfers import Transfers, arrival
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +26,14 @@ def islands():
 def _aval(device, shape=(256,)):
   return jax.ShapeDtypeStruct(shape, np.float32,
                               sharding=jax.sharding.SingleDeviceSharding(device))
+
+
+def _watched_completions():
+  """Completions whose reports and stuck calls land in `reports`."""
+  stuck, reports = threading.Event(), []
+  completions = Completions(lambda *r: reports.append(r),
+                            lambda seq, s: stuck.set() or reports.append(seq))
+  return completions, stuck, reports
 
 
 def test_a_launch_on_a_pulled_array_waits_for_its_bytes(islands):
@@ -53,9 +61,7 @@ def test_a_failed_source_fails_the_pull_and_what_runs_on_it(islands):
 
 def test_a_pull_that_never_arrives_is_reported_stuck(islands):
   (sender, a), (receiver, b) = islands
-  stuck, reports = threading.Event(), []
-  completions = Completions(lambda *r: reports.append(r),
-                            lambda seq, s: stuck.set() or reports.append(seq))
+  completions, stuck, reports = _watched_completions()
   pulled = receiver.pull(13, sender.address, _aval(b))
   completions.add(7, [pulled], deadline_s=0.3)
   assert stuck.wait(10)
@@ -64,3 +70,21 @@ def test_a_pull_that_never_arrives_is_reported_stuck(islands):
   sender.offer(13, jax.device_put(np.zeros(256, np.float32), a), _aval(a))
   completions.close()
   assert [r[0] for r in reports[1:]] == [7]
+
+
+def test_a_donated_pull_is_still_waited_for_and_watched(islands):
+  # The fragment enqueued on a pulled array usually donates it; a donated
+  # array reads as ready at once, so the worker waits on arrival() instead.
+  (sender, a), (receiver, b) = islands
+  completions, stuck, reports = _watched_completions()
+  pulled = receiver.pull(17, sender.address, _aval(b))
+  landed = arrival(pulled)
+  doubled = jax.jit(lambda v: v * 2, donate_argnums=0)(pulled)
+  assert pulled.is_deleted() and not any(x.is_ready() for x in landed)
+  completions.add(9, landed, deadline_s=0.3)
+  assert stuck.wait(10)
+  source = np.arange(256, dtype=np.float32)
+  sender.offer(17, jax.device_put(source, a), _aval(a))
+  np.testing.assert_array_equal(np.asarray(doubled), source * 2)
+  completions.close()
+  assert reports[0] == 9 and reports[1][0] == 9 and reports[1][1].ok
