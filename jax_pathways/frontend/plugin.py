@@ -13,6 +13,8 @@ import os
 import time
 from typing import Any
 
+from jax_pathways.frontend import flusher
+
 BACKEND_NAME = "proxy"
 # Key and header under which the cluster token travels (see
 # controller/grpc_service.py).
@@ -122,4 +124,5 @@ def _make_client() -> Any:
     options.initialization_data = data
   target = _target()
   _preflight(target, token)
-  return ifrt_proxy.get_client(target, options)
+  return flusher.calm_new_threads(
+      lambda: ifrt_proxy.get_client(target, options))
