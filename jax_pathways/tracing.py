@@ -10,6 +10,14 @@ results were ready. A launch counts as running from the later of its issue and t
 previous launch's completion (an island runs its launches one after
 another) until it was ready; time spent waiting for data shows on the
 receive that waited, and launches never overlap.
+
+A worker learns that an op is done on one thread, in op order, so it notices
+a receive only after reporting the launch before it: on a core busy with the
+next launch that takes 0.5-4 ms. A receive already done by then counts as
+arrived by the end of that launch (its bytes were there; the device went
+straight on, as a pulled input behind a launch costs it ~0.02 ms), not when
+the worker noticed, which would add a false wait per move. A receive the
+worker had to wait for counts from when it was done.
 """
 from __future__ import annotations
 
@@ -42,7 +50,8 @@ class Trace:
     for island, records in sorted(reply["islands"].items(),
                                   key=lambda kv: int(kv[0])):
       last_launch_ready = last_receive_ready = 0
-      for seq, kind, name, issued, issue_end, ready in sorted(records):
+      for seq, kind, name, issued, issue_end, ready, *rest in sorted(records):
+        waited = rest[0] if rest else True
         start = issued
         if kind == "launch":
           # An island's launches run one after another, and not before the
@@ -51,7 +60,8 @@ class Trace:
                       min(last_receive_ready, ready))
           last_launch_ready = ready
         elif kind == "receive":
-          last_receive_ready = max(last_receive_ready, ready)
+          last_receive_ready = max(last_receive_ready, ready if waited else
+                                   min(ready, last_launch_ready))
         self.ops.append(OpTiming(int(island), seq, kind, name, issued,
                                  max(issue_end, issued), start, ready))
 

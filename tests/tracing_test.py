@@ -85,3 +85,20 @@ def test_a_launch_starts_after_the_data_received_before_it():
   assert [(op.start_ns, op.ready_ns) for op in t.launches(1)] == [
       (100, 200), (500, 650), (650, 700)]
   assert t.utilization() == {1: pytest.approx((100 + 150 + 50) / 600)}
+
+
+def test_a_receive_found_done_counts_from_the_previous_launchs_end():
+  """A worker notices a receive only after reporting the launch before it;
+  if it was done by then (waited False), its bytes count as there when that
+  launch ended, so the next launch shows no wait it did not have."""
+  from jax_pathways.tracing import Trace  # pylint: disable=import-outside-toplevel
+  t = Trace()
+  t.fill({"islands": {"0": [
+      [1, "launch", "f", 100, 101, 200, True],
+      [2, "receive", "pull", 110, 111, 203, False],   # noticed at 203
+      [3, "launch", "g", 120, 121, 300, True],
+      [4, "receive", "pull", 130, 131, 350, True],    # really came at 350
+      [5, "launch", "h", 140, 141, 400, True],
+  ]}})
+  assert [(op.start_ns, op.ready_ns) for op in t.launches(0)] == [
+      (100, 200), (200, 300), (350, 400)]

@@ -48,9 +48,12 @@ def error_status(e: BaseException) -> Status:
 class Completions:
   """The in-order completion thread of one worker."""
 
-  def __init__(self, report: Callable[[int, Status, bytes], None],
+  def __init__(self, report: Callable[[int, Status, bytes, bool], None],
                stuck: Callable[[int, float], None] | None = None):
-    """stuck(seq, seconds): op `seq`'s arrays were not ready within the
+    """report(seq, status, payload, waited): waited says whether the op's
+    arrays were still being computed when this thread got to them (if not,
+    they were done some time before: see tracing.py).
+    stuck(seq, seconds): op `seq`'s arrays were not ready within the
     deadline it was added with; nothing can cancel that wait."""
     self._report = report
     self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -98,8 +101,9 @@ class Completions:
         return
       seq, arrays, finish, deadline_s = item
       if isinstance(arrays, Status):
-        self._send(seq, arrays, b"")
+        self._send(seq, arrays, b"", False)
         continue
+      waited = not _ready(arrays)
       try:
         if deadline_s is not None and self._watchdog is not None:
           with self._watchdog.watching(seq, deadline_s):
@@ -111,16 +115,25 @@ class Completions:
       except Exception as e:  # pylint: disable=broad-except
         payload, status = b"", error_status(e)
       if seq is not None:
-        self._send(seq, status, payload)
+        self._send(seq, status, payload, waited)
       elif not status.ok:
         logging.warning("side work failed: %s", status)
 
-  def _send(self, seq: int, status: Status, payload: bytes) -> None:
+  def _send(self, seq: int, status: Status, payload: bytes,
+            waited: bool) -> None:
     try:
-      self._report(seq, status, payload)
+      self._report(seq, status, payload, waited)
     except Exception as e:  # pylint: disable=broad-except
       # The controller is gone; the op loop notices and exits.
       logging.warning("could not report op %d: %s", seq, e)
+
+
+def _ready(arrays: Sequence[Any]) -> bool:
+  """Whether every array is done now (consumed ones count as done)."""
+  try:
+    return all(a.is_deleted() or a.is_ready() for a in arrays)
+  except Exception:  # pylint: disable=broad-except
+    return False  # _wait says what is wrong
 
 
 def _wait(arrays: Sequence[Any]) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from typing import Any, Sequence
+from typing import Any, Hashable, Sequence
 
 import numpy as np
 from absl import logging
@@ -45,6 +45,15 @@ JOIN_TIMEOUT_S = 120
 HEARTBEAT_TIMEOUT_S = 30
 
 DeviceRef = Any  # an island-local index (int) or [island, index]
+# Distinct shardings a worker keeps built (a program's arrays use a few).
+SHARDING_CACHE_SIZE = 1024
+
+
+def spec_key(spec: dict[str, Any]) -> Hashable:
+  """A sharding spec (see PjrtBackend.sharding) as a dict key."""
+  return (tuple(r if isinstance(r, int) else tuple(r)
+                for r in spec["devices"]),
+          spec.get("op_sharding"), spec.get("memory_kind"))
 
 
 def host_view(data: memoryview, dtype: str, shape: Sequence[int],
@@ -100,6 +109,7 @@ class PjrtBackend:
     # host would (order_reductions); off: gloo's ring order.
     self.rank_order_reductions = True
     self._cache: dict[str, Program] = {}  # compile key -> Program
+    self._built_shardings: dict[Hashable, jax.sharding.Sharding] = {}
     self._ir_context = mlir.make_ir_context()
 
   def join_global(self, island: int, islands: int, coordinator: str,
@@ -135,7 +145,18 @@ class PjrtBackend:
     return self._global_devices[tuple(ref)]
 
   def sharding(self, spec: dict[str, Any]) -> jax.sharding.Sharding:
-    """{'devices': [refs], 'op_sharding': base64 | None} -> Sharding."""
+    """{'devices': [refs], 'op_sharding': base64 | None} -> Sharding.
+    Cached: a pipeline step names the same few shardings in every op, and
+    building one costs more than the rest of issuing a launch."""
+    key = spec_key(spec)
+    sharding = self._built_shardings.get(key)
+    if sharding is None:
+      if len(self._built_shardings) >= SHARDING_CACHE_SIZE:
+        self._built_shardings.clear()
+      sharding = self._built_shardings[key] = self._make_sharding(spec)
+    return sharding
+
+  def _make_sharding(self, spec: dict[str, Any]) -> jax.sharding.Sharding:
     devices = tuple(self.device(r) for r in spec["devices"])
     memory_kind = spec.get("memory_kind")
     if spec.get("op_sharding") is None:

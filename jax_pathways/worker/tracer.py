@@ -34,7 +34,7 @@ class Tracer:
     has handed the op on (its results may be ready even before that)."""
     if not self.enabled:
       return None
-    record = [seq, kind, name, time.time_ns(), 0, 0]
+    record = [seq, kind, name, time.time_ns(), 0, 0, True]
     with self._lock:
       self._open[seq] = record
     return record
@@ -47,17 +47,21 @@ class Tracer:
         if record is not None:
           record[2] = name
 
-  def finished(self, seq: int) -> None:
-    """Op `seq`'s results are ready (called in op order)."""
+  def finished(self, seq: int, waited: bool = True) -> None:
+    """Op `seq`'s results are ready (called in op order); `waited`: they
+    were not yet when the completion thread got to them, so now is when
+    they became ready (else they did some time before now)."""
     if self.enabled:
       with self._lock:
         record = self._open.pop(seq, None)
         if record is not None:
           record[5] = time.time_ns()
+          record[6] = waited
           self._done.append(record)
 
   def stop(self) -> list[list[Any]]:
-    """[seq, kind, name, issue start, issue end, ready] per finished op."""
+    """[seq, kind, name, issue start, issue end, ready, waited] per
+    finished op."""
     with self._lock:
       self.enabled = False
       events = list(self._done)

@@ -36,6 +36,8 @@ def arrival(pulled: jax.Array) -> list[jax.Array]:
   """Arrays ready once `pulled`'s bytes have landed on every local device,
   which stay valid when a later launch donates `pulled`. Enqueue them before
   that launch."""
+  if len(pulled.sharding.device_set) == 1:
+    return [_FIRST_ELEMENT(pulled)]
   return [_FIRST_ELEMENT(shard.data) for shard in pulled.addressable_shards]
 
 

@@ -44,8 +44,9 @@ from jax_pathways.worker.peers import Peers
 from jax_pathways.worker.tracer import Tracer
 from jax_pathways.worker.transfers import Transfers, arrival
 from jax_pathways.worker import shards
-from jax_pathways.worker.pjrt_backend import (PjrtBackend, Program,
-                                              host_view, np_dtype)
+from jax_pathways.worker.pjrt_backend import (SHARDING_CACHE_SIZE,
+                                              PjrtBackend, Program,
+                                              host_view, np_dtype, spec_key)
 
 OpKind = _core.OpKind
 # How long a RECEIVE waits for its peer's bytes before failing the op.
@@ -70,6 +71,8 @@ class Worker:
     self._transfers = transfers
     self._programs: dict[int, Program] = {}
     self._buffers: dict[int, jax.Array | Status] = {}
+    # Move kind (shardings, shape, dtype) -> whether it is pulled.
+    self._pull_kinds: dict[tuple[Any, ...], bool] = {}
     self._tracer = Tracer()
     self._completions = Completions(self._report, self._stuck)
     self._handlers: dict[Any, Callable[[Any], None]] = {
@@ -112,8 +115,9 @@ class Worker:
     finally:
       self._completions.close()
 
-  def _report(self, seq: int, status: Status, payload: bytes) -> None:
-    self._tracer.finished(seq)
+  def _report(self, seq: int, status: Status, payload: bytes,
+              waited: bool) -> None:
+    self._tracer.finished(seq, waited)
     self._executor.complete(seq, int(status.code), status.message, payload)
 
   @staticmethod
@@ -302,15 +306,25 @@ class Worker:
 
   def _pulls(self, header: dict[str, Any]) -> bool:
     """Whether this move goes device to device through the transfer
-    servers: both workers decide alike from the same header."""
-    size = int(np.prod(header["shape"])) * np_dtype(header["dtype"]).itemsize
-    return bool(header.get("pull_from") and self._transfers and
-                size <= PULL_MAX_BYTES and
-                all(isinstance(r, int) for r in header["source"]["devices"])
-                and all(isinstance(r, int)
-                        for r in header["sharding"]["devices"]) and
-                shards.same_pieces(header["source"], header["sharding"],
-                                   header["shape"]))
+    servers: both workers decide alike from the same header. Cached: a
+    pipeline moves arrays of the same few kinds every step."""
+    if not (header.get("pull_from") and self._transfers):
+      return False
+    key = (spec_key(header["source"]), spec_key(header["sharding"]),
+           tuple(header["shape"]), header["dtype"])
+    pulls = self._pull_kinds.get(key)
+    if pulls is None:
+      if len(self._pull_kinds) >= SHARDING_CACHE_SIZE:
+        self._pull_kinds.clear()
+      size = (int(np.prod(header["shape"])) *
+              np_dtype(header["dtype"]).itemsize)
+      pulls = self._pull_kinds[key] = (
+          size <= PULL_MAX_BYTES and
+          all(isinstance(r, int) for r in header["source"]["devices"]) and
+          all(isinstance(r, int) for r in header["sharding"]["devices"]) and
+          shards.same_pieces(header["source"], header["sharding"],
+                             header["shape"]))
+    return pulls
 
   def _pull_exchange(self, op: Any, header: dict[str, Any],
                      source: jax.Array | Status | None, receive: bool

@@ -20,7 +20,8 @@ def test_an_array_donated_by_a_later_op_counts_as_ready(cpu_devices):
 
   reports, done = [], threading.Event()
 
-  def report(seq, status, payload):
+  def report(seq, status, payload, waited):
+    del payload, waited
     reports.append((seq, status.code))
     if len(reports) == 2:
       done.set()
@@ -32,3 +33,43 @@ def test_an_array_donated_by_a_later_op_counts_as_ready(cpu_devices):
   assert done.wait(10)
   completions.close()
   assert reports == [(1, Code.OK), (2, Code.INVALID_ARGUMENT)]
+
+
+class _Pending:
+  """An array still being computed until `done` is set."""
+
+  def __init__(self, done: threading.Event):
+    self._done = done
+
+  def is_deleted(self) -> bool:
+    return False
+
+  def is_ready(self) -> bool:
+    return self._done.is_set()
+
+  def block_until_ready(self) -> "_Pending":
+    assert self._done.wait(10)
+    return self
+
+
+def test_a_report_says_whether_its_arrays_were_still_being_computed(
+    cpu_devices):
+  """The trace needs it: an op found done was done some time before."""
+  release = threading.Event()
+  ready = jax.device_put(np.ones(2, np.float32), cpu_devices[0])
+  ready.block_until_ready()
+  reports, done = {}, threading.Event()
+
+  def report(seq, status, payload, waited):
+    del status, payload
+    reports[seq] = waited
+    if len(reports) == 2:
+      done.set()
+
+  completions = Completions(report)
+  completions.add(1, [_Pending(release)])
+  completions.add(2, [ready])
+  threading.Timer(0.2, release.set).start()
+  assert done.wait(10)
+  completions.close()
+  assert reports == {1: True, 2: False}
