@@ -17,6 +17,12 @@ moved and issued for free would idle with these launches. Measured minus
 that is what moves and issuing added; that minus the textbook is what
 unequal launch times cost.
 
+The same step is also run bare (bare_pipeline.py): its fragments, compiled
+as the workers compile them, launched in schedule order by one plain
+process per island on the same cores, with no controller, client, moves or
+tracing. Its idle is this machine's floor for these fragments; B4's measured
+idle minus it is everything the runtime adds.
+
 The machine has 2 cores. Each worker is pinned to one core (island i on core
 i % 2; --no-pin leaves placement to the OS): with S = 2 every stage has a core
 of its own (shared with the client's and controller's threads); with S = 4
@@ -35,6 +41,8 @@ import argparse
 import statistics
 
 from harness import emit, log, pin_workers, setup, timed  # pylint: disable=g-bad-import-order
+
+import bare_pipeline  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -110,6 +118,14 @@ def expected_idle(step: mpmd.Pipeline, trace: Trace,
   return {int(mesh.removeprefix("island")): v for mesh, v in idle.items()}
 
 
+def by_kind(out: dict[str, list[float]], step: mpmd.Pipeline, island: int,
+            seconds: list[float]) -> None:
+  """Adds an island's launch times (in its schedule order) to `out`, in ms,
+  keyed by task kind and island (F0: forwards on island 0)."""
+  for t, task in zip(seconds, step.schedule.meshes[f"island{island}"]):
+    out.setdefault(f"{task.kind}{island}", []).append(t * 1e3)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument("--stages", type=int, nargs="+", default=[2, 4])
@@ -163,10 +179,17 @@ def main() -> None:
         for island, v in expected_idle(step, t, s).items():
           expected[island].append(v)
         for i in range(s):
-          for op, task in zip(t.launches(i),
-                              step.schedule.meshes[f"island{i}"]):
-            launch_ms.setdefault(f"{task.kind}{i}", []).append(
-                (op.ready_ns - op.start_ns) / 1e6)
+          by_kind(launch_ms, step, i, [(op.ready_ns - op.start_ns) / 1e9
+                                       for op in t.launches(i)])
+      bare, bare_launch_s = bare_pipeline.measure(
+          step.ifrt_ir, islands=s, steps=args.steps, pin=not args.no_pin)
+      bare_launch_ms: dict[str, list[float]] = {}
+      for i, per_step in bare_launch_s.items():
+        for seconds in per_step:
+          by_kind(bare_launch_ms, step, i, seconds)
+      bare_per_island = {i: round(statistics.median(v), 4)
+                         for i, v in bare.items()}
+      bare_mean = statistics.mean(bare_per_island.values())
       if args.pictures:
         t.save(f"{args.pictures}/pipeline_{schedule.lower()}_{s}_islands_"
                f"{args.width}.svg")
@@ -183,6 +206,11 @@ def main() -> None:
            within_10_percent=abs(mean - theory) <= 0.1 * theory,
            schedule_idle_with_measured_launches=round(schedule_idle, 4),
            added_by_moves_and_issue=round(mean - schedule_idle, 4),
+           bare_idle_per_island=bare_per_island,
+           bare_idle=round(bare_mean, 4),
+           added_by_runtime=round(mean - bare_mean, 4),
+           bare_launch_ms_median={k: round(statistics.median(v), 1)
+                                  for k, v in sorted(bare_launch_ms.items())},
            launch_ms_median={k: round(statistics.median(v), 1)
                              for k, v in sorted(launch_ms.items())},
            step_ms=round(statistics.median(step_s) * 1e3, 1),
@@ -191,7 +219,7 @@ def main() -> None:
                                        2))
       log(f"S={s} {schedule:5s} idle {mean:.3f} (per island {per_island}) "
           f"theory {theory:.3f} (schedule with these launch times "
-          f"{schedule_idle:.3f})  step {statistics.median(step_s) * 1e3:.0f} ms"
+          f"{schedule_idle:.3f}, bare {bare_mean:.3f})  step {statistics.median(step_s) * 1e3:.0f} ms"
           f" vs one device {plain_s * 1e3:.0f} ms")
 
 

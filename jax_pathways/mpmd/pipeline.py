@@ -43,6 +43,7 @@ class _Plan:
   run: Callable[[list[Any]], list[Any]]
   input_shardings: list[NamedSharding]
   out_tree: Any
+  ifrt_ir: str | None = None  # the program compiled, where Shardy made one
 
 
 class Pipeline:
@@ -112,6 +113,19 @@ class Pipeline:
     if self._last is None:
       raise RuntimeError("call the pipeline (or .lower(*args)) first")
     return self._last.schedule
+
+  @property
+  def ifrt_ir(self) -> str:
+    """The IFRT IR program (MLIR text) the last call ran: its @main calls
+    one fragment per scheduled task on its mesh and copies arrays between
+    meshes, in each mesh's schedule order."""
+    if self._last is None:
+      raise RuntimeError("call the pipeline (or .lower(*args)) first")
+    if self._last.ifrt_ir is None:
+      raise RuntimeError(f"the {self.partitioner!r} partitioner runs the "
+                         "step fragment by fragment, not as an IFRT IR "
+                         "program")
+    return self._last.ifrt_ir
 
   # --------------------------------------------------------------- planning
   def _split(self, args: Sequence[Any], abstract: bool = False
@@ -202,7 +216,8 @@ class Pipeline:
     executable = shardy.compile_ifrt(partitioned, backend,
                                      self.topology.devices(), avals)
     return _Plan(partitioned.schedule, executable.execute,
-                 partitioned.input_shardings, out_tree)
+                 partitioned.input_shardings, out_tree,
+                 str(partitioned.ifrt_module))
 
 
 def pipeline(fn: Callable[..., Any], topology: Topology,

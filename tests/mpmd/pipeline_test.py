@@ -86,6 +86,10 @@ def test_schedule_is_data_and_what_the_islands_run(mlp, proxy_devices):
   assert step.schedule.meshes == textbook.meshes
   assert step.schedule.order("island1")[:4] == ["F0", "B0", "F1", "B1"]
   assert "island0: F0 F1 B0 F2 B1" in str(step.schedule)
+  # The IFRT IR program behind it: one call per task, copies between meshes.
+  tasks = sum(len(t) for t in step.schedule.meshes.values())
+  assert step.ifrt_ir.count("ifrt.Call @") == tasks
+  assert "ifrt.CopyArrays" in step.ifrt_ir
 
   with jax_pathways.trace() as t:
     _, loss = step(params, (model.x, model.y))
@@ -157,6 +161,9 @@ def test_own_splitter_trains_the_same_model(schedule, mlp, rel_err,
               else mpmd.schedule.one_f_one_b)(["island0", "island1"],
                                               ["s0", "s1"], M)
   assert step.schedule.meshes == textbook.meshes
+  with pytest.raises(RuntimeError, match="runs the step fragment by "
+                     "fragment, not as an IFRT IR program"):
+    step.ifrt_ir
 
 
 def test_bad_placements_fail_clearly(mlp, proxy_devices):
