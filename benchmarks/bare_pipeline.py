@@ -5,11 +5,12 @@
 Runs a partitioned pipeline step (its IFRT IR program) the barest way this
 machine allows: one process per island, pinned as B4 pins the workers
 (island i on core i % 2), each compiling its island's fragments exactly as
-a worker does (worker.pjrt_backend) and launching them in schedule order,
-one after the other. A fragment that needs a value from another island waits
-for a 4-byte token on a pipe from the process that made it; the bytes
-themselves are not moved (each fragment gets inputs of the right shapes,
-made before the step). No controller, no client, no transfers, no tracing:
+a worker does (worker.pjrt_backend) and enqueueing them in schedule order.
+A fragment that needs a value from another island is enqueued once a 4-byte
+token has come on a pipe from the process that made it (a thread waits for
+each launch in turn and sends the tokens); the bytes themselves are not
+moved (each fragment gets inputs of the right shapes, made before the
+step). No controller, no client, no transfers, no tracing:
 what is left is the schedule, the fragments' own times, and the two cores
 they share. Each island's idle fraction is measured as B4 measures it,
 1 - (its time in launches) / (first launch start to last launch end), so
@@ -22,11 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import select
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -161,26 +164,37 @@ def _island_main(args: argparse.Namespace) -> None:
     return [shared[v] if v in shared and k not in donated else value(v)
             for k, v in enumerate(call.args)]
 
+  def finish(launched: queue.Queue, ends: list[int]) -> None:
+    """Waits for each launch in turn; tells the islands that need it."""
+    for index, outs in iter(launched.get, None):
+      jax.block_until_ready(outs)
+      ends.append(time.monotonic_ns())
+      for island in tell.get(index, ()):
+        os.write(outboxes[island], _TOKEN.pack(index))
+
   print("ready", flush=True)
   for _ in sys.stdin:
     prepared = {index: inputs(index) for index in mine}
     jax.block_until_ready(prepared)
     arrived: set[int] = set()
-    times = []
+    launched: queue.Queue = queue.Queue()
+    issued, ends = [], []
+    waiter = threading.Thread(target=finish, args=(launched, ends))
+    waiter.start()
     for index in mine:
       while not waits.get(index, set()) <= arrived:
         data = os.read(args.inbox, _TOKEN.size * 64)
         arrived.update(t for (t,) in _TOKEN.iter_unpack(data))
-      start = time.monotonic_ns()
-      outs = backend.execute(compiled[calls[index].fragment],
-                             prepared.pop(index))
-      jax.block_until_ready(outs)
-      end = time.monotonic_ns()
-      for island in tell.get(index, ()):
-        os.write(outboxes[island], _TOKEN.pack(index))
-      times.append((start, end))
-      del outs
-    print(json.dumps(times), flush=True)
+      # Enqueued as soon as its inputs exist, behind the launch before it
+      # (PJRT runs it when that one is done), as a worker enqueues.
+      issued.append(time.monotonic_ns())
+      launched.put((index, backend.execute(compiled[calls[index].fragment],
+                                           prepared.pop(index))))
+    launched.put(None)
+    waiter.join()
+    # A launch starts when the one before it ends, or when it was issued.
+    starts = [max(t, e) for t, e in zip(issued, [0] + ends[:-1])]
+    print(json.dumps(list(zip(starts, ends))), flush=True)
 
 
 if __name__ == "__main__":
