@@ -3,8 +3,9 @@
     idle, launch_s = measure(step.ifrt_ir, islands=2, steps=3)
 
 Runs a partitioned pipeline step (its IFRT IR program) the barest way this
-machine allows: one process per island, pinned as B4 pins the workers
-(island i on core i % 2), each compiling its island's fragments exactly as
+machine allows: one process per island, its device computing on the core
+B4 gives that island's worker (island i on core i % 2; the process's other
+threads run on either core, as a worker's do), each compiling its island's fragments exactly as
 a worker does (worker.pjrt_backend) and enqueueing them in schedule order.
 A fragment that needs a value from another island is enqueued once a 4-byte
 token has come on a pipe from the process that made it (a thread waits for
@@ -33,6 +34,8 @@ import threading
 import time
 from typing import Any
 
+from jax_pathways.cluster import cores
+
 _TOKEN = struct.Struct("<i")
 _TIMEOUT_S = 600.0
 
@@ -42,7 +45,7 @@ def measure(ifrt_ir: str, islands: int, steps: int, pin: bool = True,
             ) -> tuple[dict[int, list[float]], dict[int, list[list[float]]]]:
   """Per island, its idle fraction in each of `steps` bare steps, and its
   launch times (seconds, in its schedule order) in each."""
-  cores = sorted(os.sched_getaffinity(0))
+  dealt = cores.deal(islands, cores.available())
   with tempfile.NamedTemporaryFile("w", suffix=".mlir") as program:
     program.write(ifrt_ir)
     program.flush()
@@ -59,7 +62,7 @@ def measure(ifrt_ir: str, islands: int, steps: int, pin: bool = True,
                    "--islands", str(islands), "--inbox", str(inboxes[i][0]),
                    "--outboxes", outboxes]
         if pin:
-          command += ["--core", str(cores[i % len(cores)])]
+          command += ["--cores", cores.format_list(dealt[i])]
         procs.append(subprocess.Popen(
             command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             text=True, pass_fds=[fd for pair in inboxes for fd in pair]))
@@ -101,8 +104,6 @@ def _line(proc: subprocess.Popen, island: int) -> str:
 
 
 def _island_main(args: argparse.Namespace) -> None:
-  if args.core is not None:
-    os.sched_setaffinity(0, {args.core})
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
 
@@ -130,7 +131,8 @@ def _island_main(args: argparse.Namespace) -> None:
       calls.append(step)
     else:
       copied_from.update(zip(step.results, step.args))
-  backend = PjrtBackend(1)
+  with cores.pinned(cores.parse(args.cores) if args.cores else None):
+    backend = PjrtBackend(1)
   device = backend.device(0)
   compiled = {}
   mine, waits, tell = [], {}, {}
@@ -204,5 +206,5 @@ if __name__ == "__main__":
   parser.add_argument("--islands", type=int, required=True)
   parser.add_argument("--inbox", type=int, required=True)
   parser.add_argument("--outboxes", default="")
-  parser.add_argument("--core", type=int, default=None)
+  parser.add_argument("--cores", default=None)
   _island_main(parser.parse_args())

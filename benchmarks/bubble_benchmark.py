@@ -23,11 +23,13 @@ process per island on the same cores, with no controller, client, moves or
 tracing. Its idle is this machine's floor for these fragments; B4's measured
 idle minus it is everything the runtime adds.
 
-The machine has 2 cores. Each worker is pinned to one core (island i on core
-i % 2; --no-pin leaves placement to the OS): with S = 2 every stage has a core
-of its own (shared with the client's and controller's threads); with S = 4
-two stages share each core, so launches that overlap in time take up to
-twice as long (their time-sharing counts as busy).
+The machine has 2 cores. Each island's device computes on one core (island
+i on core i % 2: initialize(pin_islands=True); --no-pin leaves placement to
+the OS); every other thread (the workers' op loops, completions and
+transfers, the controller, the client) runs on either core. With S = 2
+every stage has a core of its own for its launches; with S = 4 two stages
+share each core, so launches that overlap in time take up to twice as long
+(their time-sharing counts as busy).
 
 Prints one JSON line per (S, schedule): measured idle fraction per island and
 its mean, the theory, their relative difference, the replayed schedule's
@@ -40,7 +42,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from harness import emit, log, pin_workers, setup, timed  # pylint: disable=g-bad-import-order
+from harness import emit, log, setup, timed  # pylint: disable=g-bad-import-order
 
 import bare_pipeline  # noqa: E402
 
@@ -143,9 +145,9 @@ def main() -> None:
   args = parser.parse_args()
   m = args.microbatches
   islands = max(args.stages)
-  pathways, cpu = setup(islands=islands, devices_per_island=1)
-  if not args.no_pin:
-    log(f"workers pinned to cores {pin_workers()}")
+  pathways, cpu = setup(islands=islands, devices_per_island=1,
+                        pin_islands=not args.no_pin)
+  log(f"island cores: {jax_pathways.local_cluster().device_cores}")
   rng = np.random.default_rng(1)
   x = rng.normal(size=(m * args.rows, args.width)).astype(np.float32)
   y = rng.normal(size=(m * args.rows, args.width)).astype(np.float32)

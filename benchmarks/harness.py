@@ -39,24 +39,6 @@ def setup(islands: int = 1, devices_per_island: int = DEVICES,
   return jax.devices("proxy")[:n], jax.devices("cpu")[:n]
 
 
-def pin_workers() -> dict[int, int]:
-  """Pins each island's worker (all its threads) to one core, round robin,
-  so islands compute side by side instead of in each other's threads;
-  returns island -> core."""
-  cluster = jax_pathways.local_cluster()
-  cores = sorted(os.sched_getaffinity(0))
-  placement = {}
-  for island, worker in enumerate(cluster.workers):
-    core = cores[island % len(cores)]
-    for tid in os.listdir(f"/proc/{worker.pid}/task"):
-      try:
-        os.sched_setaffinity(int(tid), {core})
-      except OSError:
-        pass  # a thread that just exited
-    placement[island] = core
-  return placement
-
-
 def _commit() -> str:
   try:
     return subprocess.check_output(

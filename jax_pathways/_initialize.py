@@ -14,6 +14,7 @@ from typing import Sequence
 from absl import logging
 
 from jax_pathways import config
+from jax_pathways.cluster import cores
 from jax_pathways.cluster.local_cluster import LocalCluster
 from jax_pathways.frontend import plugin
 from jax_pathways.resources.virtual_slice import SliceRequest
@@ -41,7 +42,8 @@ def initialize(address: str | None = None, *, islands: int | None = None,
                devices: int | Sequence[int] | None = None,
                island: int | None = None,
                weight: float | None = None,
-               reduction_order: str | None = None) -> str:
+               reduction_order: str | None = None,
+               pin_islands: bool | None = None) -> str:
   """Makes JAX in this process run on jax_pathways; returns the address.
 
   Args:
@@ -63,6 +65,11 @@ def initialize(address: str | None = None, *, islands: int | None = None,
       programs that span islands add in the order one host would (the same
       bits; such programs compile twice); 'ring' leaves them to gloo's ring
       all-reduce (the last bits may differ).
+    pin_islands: embedded cluster (Linux): deal this process's CPU cores to
+      the islands, each island's devices computing only on its own (one
+      core each, shared round robin, when there are more islands than
+      cores); the workers' other threads and the controller run on any
+      core (JAX_PATHWAYS_PIN_ISLANDS=1). Default: the OS places everything.
   """
   global _cluster, _address, _token
   from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
@@ -97,21 +104,27 @@ def initialize(address: str | None = None, *, islands: int | None = None,
       if reduction_order not in (None, "rank", "ring"):
         raise ValueError(f"jax_pathways.initialize: reduction_order="
                          f"{reduction_order!r} must be 'rank' or 'ring'")
+      pin = pin_islands if pin_islands is not None else cfg.pin_islands
+      n_islands = islands if islands is not None else cfg.islands
       cluster = LocalCluster(
-          islands if islands is not None else cfg.islands,
+          n_islands,
           devices_per_island if devices_per_island is not None
           else cfg.devices_per_island,
           max_in_flight if max_in_flight is not None else cfg.max_in_flight,
           log_dir=cfg.log_dir, start_timeout=cfg.start_timeout,
-          reduction_order=reduction_order or "rank")
+          reduction_order=reduction_order or "rank",
+          device_cores=(cores.deal(n_islands, cores.available())
+                        if pin else None))
       cluster.start()
       _cluster = cluster
       address, token = cluster.address, cluster.token
     elif (islands is not None or devices_per_island is not None or
-          reduction_order is not None):
-      raise ValueError("islands=, devices_per_island= and reduction_order= "
-                       "shape an embedded cluster; a running controller has "
-                       "its own (jax-pathways controller --reduction-order)")
+          reduction_order is not None or pin_islands is not None):
+      raise ValueError("islands=, devices_per_island=, reduction_order= and "
+                       "pin_islands= shape an embedded cluster; a running "
+                       "controller has its own (jax-pathways controller "
+                       "--reduction-order, jax-pathways worker "
+                       "--device-cores)")
     _address = _normalize(address)
     _token = token or cfg.token
     plugin.configure(_token, wanted)

@@ -1,7 +1,7 @@
 """The `jax-pathways` command: controller, worker and status.
 
     jax-pathways controller --islands 2 [--listen 127.0.0.1:8470] [--worker-listen 127.0.0.1:8471]
-    jax-pathways worker --controller HOST:PORT [--island 0] [--devices 4]
+    jax-pathways worker --controller HOST:PORT [--island 0] [--devices 4] [--device-cores 0-3]
     jax-pathways status [--address grpc://HOST:PORT] [--json]
 
 The cluster token is read from JAX_PATHWAYS_TOKEN by all three.
@@ -18,6 +18,7 @@ from absl import flags
 from absl import logging
 
 from jax_pathways import config
+from jax_pathways.cluster import cores
 
 
 def _setup_logging(verbosity: int) -> None:
@@ -105,6 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                  help="device memory per device, e.g. 16G (default: what "
                  f"the device reports, or ${config.DEVICE_MEMORY}; CPU "
                  "devices report none: unlimited)")
+  w.add_argument("--device-cores", default=None,
+                 help="CPU cores the devices compute on, e.g. 0-3 or 0,2 "
+                 "(Linux; default: any); the worker's other threads run "
+                 "anywhere")
 
   s = sub.add_parser("status", help="show a controller's islands and queues")
   s.add_argument("--address", default=None,
@@ -136,9 +141,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from jax_pathways.worker import main as worker_main  # pylint: disable=import-outside-toplevel
     memory = (config.parse_bytes(args.device_memory, "--device-memory")
               if args.device_memory else cfg.device_memory)
+    try:
+      device_cores = (cores.parse(args.device_cores)
+                      if args.device_cores else None)
+    except ValueError as e:
+      parser.error(f"--device-cores: {e}")
     return worker_main.run(args.controller, args.island,
                            args.devices or cfg.devices_per_island, cfg.token,
-                           args.data_listen, args.connect_timeout, memory)
+                           args.data_listen, args.connect_timeout, memory,
+                           device_cores)
   from jax_pathways import admin  # pylint: disable=import-outside-toplevel
   address = args.address or cfg.address
   if not address:

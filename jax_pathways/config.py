@@ -19,6 +19,7 @@ DEVICES = "JAX_PATHWAYS_DEVICES"  # this client's virtual slice: 4 or 2x4
 ISLAND = "JAX_PATHWAYS_ISLAND"    # ... on this island
 WEIGHT = "JAX_PATHWAYS_WEIGHT"    # this client's share of busy islands
 DEVICE_MEMORY = "JAX_PATHWAYS_DEVICE_MEMORY"  # workers: bytes per device (64M)
+PIN_ISLANDS = "JAX_PATHWAYS_PIN_ISLANDS"  # embedded cluster: 1 = cores per island
 
 DEFAULT_ISLANDS = 2
 DEFAULT_DEVICES_PER_ISLAND = 4
@@ -71,6 +72,7 @@ class Config:
   island: int | None
   weight: float | None
   device_memory: int  # 0: ask the device (unlimited if it does not say)
+  pin_islands: bool
 
 
 def from_env() -> Config:
@@ -91,6 +93,7 @@ def from_env() -> Config:
               if os.environ.get(WEIGHT) else None),
       device_memory=parse_bytes(os.environ.get(DEVICE_MEMORY) or "0",
                                 DEVICE_MEMORY),
+      pin_islands=bool(_int(PIN_ISLANDS, 0, 0, 1)),
   )
 
 

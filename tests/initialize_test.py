@@ -100,3 +100,57 @@ def test_ring_reduction_order_leaves_sums_to_gloo():
   """)
   assert "CLOSE True" in out.stdout, out.stdout + out.stderr[-2000:]
   assert "REWRITTEN False" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+def test_pin_islands_pins_each_islands_compute_only():
+  """pin_islands=True: each worker's XLA threads run on its island's cores
+  only, its other threads (the op loop on the main thread) on any core;
+  results are unchanged."""
+  out = _run("""
+      import os
+      os.environ["JAX_PLATFORMS"] = "proxy,cpu"
+      import jax, numpy as np
+      import jax_pathways
+      from jax_pathways.cluster import cores
+      jax_pathways.initialize(islands=2, devices_per_island=1,
+                              pin_islands=True)
+      cluster = jax_pathways.local_cluster()
+      dealt = cores.deal(2, cores.available())
+      print("DEALT", cluster.device_cores == dealt)
+      x = np.arange(64 * 64, dtype=np.float32).reshape(64, 64) / 4096
+      f = jax.jit(lambda x: np.float32(2) * x @ x)
+      want = f(jax.device_put(x, jax.devices("cpu")[0]))
+      for d in jax.devices("proxy"):
+        got = f(jax.device_put(x, d))
+        print("SAME", np.array_equal(np.asarray(got), np.asarray(want)))
+      everything = set(cores.available())
+      for island, w in enumerate(cluster.workers):
+        masks = {int(t): os.sched_getaffinity(int(t))
+                 for t in os.listdir(f"/proc/{w.pid}/task")}
+        print("MAIN", island, masks[w.pid] == everything)
+        print("PINNED", island,
+              any(m == set(dealt[island]) for m in masks.values()))
+  """)
+  assert "DEALT True" in out.stdout, out.stderr[-3000:]
+  assert out.stdout.count("SAME True") == 2, out.stdout + out.stderr[-3000:]
+  assert "MAIN 0 True" in out.stdout and "MAIN 1 True" in out.stdout
+  assert "PINNED 0 True" in out.stdout and "PINNED 1 True" in out.stdout
+
+
+def test_device_cores_this_host_lacks():
+  """A worker asked to compute on a core it may not use does not start,
+  and says which core."""
+  out = _run("""
+      import os
+      from jax_pathways.cluster.local_cluster import ClusterError, LocalCluster
+      absent = max(os.sched_getaffinity(0)) + 1000
+      cluster = LocalCluster(1, 1, 4, start_timeout=60,
+                             device_cores=[[absent]])
+      try:
+        cluster.start()
+      except ClusterError as e:
+        print("ERROR", e)
+  """)
+  assert "ERROR" in out.stdout, out.stderr[-3000:]
+  assert "--device-cores: cores" in out.stdout
+  assert "are not available to this process" in out.stdout

@@ -24,6 +24,7 @@ from typing import Any
 from absl import logging
 
 from jax_pathways import config
+from jax_pathways.cluster import cores
 
 _STOP_GRACE_S = 5.0
 
@@ -47,8 +48,13 @@ class LocalCluster:
                max_in_flight: int, log_dir: str | None = None,
                start_timeout: float = config.DEFAULT_START_TIMEOUT,
                memory_wait_s: float | None = None,
-               reduction_order: str = "rank"):
+               reduction_order: str = "rank",
+               device_cores: list[list[int]] | None = None):
+    if device_cores is not None and len(device_cores) != islands:
+      raise ValueError(f"device_cores names {len(device_cores)} islands' "
+                       f"cores for {islands} islands")
     self.islands = islands
+    self.device_cores = device_cores
     self.devices_per_island = devices_per_island
     self.max_in_flight = max_in_flight
     self.memory_wait_s = memory_wait_s
@@ -120,15 +126,19 @@ class LocalCluster:
         self.workers.append(self._spawn(f"worker{i}", [
             "worker", "--controller", ready["worker_address"],
             "--island", str(i), "--devices", str(self.devices_per_island),
-            "--data-listen", f"unix:{sockets}/data{i}.sock"]))
+            "--data-listen", f"unix:{sockets}/data{i}.sock"] + (
+                ["--device-cores", cores.format_list(self.device_cores[i])]
+                if self.device_cores else [])))
       self._wait_complete(deadline)
     except BaseException:
       self.stop()
       raise
     logging.info("jax_pathways local cluster: %d islands x %d devices at %s "
-                 "(pids %s, logs in %s)", self.islands,
+                 "(pids %s, logs in %s%s)", self.islands,
                  self.devices_per_island, self.address, self.pids,
-                 self.log_dir)
+                 self.log_dir,
+                 f"; island cores {self.device_cores}"
+                 if self.device_cores else "")
     self._watcher = threading.Thread(target=self._watch,
                                      args=(self.controller,),
                                      name="jax-pathways-watch", daemon=True)

@@ -1,7 +1,7 @@
 """The worker process: joins a controller and runs its island's ops.
 
     jax-pathways worker --controller HOST:PORT [--island N] [--devices N]
-        [--device-memory 16G]
+        [--device-memory 16G] [--device-cores 0-3]
 
 The cluster token comes from JAX_PATHWAYS_TOKEN. The worker exits when the
 controller tells it to or when the controller connection is lost.
@@ -17,8 +17,9 @@ from absl import logging
 
 def run(controller: str, island: int | None, devices: int,
         token: str | None, data_listen: str, connect_timeout: float,
-        device_memory: int = 0) -> int:
-  """Joins `controller` and serves until told to stop; returns an exit code."""
+        device_memory: int = 0, device_cores: list[int] | None = None) -> int:
+  """Joins `controller` and serves until told to stop; returns an exit code.
+  `device_cores`: the CPU cores the devices compute on (cluster/cores.py)."""
   # Configure JAX before anything initializes its backends: this process
   # must keep every dtype the client sends; its CPU backend is the
   # backend's own client (PjrtBackend registers it).
@@ -29,13 +30,19 @@ def run(controller: str, island: int | None, devices: int,
   # pylint: disable=import-outside-toplevel
   from jax_pathways import _core
   from jax_pathways.cluster import addresses
+  from jax_pathways.cluster import cores
   from jax_pathways.cluster import handshake
   from jax_pathways.worker.peers import Peers
   from jax_pathways.worker.pjrt_backend import PjrtBackend
   from jax_pathways.worker.transfers import Transfers
   from jax_pathways.worker.worker import Worker
 
-  backend = PjrtBackend(devices)
+  try:
+    with cores.pinned(device_cores):
+      backend = PjrtBackend(devices)
+  except ValueError as e:
+    print(f"jax-pathways worker: --device-cores: {e}", file=sys.stderr)
+    return 2
   peers = Peers(token, data_listen)
   # jaxlib's transfer server does not authenticate: only between workers
   # of one host (its ids are random; other hosts use the token's links).
@@ -73,11 +80,14 @@ def run(controller: str, island: int | None, devices: int,
                  else data_listen.rpartition(":")[0].strip("[]"))
     if gloo_host in ("0.0.0.0", "::"):
       gloo_host = socket.gethostname()
-    backend.join_global(peers.island, int(welcome["islands"]),
-                        welcome["coordinator"], gloo_host)
+    with cores.pinned(device_cores):
+      backend.join_global(peers.island, int(welcome["islands"]),
+                          welcome["coordinator"], gloo_host)
     backend.rank_order_reductions = welcome.get("reduction_order") == "rank"
-  logging.info("worker pid %d joined as island %d (%d devices); data at %s",
-               os.getpid(), peers.island, len(backend.devices), peers.address)
+  logging.info("worker pid %d joined as island %d (%d devices%s); data at %s",
+               os.getpid(), peers.island, len(backend.devices),
+               f" on cores {cores.format_list(device_cores)}"
+               if device_cores else "", peers.address)
   executor = _core.Executor(sock.detach())
   try:
     Worker(executor, backend, peers, transfers).run()
