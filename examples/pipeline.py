@@ -14,7 +14,10 @@ import sys
 
 import jax_pathways
 
-jax_pathways.initialize(islands=4, devices_per_island=1)
+# Each island's device computes on a core of its own (shared round robin
+# when the machine has fewer cores than islands), as it would on a host of
+# its own; everything else runs on any core.
+jax_pathways.initialize(islands=4, devices_per_island=1, pin_islands=True)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
