@@ -168,8 +168,8 @@ def _island_main(args: argparse.Namespace) -> None:
 
   def finish(launched: queue.Queue, ends: list[int]) -> None:
     """Waits for each launch in turn; tells the islands that need it."""
-    for index, outs in iter(launched.get, None):
-      jax.block_until_ready(outs)
+    for index, (_, execution) in iter(launched.get, None):
+      execution.block_until_ready()
       ends.append(time.monotonic_ns())
       for island in tell.get(index, ()):
         os.write(outboxes[island], _TOKEN.pack(index))

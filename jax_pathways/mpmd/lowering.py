@@ -7,6 +7,13 @@ wants them as MPMD ops: every stage call becomes an
 backward), and every microbatch call in @main an `mpmd.call` with
 `call_counter = i`, which is what lets the partitioner tell the microbatches
 apart and schedule them.
+
+JAX adds the microbatches' weight gradients up in @main, in microbatch
+order, and the partitioner would put that whole sum into each stage's last
+backward fragment, which then holds M-1 gradient copies and runs longer
+than the others. The sum is moved into the backward fragments instead
+(`_accumulate_in_backwards`): microbatch i's backward takes the running sum
+and adds its own gradient to it, the same adds in the same order.
 """
 from __future__ import annotations
 
@@ -71,6 +78,7 @@ def to_mpmd(module: Any, clone: Any) -> Lowered:
       if not _is_backward(table[_callee(new)]):
         forward_calls.append((index, new))
     _in_counter_order(main, forward_calls)
+    _accumulate_in_backwards(main, table, ir, mpmd)
     _drop_unused_functions(module, ir)
     if not module.operation.verify():
       raise RuntimeError("jax_pathways.mpmd produced an invalid module")
@@ -115,6 +123,109 @@ def _inline_as_named_computation(call: Any, callee: Any, name: str,
     old.replace_all_uses_with(new)
   call.operation.erase()
   copy.operation.erase()
+
+
+def _accumulate_in_backwards(main: Any, table: Any, ir: Any,
+                             mpmd: Any) -> None:
+  """Folds each `add(running sum, backward i's gradient)` of @main into
+  the named computation of backward i that makes the gradient, which gets
+  the running sum as an extra operand. Only where nothing else reads that
+  gradient: otherwise the add stays where JAX put it."""
+  backwards = [op for op in main.regions[0].blocks[0].operations
+               if op.operation.name == "mpmd.call" and
+               _is_backward(table[_callee(op)])]
+  callees = [_callee(c) for c in backwards]
+  for n, call in enumerate(backwards):
+    fn = table[_callee(call)]
+    if callees.count(_callee(call)) != 1:
+      continue  # a body shared with another call cannot change for one
+    ret = list(fn.regions[0].blocks[0].operations)[-1]
+    earlier = {b.operation for b in backwards[:n]}
+    links: dict[int, tuple[Any, Any]] = {}  # result -> (add, running sum)
+    for k, result in enumerate(call.results):
+      uses = list(result.uses)
+      if len(uses) != 1 or uses[0].owner.name != "stablehlo.add":
+        continue
+      add = uses[0].owner
+      running = add.operands[1 - uses[0].operand_number]
+      made = ret.operands[k]
+      if (running.owner not in earlier or made.owner.name !=
+          "mpmd.named_computation" or len(list(made.uses)) != 1):
+        continue
+      links[k] = (add, running)
+    if not links:
+      continue
+    order = sorted(links)
+    _add_into(fn, ret, order, ir, mpmd)
+    new = _with_operands(call, [links[k][1] for k in order], ir, mpmd)
+    for k in order:
+      add = links[k][0]
+      add.result.replace_all_uses_with(new.results[k])
+      add.erase()
+    backwards[n] = new
+
+
+def _with_operands(op: Any, extra: list[Any], ir: Any, mpmd: Any) -> Any:
+  """`op` (an mpmd.call) remade with `extra` operands at the end."""
+  with ir.InsertionPoint(op), op.location:
+    new = mpmd.CallOp([r.type for r in op.results],
+                      list(op.operands) + extra,
+                      ir.FlatSymbolRefAttr.get(_callee(op)))
+  for name, value in op.attributes.items():
+    if name != "callee":
+      new.attributes[name] = value
+  for old, result in zip(op.results, new.results):
+    old.replace_all_uses_with(result)
+  op.erase()
+  return new
+
+
+def _add_into(fn: Any, ret: Any, results: list[int], ir: Any,
+              mpmd: Any) -> None:
+  """Gives `fn` one argument per result in `results`, added (inside the
+  named computation that makes it) to what it returns there."""
+  from jaxlib.mlir.dialects import stablehlo  # pylint: disable=import-outside-toplevel
+  block = fn.regions[0].blocks[0]
+  sums = {k: block.add_argument(ret.operands[k].type, fn.location)
+          for k in results}
+  ftype = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
+  fn.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+      list(ftype.inputs) + [sums[k].type for k in results],
+      list(ftype.results)))
+  if "arg_attrs" in fn.attributes:
+    attrs = list(ir.ArrayAttr(fn.attributes["arg_attrs"]))
+    fn.attributes["arg_attrs"] = ir.ArrayAttr.get(
+        attrs + [ir.DictAttr.get({}) for _ in results])
+  by_computation: dict[Any, list[int]] = {}
+  for k in results:
+    by_computation.setdefault(ret.operands[k].owner, []).append(k)
+  for named, ks in by_computation.items():
+    old_block = named.regions[0].blocks[0]
+    with ir.InsertionPoint(named), named.location:
+      new = mpmd.NamedComputationOp(
+          [r.type for r in named.results],
+          list(named.operands) + [sums[k] for k in ks],
+          named.attributes["origin"])
+    for name, value in named.attributes.items():
+      if name != "origin":
+        new.attributes[name] = value
+    new_block = new.region.blocks.append(
+        *[a.type for a in old_block.arguments],
+        *[sums[k].type for k in ks])
+    for op in list(old_block.operations):
+      ir.InsertionPoint(new_block).insert(op.operation.detach_from_parent())
+    for old, arg in zip(old_block.arguments, new_block.arguments):
+      old.replace_all_uses_with(arg)
+    inner_ret = list(new_block.operations)[-1]
+    extra = list(new_block.arguments)[len(old_block.arguments):]
+    for k, running in zip(ks, extra):
+      j = ir.OpResult(ret.operands[k]).result_number
+      with ir.InsertionPoint(inner_ret), inner_ret.location:
+        total = stablehlo.AddOp(running, inner_ret.operands[j])
+      inner_ret.operands[j] = total.result
+    for old, result in zip(named.results, new.results):
+      old.replace_all_uses_with(result)
+    named.erase()
 
 
 def _in_counter_order(main: Any, calls: list[tuple[int, Any]]) -> None:

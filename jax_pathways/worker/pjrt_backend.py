@@ -82,6 +82,26 @@ class Program:
     self.metadata = metadata
 
 
+class Execution:
+  """One launch's completion. Its outputs do not tell: a later launch that
+  donates one (a gradient sum carried from backward to backward) leaves it
+  reading as ready at once, while this launch may not have run yet."""
+
+  def __init__(self, token: Any, outputs: Sequence[jax.Array]):
+    self._token = token
+    self._outputs = outputs
+
+  def is_deleted(self) -> bool:
+    return False
+
+  def is_ready(self) -> bool:
+    """Known without waiting only while no output has been donated."""
+    return all(not o.is_deleted() and o.is_ready() for o in self._outputs)
+
+  def block_until_ready(self) -> None:
+    self._token.block_until_ready()
+
+
 class PjrtBackend:
   """One worker's devices, compiled programs and the arrays they produce."""
 
@@ -255,10 +275,15 @@ class PjrtBackend:
                       executable.hlo_modules()[0].name, e)
       return executable, executable
 
-  def execute(self, program: Program, args: Sequence[jax.Array]) -> list[jax.Array]:
+  def execute(self, program: Program, args: Sequence[jax.Array]
+              ) -> tuple[list[jax.Array], "Execution"]:
+    """Enqueues `program` on `args`: its outputs (futures) and the launch's
+    own completion."""
     args = [self.on_client(a, program.client) for a in args]
-    results = program.executable.execute_sharded(args)
-    return results.consume_with_handlers(program.out_handlers)
+    results = program.executable.execute_sharded(args, with_tokens=True)
+    done = results.consume_token()
+    outputs = results.consume_with_handlers(program.out_handlers)
+    return outputs, Execution(done, outputs)
 
   def _signature(self, program: bytes
                  ) -> tuple[list[tuple[tuple[int, ...], str]], list[int]]:

@@ -168,9 +168,9 @@ class Worker:
       raise StatusError(Code.FAILED_PRECONDITION,
                         f"program {op.program} was not compiled on this worker")
     args = [self._array(b) for b in op.args]
-    outputs = self._backend.execute(program, args)
+    outputs, execution = self._backend.execute(program, args)
     self._store(op, outputs)
-    self._completions.add(op.seq, outputs)
+    self._completions.add(op.seq, [execution])
 
   def _put(self, op: Any) -> None:
     header, blobs = payloads.decode(op.payload)

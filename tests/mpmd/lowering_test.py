@@ -54,6 +54,24 @@ def test_microbatches_become_counted_calls_in_order(cpu_devices):
   assert counters == [0, 1, 2, 3, 0, 1, 2, 3]
 
 
+def test_gradient_sums_run_in_the_backwards(cpu_devices):
+  """Microbatch i's backward adds its weight gradients to the running sum
+  it is given (each stage's backward then holds one copy, not M - 1); no
+  gradient add is left between the calls in @main."""
+  text = str(_lowered(microbatches=4).module)
+  main = text[text.index("func.func public @main"):]
+  main = main[:main.index("\n  }")]
+  calls = re.findall(r"(%\d+):\d+ = mpmd\.call @(\S+)\((.*?)\) "
+                     r"\{call_counter = (\d+)", main)
+  backwards = [c for c in calls if re.search(r"___\d+$", c[1])]
+  assert [int(c[3]) for c in backwards] == [0, 1, 2, 3]
+  for (made, *_), (_, _, operands, _) in zip(backwards, backwards[1:]):
+    # The two stages' weight gradients of the backward before.
+    assert f"{made}#0" in operands and f"{made}#1" in operands
+  added = re.findall(r"stablehlo\.add (%\d+)#\d+, (%\d+)#\d+", main)
+  assert not [a for a in added if a[0] in {c[0] for c in backwards}]
+
+
 def test_the_stage_marker_is_plain_jax(cpu_devices):
   @mpmd.stage("only")
   def f(w, x):

@@ -2,6 +2,7 @@
 launches wait for data that has not arrived, errors travel with the array,
 and a pull that never arrives is reported instead of waited on for ever."""
 import threading
+import time
 
 import jax
 import numpy as np
@@ -10,6 +11,7 @@ from jax._src.lib import xla_client as xc
 
 from jax_pathways.status import Code, Status
 from jax_pathways.worker.completions import Completions
+from jax_pathways.worker.pjrt_backend import Execution
 from jax_pathways.worker.transfers import Transfers, arrival
 
 
@@ -88,3 +90,37 @@ def test_a_donated_pull_is_still_waited_for_and_watched(islands):
   np.testing.assert_array_equal(np.asarray(doubled), source * 2)
   completions.close()
   assert reports[0] == 9 and reports[1][0] == 9 and reports[1][1].ok
+
+
+def test_a_launch_whose_output_a_later_launch_donates_is_waited_for(islands):
+  """A backward that carries a gradient sum into the next one donates the
+  previous backward's output, which then reads as ready at once; the worker
+  waits on the launch's own completion (pjrt_backend.Execution) instead."""
+  (sender, a), (receiver, b) = islands
+  completions, _, reports = _watched_completions()
+  pulled = receiver.pull(18, sender.address, _aval(b))
+  compiled = jax.jit(lambda v: v * 2).lower(_aval(b)).compile()
+  results = compiled.runtime_executable().execute_sharded([pulled],
+                                                          with_tokens=True)
+  token = results.consume_token()
+  (doubled,), = results.disassemble_into_single_device_arrays()
+  execution = Execution(token, [doubled])
+  after = jax.jit(lambda v: v + 1, donate_argnums=0)(doubled)
+  assert doubled.is_deleted() and not execution.is_ready()
+  completions.add(5, [execution])
+  assert not sent_within(reports, 0.3)  # its input has not even arrived
+  source = np.arange(256, dtype=np.float32)
+  sender.offer(18, jax.device_put(source, a), _aval(a))
+  np.testing.assert_array_equal(np.asarray(after), source * 2 + 1)
+  completions.close()
+  assert reports[0][0] == 5 and reports[0][1].ok
+
+
+def sent_within(reports, seconds):
+  """Whether a report came within `seconds`."""
+  deadline = time.monotonic() + seconds
+  while time.monotonic() < deadline:
+    if reports:
+      return True
+    time.sleep(0.01)
+  return False
