@@ -61,7 +61,7 @@ core = Pybind11Extension(
 
 frontend = Pybind11Extension(
     "jax_pathways._frontend",
-    _sources("frontend/*.cc", "python/frontend_module.cc",
+    _sources("common/bytes.cc", "frontend/*.cc", "python/frontend_module.cc",
              "python/frontend_bindings.cc", "python/status_bindings.cc"),
     include_dirs=["csrc"],
     depends=_HEADERS,

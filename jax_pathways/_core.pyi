@@ -6,7 +6,7 @@ NotImplementedError (UNIMPLEMENTED), TimeoutError (DEADLINE_EXCEEDED) or
 JaxPathwaysError (everything else, with `.code`).
 """
 import enum
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -37,7 +37,10 @@ class Op:
   payload: np.ndarray  # read-only uint8 view, valid while the Op lives
 
 # (island, kind, program, args, results, payload)
-IslandOp = tuple[int, OpKind, int, Sequence[int], Sequence[int], bytes]
+# The payload: bytes, or (head, tail) sent as head + tail; a tail that is a
+# view of a HostBuffers upload is shared, not copied.
+IslandOp = tuple[int, OpKind, int, Sequence[int], Sequence[int],
+                 bytes | tuple[bytes, Any]]
 # (tag, code, message, payloads)
 Completion = tuple[int, int, str, list[bytes]]
 

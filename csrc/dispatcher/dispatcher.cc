@@ -310,8 +310,9 @@ void Dispatcher::SendNow(Outbox outbox) {
     std::vector<Channel::Frame> frames;
     size_t j = i;
     for (; j < outbox.size() && outbox[j].first == channel; ++j) {
-      frames.push_back(Channel::Frame{EncodeOpHead(outbox[j].second),
-                                      outbox[j].second.payload.view()});
+      const Op& op = outbox[j].second;
+      frames.push_back(Channel::Frame{EncodeOpHead(op), op.payload.view(),
+                                      op.payload_tail.view()});
     }
     // A failed send means the worker is gone; its reader thread sees the
     // same broken connection and fails the island's ops.

@@ -4,9 +4,13 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <map>
+#include <new>
+#include <optional>
 
+#include "common/bytes.h"
 #include "common/thread_name.h"
 #include "frontend/proto_wire.h"
 
@@ -87,6 +91,8 @@ class Call {
   void Push(FrontendEvent::Kind kind, std::string data);
   void ServeLookup(const std::string& request);
   void FinishUpload();
+  bool AppendUpload();
+  bool TooLarge();
 
   GrpcServer* const server_;
   const uint64_t id_;
@@ -108,9 +114,13 @@ class Call {
   grpc::Status finish_status_;
   // HostBufferStore
   uint64_t session_ = 0, handle_ = 0, expected_ = 0;
-  std::string upload_;
+  // Assembled straight into pooled huge-page memory: an upload of a size
+  // seen before lands on pages already in place (common/bytes.h).
+  Bytes upload_;
+  char* upload_at_ = nullptr;
+  size_t uploaded_ = 0;
   // HostBufferLookup
-  HostBuffer download_;
+  std::optional<HostBuffer> download_;
   size_t offset_ = 0;
   bool download_started_ = false;
 };
@@ -187,7 +197,15 @@ void Call::OnNew(bool ok) {
                       true);
         return;
       }
-      upload_.reserve(expected_);
+      try {
+        upload_ = Bytes::Allocate(expected_, &upload_at_);
+      } catch (const std::bad_alloc&) {
+        RequestFinish(Status(Code::kResourceExhausted,
+                             "no memory for a host buffer of " +
+                                 std::to_string(expected_) + " bytes"),
+                      true);
+        return;
+      }
       StartRead();
       return;
     }
@@ -223,21 +241,7 @@ void Call::OnRead(bool ok) {
         FinishUpload();
         return;
       }
-      {
-        std::string message = Flatten(read_buf_);
-        std::string_view chunk;
-        if (!ReadBytesField1(message, &chunk)) {
-          RequestFinish(DataLoss("malformed HostBufferStore chunk"), true);
-          return;
-        }
-        upload_.append(chunk.data(), chunk.size());
-      }
-      if (upload_.size() > expected_) {
-        RequestFinish(DataLoss("host buffer " + std::to_string(handle_) +
-                               " is larger than announced"),
-                      true);
-        return;
-      }
+      if (!AppendUpload()) return;
       StartRead();
       return;
     case CallKind::kLookup:
@@ -268,16 +272,67 @@ void Call::OnRead(bool ok) {
   }
 }
 
+// Copies one HostBufferStore chunk (field 1 of the message) into the
+// upload. The usual chunk is that one field: its bytes are copied from
+// gRPC's slices straight into place, the only copy of the data here.
+bool Call::AppendUpload() {
+  std::vector<grpc::Slice> slices;
+  std::string flat;
+  std::string_view chunk;
+  size_t total = read_buf_.Length();
+  bool in_place = false;
+  if (read_buf_.Dump(&slices).ok() && !slices.empty()) {
+    std::string_view first(reinterpret_cast<const char*>(slices[0].begin()),
+                           slices[0].size());
+    size_t head = FieldHeadSize(first, 1, total);
+    if (head > 0) {
+      size_t n = total - head;
+      if (n > expected_ - uploaded_) return TooLarge();
+      size_t skip = head;
+      for (const grpc::Slice& sl : slices) {
+        size_t len = sl.size();
+        if (skip >= len) {
+          skip -= len;
+          continue;
+        }
+        std::memcpy(upload_at_ + uploaded_, sl.begin() + skip, len - skip);
+        uploaded_ += len - skip;
+        skip = 0;
+      }
+      in_place = true;
+    }
+  }
+  if (!in_place) {
+    flat = Flatten(read_buf_);
+    if (!ReadBytesField1(flat, &chunk)) {
+      RequestFinish(DataLoss("malformed HostBufferStore chunk"), true);
+      return false;
+    }
+    if (chunk.size() > expected_ - uploaded_) return TooLarge();
+    if (!chunk.empty()) {
+      std::memcpy(upload_at_ + uploaded_, chunk.data(), chunk.size());
+    }
+    uploaded_ += chunk.size();
+  }
+  return true;
+}
+
+bool Call::TooLarge() {
+  RequestFinish(DataLoss("host buffer " + std::to_string(handle_) +
+                         " is larger than announced"),
+                true);
+  return false;
+}
+
 void Call::FinishUpload() {
-  if (upload_.size() != expected_) {
+  if (uploaded_ != expected_) {
     RequestFinish(DataLoss("host buffer " + std::to_string(handle_) + ": got " +
-                           std::to_string(upload_.size()) + " bytes, expected " +
+                           std::to_string(uploaded_) + " bytes, expected " +
                            std::to_string(expected_)),
                   true);
     return;
   }
-  Status s = server_->host_buffers_.Store(
-      session_, handle_, std::make_shared<const std::string>(std::move(upload_)));
+  Status s = server_->host_buffers_.Store(session_, handle_, std::move(upload_));
   if (!s.ok()) {
     RequestFinish(s, true);
     return;

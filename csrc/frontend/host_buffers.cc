@@ -25,7 +25,7 @@ void HostBuffers::CloseSession(uint64_t session) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return;
-  for (auto& [handle, buffer] : it->second) bytes_ -= buffer->size();
+  for (auto& [handle, buffer] : it->second) bytes_ -= buffer.size();
   sessions_.erase(it);
   cv_.notify_all();
 }
@@ -39,7 +39,7 @@ Status HostBuffers::Store(uint64_t session, uint64_t handle, HostBuffer data) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return UnknownSession(session);
-  size_t size = data->size();
+  size_t size = data.size();
   if (!it->second.emplace(handle, std::move(data)).second) {
     return Status(Code::kAlreadyExists,
                   "host buffer " + std::to_string(handle) + " already exists");
@@ -75,7 +75,7 @@ StatusOr<HostBuffer> HostBuffers::Take(uint64_t session, uint64_t handle,
   auto b = it->second.find(handle);
   HostBuffer out = std::move(b->second);
   it->second.erase(b);
-  bytes_ -= out->size();
+  bytes_ -= out.size();
   return out;
 }
 
@@ -85,7 +85,7 @@ Status HostBuffers::Delete(uint64_t session, uint64_t handle) {
   if (it == sessions_.end()) return UnknownSession(session);
   auto b = it->second.find(handle);
   if (b == it->second.end()) return UnknownHandle(handle);
-  bytes_ -= b->second->size();
+  bytes_ -= b->second.size();
   it->second.erase(b);
   return Status::Ok();
 }

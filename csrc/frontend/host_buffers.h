@@ -4,8 +4,9 @@
 // by the request that consumes them; downloads are stored here before the
 // CopyToHostBuffer reply, because the client looks them up only after that
 // reply and the lookup does not wait. Buffers live per session; a session's
-// buffers go when it ends. Buffers are shared_ptr<const string> so a lookup
-// can stream one while the client deletes it.
+// buffers go when it ends. Buffers are Bytes (shared storage), so a lookup
+// can stream one while the client deletes it, and an upload can go on to a
+// worker without a copy.
 //
 // Thread safety: all methods may be called from any thread; Take() blocks
 // and must be called without the GIL.
@@ -15,15 +16,13 @@
 #include <condition_variable>
 #include <cstdint>
 #include <map>
-#include <memory>
 #include <mutex>
-#include <string>
-
+#include "common/bytes.h"
 #include "common/status.h"
 
 namespace jax_pathways {
 
-using HostBuffer = std::shared_ptr<const std::string>;
+using HostBuffer = Bytes;
 
 class HostBuffers {
  public:

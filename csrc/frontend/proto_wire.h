@@ -66,6 +66,26 @@ inline bool ReadScalarFields(std::string_view in,
   return true;
 }
 
+// The size of the tag and length that start `head`, the beginning of a
+// `total`-byte message, when the message is exactly one bytes field
+// `field`; 0 otherwise (other fields, or a head too short to tell).
+inline size_t FieldHeadSize(std::string_view head, uint32_t field,
+                            size_t total) {
+  size_t i = 0;
+  uint64_t values[2] = {0, 0};
+  for (uint64_t& v : values) {
+    for (int shift = 0;; shift += 7) {
+      if (i >= head.size() || shift > 63) return 0;
+      uint8_t b = static_cast<uint8_t>(head[i++]);
+      v |= uint64_t{b & 0x7fu} << shift;
+      if (!(b & 0x80)) break;
+    }
+  }
+  bool one_field = values[0] == ((uint64_t{field} << 3) | 2) &&
+                   values[1] == total - i;
+  return one_field ? i : 0;
+}
+
 // Field 1 (bytes) of a message like GrpcHostBufferStoreRequest; an empty
 // message means empty bytes. Returns false on malformed input.
 inline bool ReadBytesField1(std::string_view in, std::string_view* out) {

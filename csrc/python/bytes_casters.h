@@ -27,18 +27,45 @@ class BytesView {
   pybind11::buffer_info info_;
 };
 
+// Names the capsule that owns the Bytes behind an array from ToNumpy, so
+// SharedOrCopy can find them again (in either extension module).
+inline constexpr char kBytesCapsule[] = "jax_pathways.Bytes";
+
 // Hands `b` to Python as a read-only uint8 numpy array that keeps its
 // buffer alive (no copy).
 inline pybind11::array_t<uint8_t> ToNumpy(Bytes b) {
   auto* owned = new Bytes(std::move(b));
   pybind11::capsule free_when_done(
-      owned, [](void* p) { delete static_cast<Bytes*>(p); });
+      owned, kBytesCapsule, [](PyObject* c) {
+        delete static_cast<Bytes*>(PyCapsule_GetPointer(c, kBytesCapsule));
+      });
   pybind11::array_t<uint8_t> out(
       {static_cast<pybind11::ssize_t>(owned->size())}, {1},
       reinterpret_cast<const uint8_t*>(owned->data()), free_when_done);
   pybind11::detail::array_proxy(out.ptr())->flags &=
       ~pybind11::detail::npy_api::NPY_ARRAY_WRITEABLE_;
   return out;
+}
+
+// `b` as Bytes: shared without a copy when it is (a contiguous view into) an
+// array that ToNumpy made, such as an upload taken from HostBuffers;
+// copied otherwise.
+inline Bytes SharedOrCopy(const pybind11::buffer& b) {
+  BytesView view(b);
+  pybind11::handle base = b;
+  while (base && pybind11::isinstance<pybind11::array>(base)) {
+    base = pybind11::detail::array_proxy(base.ptr())->base;
+  }
+  if (base && PyCapsule_IsValid(base.ptr(), kBytesCapsule)) {
+    const auto* owner = static_cast<const Bytes*>(
+        PyCapsule_GetPointer(base.ptr(), kBytesCapsule));
+    const char* start = view.view().data();
+    if (start >= owner->data() &&
+        start + view.view().size() <= owner->data() + owner->size()) {
+      return owner->Slice(start - owner->data(), view.view().size());
+    }
+  }
+  return Bytes::Copy(view.view());
 }
 
 }  // namespace jax_pathways

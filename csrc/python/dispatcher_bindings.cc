@@ -13,9 +13,11 @@ namespace py = pybind11;
 namespace jax_pathways {
 namespace {
 
-// (island, kind, program, args, results, payload) as Python writes one op.
+// (island, kind, program, args, results, payload) as Python writes one op;
+// the payload is bytes, or (head, tail) whose tail is shared, not copied,
+// when it is an array the C++ side made (SharedOrCopy).
 using PyIslandOp = std::tuple<IslandId, OpKind, uint64_t, std::vector<BufferId>,
-                              std::vector<BufferId>, py::buffer>;
+                              std::vector<BufferId>, py::object>;
 
 const char* StateName(BufferState s) {
   switch (s) {
@@ -58,7 +60,18 @@ void RegisterDispatcher(py::module_& m) {
               io.op.program = program;
               io.op.args = args;
               io.op.results = results;
-              io.op.payload = Bytes::Copy(BytesView(payload).view());
+              if (py::isinstance<py::tuple>(payload)) {
+                auto parts = payload.cast<py::tuple>();
+                if (parts.size() != 2) {
+                  throw py::value_error("a payload in parts is (head, tail)");
+                }
+                io.op.payload = Bytes::Copy(
+                    BytesView(parts[0].cast<py::buffer>()).view());
+                io.op.payload_tail = SharedOrCopy(parts[1].cast<py::buffer>());
+              } else {
+                io.op.payload = Bytes::Copy(
+                    BytesView(payload.cast<py::buffer>()).view());
+              }
               if (ops.size() < result_bytes.size()) {
                 io.result_bytes = result_bytes[ops.size()];
               }

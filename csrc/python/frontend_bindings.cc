@@ -11,6 +11,7 @@ namespace jax_pathways {
 
 void RegisterGrpcServer(py::module_& m) {
   py::class_<HostBuffers>(m, "HostBuffers")
+      .def(py::init<>())
       .def("open_session", &HostBuffers::OpenSession, py::arg("session"))
       .def("close_session", &HostBuffers::CloseSession, py::arg("session"))
       .def(
@@ -21,23 +22,17 @@ void RegisterGrpcServer(py::module_& m) {
               py::gil_scoped_release nogil;
               return h.Take(session, handle, timeout_s);
             }();
-            // A zero-copy uint8 view that keeps the buffer alive.
-            auto* owner = new HostBuffer(ValueOrThrow(std::move(got)));
-            py::capsule free_when_done(
-                owner, [](void* p) { delete static_cast<HostBuffer*>(p); });
-            return py::array_t<uint8_t>(
-                {static_cast<py::ssize_t>((*owner)->size())}, {1},
-                reinterpret_cast<const uint8_t*>((*owner)->data()),
-                free_when_done);
+            // A zero-copy uint8 view that keeps the buffer alive; handed to
+            // Dispatcher.submit as a payload tail it is not copied either.
+            return ToNumpy(ValueOrThrow(std::move(got)));
           },
           py::arg("session"), py::arg("handle"), py::arg("timeout_s"))
       .def(
           "store",
           [](HostBuffers& h, uint64_t session, uint64_t handle,
              py::buffer data) {
-            auto copy =
-                std::make_shared<const std::string>(BytesView(data).view());
-            ThrowIfError(h.Store(session, handle, std::move(copy)));
+            ThrowIfError(
+                h.Store(session, handle, Bytes::Copy(BytesView(data).view())));
           },
           py::arg("session"), py::arg("handle"), py::arg("data"))
       .def("total_bytes", &HostBuffers::total_bytes);

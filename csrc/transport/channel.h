@@ -41,11 +41,12 @@ class Channel {
   Status Send(FrameKind kind, std::string_view body) {
     return Send(kind, body, {});
   }
-  // Writes several frames (head + body each) with as few syscalls as the
-  // kernel allows; frames never interleave with other senders'.
+  // Writes several frames (head + body + tail each) with as few syscalls
+  // as the kernel allows; frames never interleave with other senders'.
   struct Frame {
     std::string head;
     std::string_view body;
+    std::string_view tail = {};
   };
   Status SendMany(FrameKind kind, const std::vector<Frame>& frames);
   // Reads one whole frame into a fresh buffer.

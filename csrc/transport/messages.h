@@ -51,6 +51,10 @@ struct Op {
   std::vector<BufferId> args;
   std::vector<BufferId> results;
   Bytes payload;
+  // Sent right after `payload` as the rest of it (the receiver sees one
+  // payload): a large body the controller already holds, such as an
+  // upload, goes to the socket without being copied behind its header.
+  Bytes payload_tail;
 };
 
 struct Event {

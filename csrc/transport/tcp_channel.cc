@@ -65,10 +65,10 @@ Status Channel::SendMany(FrameKind kind, const std::vector<Frame>& frames) {
   std::vector<Header> headers;
   headers.reserve(frames.size());
   std::vector<iovec> iov;
-  iov.reserve(frames.size() * 3);
+  iov.reserve(frames.size() * 4);
   for (const Frame& f : frames) {
     headers.push_back(Header{kMagic, static_cast<uint32_t>(kind),
-                             f.head.size() + f.body.size()});
+                             f.head.size() + f.body.size() + f.tail.size()});
   }
   for (size_t i = 0; i < frames.size(); ++i) {
     iov.push_back({&headers[i], sizeof(Header)});
@@ -76,9 +76,10 @@ Status Channel::SendMany(FrameKind kind, const std::vector<Frame>& frames) {
       iov.push_back({const_cast<char*>(frames[i].head.data()),
                      frames[i].head.size()});
     }
-    if (!frames[i].body.empty()) {
-      iov.push_back({const_cast<char*>(frames[i].body.data()),
-                     frames[i].body.size()});
+    for (std::string_view part : {frames[i].body, frames[i].tail}) {
+      if (!part.empty()) {
+        iov.push_back({const_cast<char*>(part.data()), part.size()});
+      }
     }
   }
   constexpr size_t kMaxIov = 512;  // below IOV_MAX

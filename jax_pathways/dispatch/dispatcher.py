@@ -12,7 +12,7 @@ import contextlib
 import itertools
 import socket
 import threading
-from typing import Callable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 from absl import logging
 
@@ -33,7 +33,9 @@ class IslandOp(NamedTuple):
   program: int = 0
   args: Sequence[int] = ()
   results: Sequence[int] = ()
-  payload: bytes = b""
+  # Bytes, or (head, tail) from payloads.parts(): a large tail (an upload)
+  # reaches the worker's socket without being copied.
+  payload: bytes | tuple[bytes, Any] = b""
   # Device memory each result takes on this island (gangs wait for room).
   result_bytes: Sequence[int] = ()
 

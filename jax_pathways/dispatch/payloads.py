@@ -20,10 +20,22 @@ _U32 = struct.Struct("<I")
 
 
 def encode(header: dict[str, Any], *blobs: bytes | memoryview) -> bytes:
+  return b"".join([_head(header, blobs), *blobs])
+
+
+def parts(header: dict[str, Any], blob: Any) -> tuple[bytes, Any]:
+  """encode(header, blob) as (head, blob), unjoined: the dispatcher sends
+  the blob after the head without copying it when the C++ side made it
+  (an upload taken from HostBuffers), so array bytes are not copied twice
+  more on their way through the controller."""
+  return _head(header, (blob,)), blob
+
+
+def _head(header: dict[str, Any], blobs: Any) -> bytes:
   head = dict(header)
   head["_blobs"] = [len(memoryview(b).cast("B")) for b in blobs]
   text = json.dumps(head, separators=(",", ":")).encode()
-  return b"".join([_U32.pack(len(text)), text, *blobs])
+  return _U32.pack(len(text)) + text
 
 
 def decode(payload: Any) -> tuple[dict[str, Any], list[memoryview]]:

@@ -1,5 +1,6 @@
 """The host-buffer side channel (served by the C++ frontend), spoken raw."""
 import grpc
+import numpy as np
 import pytest
 
 from jax_pathways import protos
@@ -68,6 +69,17 @@ def test_store_lookup_delete(channel, session_id):
   assert e.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+def test_uploads_of_odd_chunks_arrive_whole(channel, session_id):
+  """Chunks are copied from gRPC's slices into place (frontend/
+  grpc_server.cc): empty, tiny and multi-slice chunks, in any mix."""
+  data = np.random.default_rng(0).integers(0, 256, 3 << 20, np.uint8).tobytes()
+  cuts = [0, 0, 1, 7, 70_000, (1 << 20) + 3, (1 << 20) + 3, 3 << 20]
+  chunks = [data[a:b] for a, b in zip(cuts, cuts[1:])]
+  _store(channel, session_id, 10**9 + 4, chunks)
+  assert _lookup(channel, session_id, 10**9 + 4) == data
+  _delete(channel, session_id, 10**9 + 4)
+
+
 def test_empty_buffer_round_trips(channel, session_id):
   _store(channel, session_id, 10**9 + 1, [])
   assert _lookup(channel, session_id, 10**9 + 1) == b""
@@ -78,6 +90,13 @@ def test_bad_uploads_are_refused(channel, session_id):
   with pytest.raises(grpc.RpcError) as e:
     _store(channel, session_id, 10**9 + 2, [b"abc"], size=5)
   assert e.value.code() == grpc.StatusCode.DATA_LOSS
+  with pytest.raises(grpc.RpcError) as e:
+    _store(channel, session_id, 10**9 + 2, [b"ab", b"cdef"], size=3)
+  assert e.value.code() == grpc.StatusCode.DATA_LOSS
+  assert "larger than announced" in e.value.details()
+  with pytest.raises(grpc.RpcError) as e:  # no room for what it announces
+    _store(channel, session_id, 10**9 + 2, [b"abc"], size=1 << 62)
+  assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
   with pytest.raises(grpc.RpcError) as e:
     _store(channel, 12345, 1, [b"abc"])
   assert e.value.code() == grpc.StatusCode.NOT_FOUND

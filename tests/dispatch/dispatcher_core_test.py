@@ -3,9 +3,11 @@ import socket
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from jax_pathways import _core
+from jax_pathways import _frontend
 
 OpKind = _core.OpKind
 
@@ -44,6 +46,30 @@ def test_ops_arrive_in_order_and_window_bounds_launches():
   assert done == [(10 + i, 0, "", [b"r%d" % (i + 1)]) for i in range(5)] + [
       (20, 0, "", [b"r6"])]
   assert d.state(104) == ("ready", (0, ""))
+
+
+def test_a_payload_in_parts_arrives_whole():
+  """(head, tail) payloads: the tail is sent after the head, shared when the
+  C++ side made it (an upload taken from HostBuffers), else copied; the
+  worker sees one payload either way, also after Python drops the tail."""
+  hb = _frontend.HostBuffers()
+  hb.open_session(1)
+  data = bytes(range(256)) * 5000
+  hb.store(1, 7, data)
+  upload = hb.take(1, 7, 1.0)
+  assert not upload.flags.writeable
+  tails = [upload, upload[1000:], np.frombuffer(data, np.uint8)[5:9], b"xyz",
+           b""]
+  expected = [data, data[1000:], data[5:9], b"xyz", b""]
+  d, ex = _pair(window=8)
+  for i, tail in enumerate(tails):
+    d.submit([(0, OpKind.PUT, 0, [], [300 + i], (b"head%d" % i, tail))], 1)
+  del tails, upload
+  for i, want in enumerate(expected):
+    op = ex.next(2.0)
+    assert bytes(op.payload) == b"head%d" % i + want
+  with pytest.raises(ValueError, match="head, tail"):
+    d.submit([(0, OpKind.PUT, 0, [], [400], (b"a", b"b", b"c"))], 1)
 
 
 def test_failure_poisons_results_and_later_users():

@@ -14,6 +14,13 @@ def test_round_trip_with_blobs():
   assert np.array_equal(np.frombuffer(b, np.float32), data)
 
 
+def test_parts_are_the_encoding_unjoined():
+  data = np.arange(10, dtype=np.float32).view(np.uint8)
+  head, tail = payloads.parts({"dtype": "float32"}, data)
+  assert tail is data
+  assert head + tail.tobytes() == payloads.encode({"dtype": "float32"}, data)
+
+
 def test_empty_and_corrupt():
   assert payloads.decode(b"") == ({}, [])
   with pytest.raises(ValueError):

@@ -101,7 +101,7 @@ def make_array_from_host_buffer(session: Session, req: Any,
   array = _new_array(session, req.array_handle, islands, dtype,
                      req.shape.dims, sharding)
   # Every island gets the whole buffer and keeps its own shards.
-  payload = payloads.encode({
+  payload = payloads.parts({
       "dtype": dtype, "shape": list(req.shape.dims), "strides": _strides(req),
       "sharding": sharding.worker_spec(session.services.topology)}, data)
   sizes = array.island_bytes(session.services.topology)
