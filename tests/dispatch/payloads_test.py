@@ -27,3 +27,15 @@ def test_empty_and_corrupt():
     payloads.decode(b"\xff\xff\x00\x00{}")
   with pytest.raises(ValueError):
     payloads.decode(payloads.encode({}, b"abc")[:-1])
+
+
+def test_blobs_start_at_multiples_of_64():
+  blobs = [b"p", np.arange(7, dtype=np.uint8), b"", b"x" * 100]
+  for key in ("k", "a much longer key"):
+    raw = np.frombuffer(payloads.encode({key: 1}, *blobs), np.uint8)
+    header, views = payloads.decode(raw)
+    assert header == {key: 1}
+    base = raw.ctypes.data
+    for view, blob in zip(views, blobs):
+      assert (np.frombuffer(view, np.uint8).ctypes.data - base) % 64 == 0
+      assert bytes(view) == bytes(memoryview(blob).cast("B"))
