@@ -42,7 +42,9 @@ def _print_status(s: dict[str, Any]) -> None:
     print(f"{i['island']:>6}  {span:<12} {str(i['alive']):<5} "
           f"{i['queued']:>6} {i['in_flight']:>9} {i['finished']:>8}  "
           f"{memory:>15}  "
-          f"{i['worker']}" + (f"  ERROR: {i['error']}" if i["error"] else ""))
+          f"{i['worker']}" +
+          ("  (reads uploads locally)" if i.get("reads_locally") else "") +
+          (f"  ERROR: {i['error']}" if i["error"] else ""))
   print(f"clients: {len(s['clients'])}")
   for c in s["clients"]:
     devices = c["devices"]

@@ -36,6 +36,7 @@ def test_status_table(pathways, proxy_devices):
       out.stdout)
   assert "weight 1, " in out.stdout and "device-seconds" in out.stdout
   assert "memory MiB" in out.stdout and "untracked" in out.stdout
+  assert out.stdout.count("(reads uploads locally)") == 2
 
 
 def test_status_json(pathways, proxy_devices):
@@ -45,6 +46,9 @@ def test_status_json(pathways, proxy_devices):
   assert all(i["alive"] for i in status["islands"])
   assert {i["pid"] for i in status["islands"]} == {
       w.pid for w in pathways.workers}
+  # Workers of the embedded cluster share the controller's host: they read
+  # uploads from its memory.
+  assert all(i["reads_locally"] for i in status["islands"])
 
 
 def test_status_needs_the_token(pathways):

@@ -1,6 +1,8 @@
 #include "dispatcher/dispatcher.h"
 
 #include "common/thread_name.h"
+#include "transport/local_reads.h"
+#include "transport/wire.h"
 
 #include <algorithm>
 #include <chrono>
@@ -11,6 +13,11 @@
 
 namespace jax_pathways {
 namespace {
+
+// Payload tails (uploads) from this size on are lent to a worker on this
+// host, which reads them from our memory: one copy instead of the socket's
+// two. Below it the socket's copies are cheaper than the extra syscall.
+constexpr size_t kLentTailMin = size_t{64} << 10;
 
 // "600 B", "1.5 MiB": what error messages say of memory.
 std::string Size(int64_t bytes) {
@@ -47,6 +54,11 @@ Status Dispatcher::AddIsland(IslandId island, int fd, std::string name,
                                         memory_bytes);
   Island* raw = owned.get();
   islands_.emplace(island, std::move(owned));
+  if (raw->channel->IsLocal()) {
+    // The reader thread takes the answer; until then tails are sent.
+    raw->channel->Send(FrameKind::kReadProbe,
+                       EncodeLocation(kReadProbePattern));
+  }
   raw->reader = std::thread([this, raw] {
     NameThisThread("jp-island" + std::to_string(raw->id));
     ReadLoop(raw);
@@ -306,17 +318,25 @@ void Dispatcher::SendNow(Outbox outbox) {
   // One batch per channel, in order.
   size_t i = 0;
   while (i < outbox.size()) {
-    std::shared_ptr<Channel> channel = outbox[i].first;
+    std::shared_ptr<Channel> channel = outbox[i].channel;
     std::vector<Channel::Frame> frames;
     size_t j = i;
-    for (; j < outbox.size() && outbox[j].first == channel; ++j) {
-      const Op& op = outbox[j].second;
-      frames.push_back(Channel::Frame{EncodeOpHead(op), op.payload.view(),
-                                      op.payload_tail.view()});
+    for (; j < outbox.size() && outbox[j].channel == channel; ++j) {
+      const Op& op = outbox[j].op;
+      if (outbox[j].lend_tail) {
+        frames.push_back(Channel::Frame{
+            FrameKind::kOpLocal,
+            EncodeLocation(op.payload_tail.view()) + EncodeOpHead(op),
+            op.payload.view()});
+      } else {
+        frames.push_back(Channel::Frame{FrameKind::kOp, EncodeOpHead(op),
+                                        op.payload.view(),
+                                        op.payload_tail.view()});
+      }
     }
     // A failed send means the worker is gone; its reader thread sees the
     // same broken connection and fails the island's ops.
-    if (!channel->SendMany(FrameKind::kOp, frames).ok()) channel->Shutdown();
+    if (!channel->SendMany(frames).ok()) channel->Shutdown();
     i = j;
   }
 }
@@ -346,6 +366,16 @@ void Dispatcher::ReadLoop(Island* island) {
     FrameKind kind;
     Bytes body;
     Status s = channel->Receive(&kind, &body);
+    if (s.ok() && kind == FrameKind::kReadProbeAck) {
+      uint32_t can = 0;
+      WireReader answer(body.view());
+      if (answer.U32(&can)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        island->reads_locally = can == 1;
+        continue;
+      }
+      s = DataLoss("malformed probe answer");
+    }
     Event event;
     if (s.ok() && kind != FrameKind::kEvent) {
       s = DataLoss("worker sent a frame of kind " +
@@ -384,6 +414,7 @@ void Dispatcher::HandleEvent(Island* island, Event event) {
                  &outbox, &done);
     } else {
       ++island->finished;
+      island->lent.erase(event.seq);
       if (slot->is_launch) {
         // The island was this launch's from when it was sent or the previous
         // launch finished, whichever is later.
@@ -412,7 +443,12 @@ void Dispatcher::Admitted(Island* island, std::vector<Op> ready, Outbox* outbox,
         FinishSlot(*slot, Status::Ok(), {}, done);
       }
     }
-    outbox->emplace_back(island->channel, std::move(ready[i]));
+    // A tail is lent only to an op that reports back: its event says the
+    // worker is done with our memory.
+    bool lend = island->reads_locally && ExpectsEvent(ready[i].kind) &&
+                ready[i].payload_tail.size() >= kLentTailMin;
+    if (lend) island->lent.emplace(ready[i].seq, ready[i].payload_tail);
+    outbox->push_back(Outgoing{island->channel, std::move(ready[i]), lend});
   }
 }
 
@@ -433,6 +469,7 @@ void Dispatcher::KillLocked(Island* island, const Status& why,
   island->alive = false;
   island->death = why;
   island->channel->Shutdown();
+  island->lent.clear();
   for (GangSlot& slot : island->queue.DrainAll()) {
     ++island->finished;
     if (slot.is_launch) fair_.Abandoned(slot.client);
@@ -496,6 +533,8 @@ std::vector<IslandStats> Dispatcher::Stats() {
     s.unfinished = island->queue.sent_unfinished();
     s.submitted = island->submitted;
     s.finished = island->finished;
+    s.reads_locally = island->reads_locally;
+    s.lent = island->lent.size();
     out.push_back(std::move(s));
   }
   return out;

@@ -55,6 +55,8 @@ struct IslandStats {
   uint64_t finished = 0;
   int64_t memory_used = 0;      // by arrays numbered and not yet deleted
   int64_t memory_capacity = 0;  // 0: not tracked
+  bool reads_locally = false;   // uploads are lent, not sent (same host)
+  size_t lent = 0;              // lent uploads the worker has not finished
 };
 
 class Dispatcher {
@@ -118,6 +120,11 @@ class Dispatcher {
     int64_t used = 0;
     std::unordered_map<BufferId, std::pair<ClientId, int64_t>> held;
     std::map<ClientId, int64_t> used_by;
+    // The worker shares this host and may read our memory (it answered the
+    // probe AddIsland sent): large payload tails are lent, not sent.
+    bool reads_locally = false;
+    // Lent tails, by op seq, kept alive until the op finishes.
+    std::unordered_map<uint64_t, Bytes> lent;
     std::thread reader;
 
     Island(IslandId i, std::string n, std::shared_ptr<Channel> c, int window,
@@ -125,7 +132,12 @@ class Dispatcher {
         : id(i), name(std::move(n)), channel(std::move(c)), queue(window),
           capacity(memory) {}
   };
-  using Outbox = std::vector<std::pair<std::shared_ptr<Channel>, Op>>;
+  struct Outgoing {
+    std::shared_ptr<Channel> channel;
+    Op op;
+    bool lend_tail = false;  // send where op.payload_tail is, not its bytes
+  };
+  using Outbox = std::vector<Outgoing>;
   // A gang that passed Submit's checks and waits for its turn.
   struct Held {
     std::shared_ptr<Gang> gang;

@@ -1,8 +1,11 @@
 #include "executor/executor.h"
 
 #include "common/thread_name.h"
+#include "transport/local_reads.h"
+#include "transport/wire.h"
 
 #include <chrono>
+#include <cstring>
 #include <string>
 
 namespace jax_pathways {
@@ -22,6 +25,14 @@ void Executor::ReadLoop() {
     FrameKind kind;
     Bytes body;
     Status s = channel_->Receive(&kind, &body);
+    if (s.ok() && kind == FrameKind::kReadProbe) {
+      s = AnswerProbe(body);
+      if (s.ok()) continue;
+    }
+    if (s.ok() && kind == FrameKind::kOpLocal) {
+      s = ReadLentTail(&body);
+      kind = FrameKind::kOp;
+    }
     Op op;
     if (s.ok() && kind != FrameKind::kOp) {
       s = DataLoss("controller sent a frame of kind " +
@@ -41,6 +52,37 @@ void Executor::ReadLoop() {
     reorder_.emplace(seq, std::move(op));
     if (seq == next_seq_) cv_.notify_all();
   }
+}
+
+Status Executor::AnswerProbe(const Bytes& body) {
+  std::string_view in = body.view();
+  Location where;
+  uint32_t can = 0;
+  if (DecodeLocation(&in, &where) && in.empty() &&
+      where.size == kReadProbePattern.size()) {
+    std::string seen(where.size, '\0');
+    can = ReadLocation(where, seen.data()).ok() && seen == kReadProbePattern;
+  }
+  WireWriter answer;
+  answer.U32(can);
+  return channel_->Send(FrameKind::kReadProbeAck, answer.Take());
+}
+
+Status Executor::ReadLentTail(Bytes* body) {
+  std::string_view frame = body->view();
+  Location where;
+  if (!DecodeLocation(&frame, &where)) return DataLoss("malformed op frame");
+  // The op frame, then the tail right after it: one payload, as if sent.
+  char* w;
+  Bytes whole = Bytes::Allocate(frame.size() + where.size, &w);
+  std::memcpy(w, frame.data(), frame.size());
+  Status s = ReadLocation(where, w + frame.size());
+  if (!s.ok()) {
+    return Unavailable("could not read an upload from the controller's "
+                       "memory: " + s.message());
+  }
+  *body = std::move(whole);
+  return Status::Ok();
 }
 
 StatusOr<std::optional<Op>> Executor::Next(double timeout_s) {

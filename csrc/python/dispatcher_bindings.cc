@@ -157,6 +157,8 @@ void RegisterDispatcher(py::module_& m) {
                row["finished"] = s.finished;
                row["memory_used"] = s.memory_used;
                row["memory_capacity"] = s.memory_capacity;
+               row["reads_locally"] = s.reads_locally;
+               row["lent"] = s.lent;
                out.append(row);
              }
              return out;

@@ -27,6 +27,13 @@ enum class FrameKind : uint32_t {
   // bytes (pid, address, length), for the receiver to copy them itself
   kTransferLocal = 4,
   kTransferAck = 5,  // worker -> worker: a local transfer was copied (or not)
+  // controller -> worker on one host: where the controller holds an op's
+  // payload tail (a Location, local_reads.h), then the op frame without it
+  kOpLocal = 6,
+  // controller -> worker on one host: a Location of kReadProbePattern, to
+  // learn whether the worker may read the controller's memory
+  kReadProbe = 7,
+  kReadProbeAck = 8,  // worker -> controller: u32 1 if it could, else 0
 };
 
 class Channel {
@@ -44,11 +51,12 @@ class Channel {
   // Writes several frames (head + body + tail each) with as few syscalls
   // as the kernel allows; frames never interleave with other senders'.
   struct Frame {
+    FrameKind kind;
     std::string head;
     std::string_view body;
     std::string_view tail = {};
   };
-  Status SendMany(FrameKind kind, const std::vector<Frame>& frames);
+  Status SendMany(const std::vector<Frame>& frames);
   // Reads one whole frame into a fresh buffer.
   Status Receive(FrameKind* kind, Bytes* body);
   // Unblocks a pending Receive() and makes later calls fail.

@@ -1,15 +1,10 @@
 #include "transport/peer_links.h"
 
-#include <sys/uio.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 
 #include "common/thread_name.h"
+#include "transport/local_reads.h"
 #include "transport/messages.h"
-#include "transport/wire.h"
 
 namespace jax_pathways {
 namespace {
@@ -85,26 +80,14 @@ void PeerLinks::ReadLoop(Link* link) {
 }
 
 Status PeerLinks::CopyLocal(const Event& event, Bytes* out) {
-  WireReader in(event.payload.view());
-  uint64_t pid, address, size;
-  if (!in.U64(&pid) || !in.U64(&address) || !in.U64(&size)) {
+  std::string_view in = event.payload.view();
+  Location where;
+  if (!DecodeLocation(&in, &where) || !in.empty()) {
     return DataLoss("malformed local transfer");
   }
   char* w;
-  *out = Bytes::Allocate(size, &w);
-  size_t done = 0;
-  while (done < size) {
-    iovec local{w + done, size - done};
-    iovec remote{reinterpret_cast<void*>(address + done), size - done};
-    ssize_t n = ::process_vm_readv(static_cast<pid_t>(pid), &local, 1,
-                                   &remote, 1, 0);
-    if (n <= 0) {
-      return Unavailable(std::string("process_vm_readv: ") +
-                         (n < 0 ? std::strerror(errno) : "no progress"));
-    }
-    done += static_cast<size_t>(n);
-  }
-  return Status::Ok();
+  *out = Bytes::Allocate(where.size, &w);
+  return ReadLocation(where, w);
 }
 
 StatusOr<bool> PeerLinks::SendLocal(Link* link, uint64_t transfer_id,
@@ -114,11 +97,7 @@ StatusOr<bool> PeerLinks::SendLocal(Link* link, uint64_t transfer_id,
     std::lock_guard<std::mutex> lock(mu_);
     channel = link->channel;
   }
-  WireWriter where;
-  where.U64(static_cast<uint64_t>(::getpid()));
-  where.U64(reinterpret_cast<uint64_t>(data.data()));
-  where.U64(data.size());
-  std::string payload = where.Take();
+  std::string payload = EncodeLocation(data);
   Status s = channel->Send(
       FrameKind::kTransferLocal,
       EncodeEventHead(transfer_id, Status::Ok(), payload.size()), payload);

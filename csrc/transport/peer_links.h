@@ -10,8 +10,7 @@
 // Between workers of one host (a Unix socket) a large transfer is a
 // TransferLocal frame instead: where the sender holds the bytes. The
 // receiver's reader copies them straight out of the sender's memory
-// (process_vm_readv: one copy instead of two through the kernel's socket
-// buffers) and acknowledges; the sender waits for that, and falls back to
+// (local_reads.h) and acknowledges; the sender waits for that, and falls back to
 // sending the bytes if the copy is refused (e.g. ptrace restrictions).
 //
 // Thread safety: all methods may be called from any thread; Send(),

@@ -58,16 +58,16 @@ Channel::~Channel() {
 
 Status Channel::Send(FrameKind kind, std::string_view head,
                      std::string_view body) {
-  return SendMany(kind, {Frame{std::string(head), body}});
+  return SendMany({Frame{kind, std::string(head), body}});
 }
 
-Status Channel::SendMany(FrameKind kind, const std::vector<Frame>& frames) {
+Status Channel::SendMany(const std::vector<Frame>& frames) {
   std::vector<Header> headers;
   headers.reserve(frames.size());
   std::vector<iovec> iov;
   iov.reserve(frames.size() * 4);
   for (const Frame& f : frames) {
-    headers.push_back(Header{kMagic, static_cast<uint32_t>(kind),
+    headers.push_back(Header{kMagic, static_cast<uint32_t>(f.kind),
                              f.head.size() + f.body.size() + f.tail.size()});
   }
   for (size_t i = 0; i < frames.size(); ++i) {

@@ -93,6 +93,8 @@ class Controller:
           "finished": s.get("finished", 0),
           "memory_used": s.get("memory_used", 0),
           "memory_capacity": s.get("memory_capacity", 0),
+          # Uploads are read from the controller's memory (same host).
+          "reads_locally": s.get("reads_locally", False),
       })
     with self.service._lock:  # pylint: disable=protected-access
       sessions = list(self.service.sessions.values())

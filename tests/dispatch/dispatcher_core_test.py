@@ -332,3 +332,51 @@ def test_a_wait_for_memory_is_bounded():
   assert msg.startswith("out of device memory on island 0 (w0): waited 0 s "
                         "for other clients to free 600 B of its 1000 B")
   assert d.stats()[0]["queued"] == 0
+
+
+def _wait_for(predicate, timeout=5.0):
+  deadline = time.monotonic() + timeout
+  while not predicate():
+    assert time.monotonic() < deadline, "timed out"
+    time.sleep(0.01)
+
+
+def test_a_local_worker_reads_large_uploads_from_the_controller():
+  """On one host the worker answers the dispatcher's probe, and uploads
+  from 64 KiB on are lent (it copies them out of the controller's memory)
+  and kept alive until the op finishes; smaller ones are sent."""
+  hb = _frontend.HostBuffers()
+  hb.open_session(1)
+  big = np.random.default_rng(0).bytes(1 << 20)
+  hb.store(1, 7, big)
+  d, ex = _pair(window=8)
+  _wait_for(lambda: d.stats()[0]["reads_locally"])
+  upload = hb.take(1, 7, 1.0)
+  d.submit([(0, OpKind.PUT, 0, [], [1], (b"h" * 64, upload))], 1)
+  d.submit([(0, OpKind.PUT, 0, [], [2], (b"s", b"small"))], 2)
+  del upload
+  op = ex.next(2.0)
+  assert bytes(op.payload) == b"h" * 64 + big
+  assert np.frombuffer(op.payload, np.uint8)[64:].ctypes.data % 64 == 0
+  assert bytes(ex.next(2.0).payload) == b"ssmall"
+  assert d.stats()[0]["lent"] == 1  # until the worker says it is done
+  ex.complete(1, 0, "", b"")
+  ex.complete(2, 0, "", b"")
+  assert sorted(c[0] for c in _poll_all(d, 2)) == [1, 2]
+  assert d.stats()[0]["lent"] == 0
+
+
+def test_a_worker_over_tcp_gets_uploads_sent():
+  listener = socket.create_server(("127.0.0.1", 0))
+  a = socket.create_connection(listener.getsockname())
+  b, _ = listener.accept()
+  listener.close()
+  d = _core.Dispatcher(2)
+  d.add_island(0, a.detach(), "w0", 0)
+  ex = _core.Executor(b.detach())
+  data = bytes(range(256)) * 1024
+  d.submit([(0, OpKind.PUT, 0, [], [1], (b"h", np.frombuffer(data, np.uint8)))],
+           1)
+  assert bytes(ex.next(2.0).payload) == b"h" + data
+  stats = d.stats()[0]
+  assert not stats["reads_locally"] and stats["lent"] == 0

@@ -1,0 +1,48 @@
+#include "transport/local_reads.h"
+
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "transport/wire.h"
+
+namespace jax_pathways {
+
+std::string EncodeLocation(std::string_view data) {
+  WireWriter w;
+  w.U64(static_cast<uint64_t>(::getpid()));
+  w.U64(reinterpret_cast<uint64_t>(data.data()));
+  w.U64(data.size());
+  return w.Take();
+}
+
+bool DecodeLocation(std::string_view* in, Location* where) {
+  WireReader r(*in);
+  if (!r.U64(&where->pid) || !r.U64(&where->address) ||
+      !r.U64(&where->size)) {
+    return false;
+  }
+  in->remove_prefix(kLocationBytes);
+  return true;
+}
+
+Status ReadLocation(const Location& where, char* out) {
+  size_t done = 0;
+  while (done < where.size) {
+    iovec local{out + done, where.size - done};
+    iovec remote{reinterpret_cast<void*>(where.address + done),
+                 where.size - done};
+    ssize_t n = ::process_vm_readv(static_cast<pid_t>(where.pid), &local, 1,
+                                   &remote, 1, 0);
+    if (n <= 0) {
+      return Unavailable(std::string("process_vm_readv: ") +
+                         (n < 0 ? std::strerror(errno) : "no progress"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+}  // namespace jax_pathways
