@@ -5,8 +5,10 @@
 The bytes go client -> controller (the IFRT proxy's host-buffer channel)
 -> the island's worker, waited for each time; in-process JAX putting the
 same array on a local CPU device in the same run gives the ratio. A
-pipeline fed numpy batches pays this every step. Prints one JSON line per
-size, with each process's CPU time per upload.
+pipeline fed numpy batches pays this every step. The "/4" case puts the
+array sharded by rows over the island's 4 devices (one upload per shard),
+as a data-parallel batch is put. Prints one JSON line per case, with each
+process's CPU time per upload.
 """
 from __future__ import annotations
 
@@ -16,11 +18,14 @@ import os
 from harness import emit, interleaved, log, setup, timed  # pylint: disable=g-bad-import-order
 
 import jax  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jax_pathways  # noqa: E402
 
-SIZES = {"4KB": 4 << 10, "1MB": 1 << 20, "16MB": 16 << 20}
+# case -> (bytes, devices the array is sharded over)
+CASES = {"4KB": (4 << 10, 1), "1MB": (1 << 20, 1), "16MB": (16 << 20, 1),
+         "16MB/4": (16 << 20, 4)}
 _TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
@@ -35,30 +40,34 @@ def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument("--repeats", type=int, default=7)
   args = parser.parse_args()
-  pathways, cpu = setup(islands=1, devices_per_island=1)
+  pathways, cpu = setup(islands=1)
   cluster = jax_pathways.local_cluster()
   pids = {"client": os.getpid(), "controller": cluster.controller.pid,
           "worker": cluster.workers[0].pid}
-  for label, size in SIZES.items():
-    data = np.random.default_rng(0).random(size // 4, dtype=np.float32)
+  for label, (size, shards) in CASES.items():
+    data = np.random.default_rng(0).random((shards, size // 4 // shards),
+                                           dtype=np.float32)
     puts = max(1, (64 << 20) // size // 16)  # ~4 MB of puts per sample
 
-    def case(device):
+    def case(devices):
+      where = (devices[0] if shards == 1 else NamedSharding(
+          Mesh(np.array(devices[:shards]), ("d",)), PartitionSpec("d")))
+
       def run() -> float:
         def go():
           for _ in range(puts):
-            jax.device_put(data, device).block_until_ready()
+            jax.device_put(data, where).block_until_ready()
         return timed(go) / puts
       run()  # warm up
       return run
 
     before = {k: cpu_seconds(p) for k, p in pids.items()}
-    med = interleaved({"pathways": case(pathways[0]), "jax": case(cpu[0])},
+    med = interleaved({"pathways": case(pathways), "jax": case(cpu)},
                       args.repeats)
     n = (args.repeats + 1) * puts
     cpu_ms = {k: round((cpu_seconds(p) - before[k]) / n * 1e3, 2)
               for k, p in pids.items() if k != "client"}
-    emit("upload", label, bytes=size,
+    emit("upload", label, bytes=size, shards=shards,
          pathways_us=round(med["pathways"] * 1e6, 1),
          jax_us=round(med["jax"] * 1e6, 1),
          pathways_gbps=round(size / med["pathways"] / 1e9, 3),

@@ -14,7 +14,8 @@
 namespace jax_pathways {
 namespace {
 
-// Payload tails (uploads) from this size on are lent to a worker on this
+// Payload tails (uploads) from this size on (all of an op's together) are
+// lent to a worker on this
 // host, which reads them from our memory: one copy instead of the socket's
 // two. Below it the socket's copies are cheaper than the extra syscall.
 constexpr size_t kLentTailMin = size_t{64} << 10;
@@ -323,15 +324,15 @@ void Dispatcher::SendNow(Outbox outbox) {
     size_t j = i;
     for (; j < outbox.size() && outbox[j].channel == channel; ++j) {
       const Op& op = outbox[j].op;
-      if (outbox[j].lend_tail) {
+      std::vector<std::string_view> tails;
+      for (const Bytes& t : op.payload_tails) tails.push_back(t.view());
+      if (outbox[j].lend_tails) {
         frames.push_back(Channel::Frame{
-            FrameKind::kOpLocal,
-            EncodeLocation(op.payload_tail.view()) + EncodeOpHead(op),
+            FrameKind::kOpLocal, EncodeLocations(tails) + EncodeOpHead(op),
             op.payload.view()});
       } else {
         frames.push_back(Channel::Frame{FrameKind::kOp, EncodeOpHead(op),
-                                        op.payload.view(),
-                                        op.payload_tail.view()});
+                                        op.payload.view(), std::move(tails)});
       }
     }
     // A failed send means the worker is gone; its reader thread sees the
@@ -446,8 +447,8 @@ void Dispatcher::Admitted(Island* island, std::vector<Op> ready, Outbox* outbox,
     // A tail is lent only to an op that reports back: its event says the
     // worker is done with our memory.
     bool lend = island->reads_locally && ExpectsEvent(ready[i].kind) &&
-                ready[i].payload_tail.size() >= kLentTailMin;
-    if (lend) island->lent.emplace(ready[i].seq, ready[i].payload_tail);
+                ready[i].TailBytes() >= kLentTailMin;
+    if (lend) island->lent.emplace(ready[i].seq, ready[i].payload_tails);
     outbox->push_back(Outgoing{island->channel, std::move(ready[i]), lend});
   }
 }

@@ -124,7 +124,7 @@ class Dispatcher {
     // probe AddIsland sent): large payload tails are lent, not sent.
     bool reads_locally = false;
     // Lent tails, by op seq, kept alive until the op finishes.
-    std::unordered_map<uint64_t, Bytes> lent;
+    std::unordered_map<uint64_t, std::vector<Bytes>> lent;
     std::thread reader;
 
     Island(IslandId i, std::string n, std::shared_ptr<Channel> c, int window,
@@ -135,7 +135,7 @@ class Dispatcher {
   struct Outgoing {
     std::shared_ptr<Channel> channel;
     Op op;
-    bool lend_tail = false;  // send where op.payload_tail is, not its bytes
+    bool lend_tails = false;  // send where op.payload_tails are, not bytes
   };
   using Outbox = std::vector<Outgoing>;
   // A gang that passed Submit's checks and waits for its turn.

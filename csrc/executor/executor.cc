@@ -30,7 +30,7 @@ void Executor::ReadLoop() {
       if (s.ok()) continue;
     }
     if (s.ok() && kind == FrameKind::kOpLocal) {
-      s = ReadLentTail(&body);
+      s = ReadLentTails(&body);
       kind = FrameKind::kOp;
     }
     Op op;
@@ -68,18 +68,24 @@ Status Executor::AnswerProbe(const Bytes& body) {
   return channel_->Send(FrameKind::kReadProbeAck, answer.Take());
 }
 
-Status Executor::ReadLentTail(Bytes* body) {
+Status Executor::ReadLentTails(Bytes* body) {
   std::string_view frame = body->view();
-  Location where;
-  if (!DecodeLocation(&frame, &where)) return DataLoss("malformed op frame");
-  // The op frame, then the tail right after it: one payload, as if sent.
+  std::vector<Location> tails;
+  if (!DecodeLocations(&frame, &tails)) return DataLoss("malformed op frame");
+  size_t size = frame.size();
+  for (const Location& t : tails) size += t.size;
+  // The op frame, then the tails right after it: one payload, as if sent.
   char* w;
-  Bytes whole = Bytes::Allocate(frame.size() + where.size, &w);
+  Bytes whole = Bytes::Allocate(size, &w);
   std::memcpy(w, frame.data(), frame.size());
-  Status s = ReadLocation(where, w + frame.size());
-  if (!s.ok()) {
-    return Unavailable("could not read an upload from the controller's "
-                       "memory: " + s.message());
+  w += frame.size();
+  for (const Location& t : tails) {
+    Status s = ReadLocation(t, w);
+    if (!s.ok()) {
+      return Unavailable("could not read an upload from the controller's "
+                         "memory: " + s.message());
+    }
+    w += t.size;
   }
   *body = std::move(whole);
   return Status::Ok();

@@ -47,9 +47,9 @@ class Executor {
   void ReadLoop();
   // Tells the controller whether its probe's Location could be read.
   Status AnswerProbe(const Bytes& body);
-  // An OpLocal frame -> the Op frame it stands for, its tail read from the
+  // An OpLocal frame -> the Op frame it stands for, its tails read from the
   // controller's memory.
-  Status ReadLentTail(Bytes* body);
+  Status ReadLentTails(Bytes* body);
 
   std::unique_ptr<Channel> channel_;
   std::mutex mu_;

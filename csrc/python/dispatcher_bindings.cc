@@ -63,11 +63,15 @@ void RegisterDispatcher(py::module_& m) {
               if (py::isinstance<py::tuple>(payload)) {
                 auto parts = payload.cast<py::tuple>();
                 if (parts.size() != 2) {
-                  throw py::value_error("a payload in parts is (head, tail)");
+                  throw py::value_error(
+                      "a payload in parts is (head, [tails])");
                 }
                 io.op.payload = Bytes::Copy(
                     BytesView(parts[0].cast<py::buffer>()).view());
-                io.op.payload_tail = SharedOrCopy(parts[1].cast<py::buffer>());
+                for (py::handle tail : parts[1].cast<py::sequence>()) {
+                  io.op.payload_tails.push_back(
+                      SharedOrCopy(tail.cast<py::buffer>()));
+                }
               } else {
                 io.op.payload = Bytes::Copy(
                     BytesView(payload.cast<py::buffer>()).view());

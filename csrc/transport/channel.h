@@ -28,7 +28,8 @@ enum class FrameKind : uint32_t {
   kTransferLocal = 4,
   kTransferAck = 5,  // worker -> worker: a local transfer was copied (or not)
   // controller -> worker on one host: where the controller holds an op's
-  // payload tail (a Location, local_reads.h), then the op frame without it
+  // payload tails (u32 count, then a Location each, local_reads.h), then
+  // the op frame without them
   kOpLocal = 6,
   // controller -> worker on one host: a Location of kReadProbePattern, to
   // learn whether the worker may read the controller's memory
@@ -48,13 +49,13 @@ class Channel {
   Status Send(FrameKind kind, std::string_view body) {
     return Send(kind, body, {});
   }
-  // Writes several frames (head + body + tail each) with as few syscalls
+  // Writes several frames (head + body + tails each) with as few syscalls
   // as the kernel allows; frames never interleave with other senders'.
   struct Frame {
     FrameKind kind;
     std::string head;
     std::string_view body;
-    std::string_view tail = {};
+    std::vector<std::string_view> tails = {};
   };
   Status SendMany(const std::vector<Frame>& frames);
   // Reads one whole frame into a fresh buffer.

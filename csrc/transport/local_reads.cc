@@ -28,6 +28,28 @@ bool DecodeLocation(std::string_view* in, Location* where) {
   return true;
 }
 
+std::string EncodeLocations(const std::vector<std::string_view>& data) {
+  WireWriter w;
+  w.U32(static_cast<uint32_t>(data.size()));
+  std::string out = w.Take();
+  for (std::string_view d : data) out += EncodeLocation(d);
+  return out;
+}
+
+bool DecodeLocations(std::string_view* in, std::vector<Location>* where) {
+  WireReader r(*in);
+  uint32_t n;
+  if (!r.U32(&n) || n > (in->size() - sizeof(n)) / kLocationBytes) {
+    return false;
+  }
+  in->remove_prefix(sizeof(n));
+  where->resize(n);
+  for (Location& l : *where) {
+    if (!DecodeLocation(in, &l)) return false;
+  }
+  return true;
+}
+
 Status ReadLocation(const Location& where, char* out) {
   size_t done = 0;
   while (done < where.size) {

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 
@@ -31,6 +32,10 @@ std::string EncodeLocation(std::string_view data);
 bool DecodeLocation(std::string_view* in, Location* where);
 // Copies the bytes at `where` into `out` (where.size bytes).
 Status ReadLocation(const Location& where, char* out);
+
+// Several Locations, encoded as a u32 count and then each, in order.
+std::string EncodeLocations(const std::vector<std::string_view>& data);
+bool DecodeLocations(std::string_view* in, std::vector<Location>* where);
 
 // Bytes every build knows: a reader that gets them from the prober's
 // Location may read its memory.

@@ -11,7 +11,7 @@ std::string EncodeOpHead(const Op& op) {
   w.U64(op.program);
   w.Ids(op.args);
   w.Ids(op.results);
-  w.PayloadSize(op.payload.size() + op.payload_tail.size());
+  w.PayloadSize(op.payload.size() + op.TailBytes());
   return w.Take();
 }
 

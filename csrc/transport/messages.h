@@ -21,7 +21,7 @@ using BufferId = uint64_t;
 using IslandId = int32_t;
 
 // Version of the controller <-> worker wire format; bumped on any change.
-inline constexpr uint32_t kWireVersion = 5;
+inline constexpr uint32_t kWireVersion = 6;
 
 enum class OpKind : uint32_t {
   kCompile = 1,   // payload: program + options; program = compile key
@@ -51,10 +51,15 @@ struct Op {
   std::vector<BufferId> args;
   std::vector<BufferId> results;
   Bytes payload;
-  // Sent right after `payload` as the rest of it (the receiver sees one
-  // payload): a large body the controller already holds, such as an
-  // upload, goes to the socket without being copied behind its header.
-  Bytes payload_tail;
+  // Sent right after `payload`, in order, as the rest of it (the receiver
+  // sees one payload): large bodies the controller already holds, such as
+  // uploads, go to the socket without being copied behind their header.
+  std::vector<Bytes> payload_tails;
+  size_t TailBytes() const {
+    size_t n = 0;
+    for (const Bytes& t : payload_tails) n += t.size();
+    return n;
+  }
 };
 
 struct Event {

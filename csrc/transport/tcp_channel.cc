@@ -67,20 +67,20 @@ Status Channel::SendMany(const std::vector<Frame>& frames) {
   std::vector<iovec> iov;
   iov.reserve(frames.size() * 4);
   for (const Frame& f : frames) {
-    headers.push_back(Header{kMagic, static_cast<uint32_t>(f.kind),
-                             f.head.size() + f.body.size() + f.tail.size()});
+    size_t size = f.head.size() + f.body.size();
+    for (std::string_view t : f.tails) size += t.size();
+    headers.push_back(Header{kMagic, static_cast<uint32_t>(f.kind), size});
   }
+  auto add = [&iov](std::string_view part) {
+    if (!part.empty()) {
+      iov.push_back({const_cast<char*>(part.data()), part.size()});
+    }
+  };
   for (size_t i = 0; i < frames.size(); ++i) {
     iov.push_back({&headers[i], sizeof(Header)});
-    if (!frames[i].head.empty()) {
-      iov.push_back({const_cast<char*>(frames[i].head.data()),
-                     frames[i].head.size()});
-    }
-    for (std::string_view part : {frames[i].body, frames[i].tail}) {
-      if (!part.empty()) {
-        iov.push_back({const_cast<char*>(part.data()), part.size()});
-      }
-    }
+    add(frames[i].head);
+    add(frames[i].body);
+    for (std::string_view part : frames[i].tails) add(part);
   }
   constexpr size_t kMaxIov = 512;  // below IOV_MAX
   size_t idx = 0;

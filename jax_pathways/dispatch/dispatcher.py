@@ -33,9 +33,9 @@ class IslandOp(NamedTuple):
   program: int = 0
   args: Sequence[int] = ()
   results: Sequence[int] = ()
-  # Bytes, or (head, tail) from payloads.parts(): a large tail (an upload)
-  # reaches the worker's socket without being copied.
-  payload: bytes | tuple[bytes, Any] = b""
+  # Bytes, or (head, tails) from payloads.parts(): large tails (uploads)
+  # reach the worker's socket without being copied.
+  payload: bytes | tuple[bytes, list[Any]] = b""
   # Device memory each result takes on this island (gangs wait for room).
   result_bytes: Sequence[int] = ()
 

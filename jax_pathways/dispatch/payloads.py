@@ -25,23 +25,27 @@ _ALIGN = 64
 
 
 def encode(header: dict[str, Any], *blobs: bytes | memoryview) -> bytes:
-  pieces = [_head(header, blobs)]
-  offset = len(pieces[0])
+  head, tails = parts(header, *blobs)
+  return b"".join([head, *tails])
+
+
+def parts(header: dict[str, Any], *blobs: Any) -> tuple[bytes, list[Any]]:
+  """encode(header, *blobs) as (head, tails), unjoined: the dispatcher sends
+  the tails after the head without copying those the C++ side made (uploads
+  taken from HostBuffers), so array bytes are not copied twice more on
+  their way through the controller. Tails are the blobs and the padding
+  between them, in order."""
+  head = _head(header, blobs)
+  if blobs:  # the first blob's padding, in the head: one tail fewer
+    head += bytes(_pad(len(head)))
+  offset, tails = len(head), []
   for blob in blobs:
-    pad = _pad(offset)
-    pieces.append(bytes(pad))
-    pieces.append(blob)
-    offset += pad + len(memoryview(blob).cast("B"))
-  return b"".join(pieces)
-
-
-def parts(header: dict[str, Any], blob: Any) -> tuple[bytes, Any]:
-  """encode(header, blob) as (head, blob), unjoined: the dispatcher sends
-  the blob after the head without copying it when the C++ side made it
-  (an upload taken from HostBuffers), so array bytes are not copied twice
-  more on their way through the controller."""
-  head = _head(header, (blob,))
-  return head + bytes(_pad(len(head))), blob
+    if _pad(offset):
+      tails.append(bytes(_pad(offset)))
+      offset += len(tails[-1])
+    tails.append(blob)
+    offset += len(memoryview(blob).cast("B"))
+  return head, tails
 
 
 def _head(header: dict[str, Any], blobs: Any) -> bytes:

@@ -77,3 +77,21 @@ def test_addressable_shards(proxy_devices):
   assert [s.device for s in shards] == proxy_devices[4:]
   assert [np.asarray(s.data).tolist() for s in shards] == [
       [0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_large_sharded_uploads_arrive_whole(proxy_devices):
+  """A data-parallel batch: one upload per shard, shards of both islands
+  (each island's PUT carries its shards as several tails, read from the
+  controller's memory from 64 KiB on, in all)."""
+  mesh = jax.sharding.Mesh(np.array(proxy_devices).reshape(4, 2), ("d", "m"))
+  for rows, cols, spec in ((8, 16384, ("d", "m")), (12, 8000, ("d", None)),
+                           (4, 30, ("d", "m"))):
+    data = np.random.default_rng(rows).normal(size=(rows, cols)).astype(
+        np.float32)
+    x = jax.device_put(data, jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec(*spec)))
+    np.testing.assert_array_equal(np.asarray(x), data)
+    for s in x.addressable_shards:
+      np.testing.assert_array_equal(np.asarray(s.data), data[s.index])
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda a: a * 2)(x)),
+                                  data * 2)

@@ -49,9 +49,10 @@ def test_ops_arrive_in_order_and_window_bounds_launches():
 
 
 def test_a_payload_in_parts_arrives_whole():
-  """(head, tail) payloads: the tail is sent after the head, shared when the
-  C++ side made it (an upload taken from HostBuffers), else copied; the
-  worker sees one payload either way, also after Python drops the tail."""
+  """(head, tails) payloads: the tails are sent after the head, in order,
+  shared when the C++ side made them (an upload taken from HostBuffers),
+  else copied; the worker sees one payload either way, also after Python
+  drops the tails."""
   hb = _frontend.HostBuffers()
   hb.open_session(1)
   data = bytes(range(256)) * 5000
@@ -63,13 +64,15 @@ def test_a_payload_in_parts_arrives_whole():
   expected = [data, data[1000:], data[5:9], b"xyz", b""]
   d, ex = _pair(window=8)
   for i, tail in enumerate(tails):
-    d.submit([(0, OpKind.PUT, 0, [], [300 + i], (b"head%d" % i, tail))], 1)
+    d.submit([(0, OpKind.PUT, 0, [], [300 + i], (b"head%d" % i, [tail]))], 1)
+  d.submit([(0, OpKind.PUT, 0, [], [310], (b"all", tails))], 1)
   del tails, upload
   for i, want in enumerate(expected):
     op = ex.next(2.0)
     assert bytes(op.payload) == b"head%d" % i + want
-  with pytest.raises(ValueError, match="head, tail"):
-    d.submit([(0, OpKind.PUT, 0, [], [400], (b"a", b"b", b"c"))], 1)
+  assert bytes(ex.next(2.0).payload) == b"all" + b"".join(expected)
+  with pytest.raises(ValueError, match=r"head, \[tails\]"):
+    d.submit([(0, OpKind.PUT, 0, [], [400], (b"a", [b"b"], b"c"))], 1)
 
 
 def test_failure_poisons_results_and_later_users():
@@ -342,27 +345,36 @@ def _wait_for(predicate, timeout=5.0):
 
 
 def test_a_local_worker_reads_large_uploads_from_the_controller():
-  """On one host the worker answers the dispatcher's probe, and uploads
-  from 64 KiB on are lent (it copies them out of the controller's memory)
+  """On one host the worker answers the dispatcher's probe, and an op's
+  tails (uploads, padding between them) of 64 KiB or more in all are lent
+  (it copies them out of the controller's memory, in order, after the head)
   and kept alive until the op finishes; smaller ones are sent."""
   hb = _frontend.HostBuffers()
   hb.open_session(1)
-  big = np.random.default_rng(0).bytes(1 << 20)
+  rng = np.random.default_rng(0)
+  big, shard = rng.bytes(1 << 20), rng.bytes(40 << 10)
   hb.store(1, 7, big)
+  hb.store(1, 8, shard)
+  hb.store(1, 9, shard[::-1])
   d, ex = _pair(window=8)
   _wait_for(lambda: d.stats()[0]["reads_locally"])
-  upload = hb.take(1, 7, 1.0)
-  d.submit([(0, OpKind.PUT, 0, [], [1], (b"h" * 64, upload))], 1)
-  d.submit([(0, OpKind.PUT, 0, [], [2], (b"s", b"small"))], 2)
-  del upload
+  uploads = [hb.take(1, h, 1.0) for h in (7, 8, 9)]
+  d.submit([(0, OpKind.PUT, 0, [], [1], (b"h" * 64, [uploads[0]]))], 1)
+  # Shards of 40 KiB each: lent, as together they are 80 KiB.
+  d.submit([(0, OpKind.PUT, 0, [], [2],
+             (b"g" * 64, [uploads[1], b"p" * 3, uploads[2]]))], 2)
+  d.submit([(0, OpKind.PUT, 0, [], [3], (b"s", [b"small", b"er"]))], 3)
+  del uploads
   op = ex.next(2.0)
   assert bytes(op.payload) == b"h" * 64 + big
   assert np.frombuffer(op.payload, np.uint8)[64:].ctypes.data % 64 == 0
-  assert bytes(ex.next(2.0).payload) == b"ssmall"
-  assert d.stats()[0]["lent"] == 1  # until the worker says it is done
-  ex.complete(1, 0, "", b"")
-  ex.complete(2, 0, "", b"")
-  assert sorted(c[0] for c in _poll_all(d, 2)) == [1, 2]
+  assert bytes(ex.next(2.0).payload) == (b"g" * 64 + shard + b"p" * 3 +
+                                         shard[::-1])
+  assert bytes(ex.next(2.0).payload) == b"ssmaller"
+  assert d.stats()[0]["lent"] == 2  # until the worker says it is done
+  for seq in (1, 2, 3):
+    ex.complete(seq, 0, "", b"")
+  assert sorted(c[0] for c in _poll_all(d, 3)) == [1, 2, 3]
   assert d.stats()[0]["lent"] == 0
 
 
@@ -375,8 +387,8 @@ def test_a_worker_over_tcp_gets_uploads_sent():
   d.add_island(0, a.detach(), "w0", 0)
   ex = _core.Executor(b.detach())
   data = bytes(range(256)) * 1024
-  d.submit([(0, OpKind.PUT, 0, [], [1], (b"h", np.frombuffer(data, np.uint8)))],
-           1)
-  assert bytes(ex.next(2.0).payload) == b"h" + data
+  d.submit([(0, OpKind.PUT, 0, [], [1],
+             (b"h", [np.frombuffer(data, np.uint8), b"p", data[:7]]))], 1)
+  assert bytes(ex.next(2.0).payload) == b"h" + data + b"p" + data[:7]
   stats = d.stats()[0]
   assert not stats["reads_locally"] and stats["lent"] == 0

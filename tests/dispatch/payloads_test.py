@@ -16,9 +16,15 @@ def test_round_trip_with_blobs():
 
 def test_parts_are_the_encoding_unjoined():
   data = np.arange(10, dtype=np.float32).view(np.uint8)
-  head, tail = payloads.parts({"dtype": "float32"}, data)
-  assert tail is data
-  assert head + tail.tobytes() == payloads.encode({"dtype": "float32"}, data)
+  head, tails = payloads.parts({"dtype": "float32"}, data)
+  assert len(tails) == 1  # the blob itself, its padding in the head
+  assert tails[0] is data
+  assert head + data.tobytes() == payloads.encode({"dtype": "float32"}, data)
+  blobs = [data, np.arange(3, dtype=np.uint8), b"x" * 64]
+  head, tails = payloads.parts({"shards": 3}, *blobs)
+  assert [t for t in tails if any(t is b for b in blobs)] == blobs
+  joined = head + b"".join(bytes(memoryview(t).cast("B")) for t in tails)
+  assert joined == payloads.encode({"shards": 3}, *blobs)
 
 
 def test_empty_and_corrupt():

@@ -148,7 +148,7 @@ def make_arrays_from_host_buffer_shards(session: Session, req: Any,
               "sharding": sharding.worker_spec(topology)}
     sizes = array.island_bytes(topology)
     gangs.append([IslandOp(island, OpKind.PUT, results=[array.buffer],
-                           payload=payloads.encode(
+                           payload=payloads.parts(
                                dict(header, shards=shards), *blobs),
                            result_bytes=[sizes[island]])
                   for island, (shards, blobs) in per_island.items()])
