@@ -74,6 +74,44 @@ def interleaved(runs: dict[str, Callable[[], float]], repeats: int
   return {name: statistics.median(v) for name, v in results.items()}
 
 
+def one_island_processes() -> tuple[list[Any], list[Any], dict[str, int]]:
+  """Starts an embedded cluster of one island (DEVICES devices) for host <->
+  device benchmarks; returns its devices, the in-process CPU devices, and
+  the pids of this process (the client), the controller and the worker."""
+  pathways, cpu = setup(islands=1)
+  cluster = jax_pathways.local_cluster()
+  return pathways, cpu, {"client": os.getpid(),
+                         "controller": cluster.controller.pid,
+                         "worker": cluster.workers[0].pid}
+
+
+def emit_host_transfer(benchmark: str, case: str, size: int,
+                       ms: dict[str, float], baseline: str,
+                       cpu_ms: dict[str, float], **values: Any) -> None:
+  """One JSON line and a log line for a host <-> device case: median ms per
+  way of moving `size` bytes ("pathways" first), GB/s and the ratio to
+  `baseline`, and each process's CPU ms per transfer."""
+  ratio = ms["pathways"] / ms[baseline]
+  gbps = size / ms["pathways"] / 1e6
+  emit(benchmark, case, bytes=size, **values,
+       **{f"{k}_ms": round(v, 3) for k, v in ms.items()},
+       pathways_gbps=round(gbps, 3), baseline=baseline,
+       ratio=round(ratio, 2), cpu_ms_per_transfer=cpu_ms)
+  log(f"{case:6s} {benchmark} " +
+      "  ".join(f"{k} {v:.3f} ms" for k, v in ms.items()) +
+      f"  ({gbps:.2f} GB/s, {ratio:.1f}x {baseline})  CPU ms {cpu_ms}")
+
+
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+  """User + system CPU time of process `pid` so far."""
+  with open(f"/proc/{pid}/stat") as f:
+    fields = f.read().rsplit(")", 1)[1].split()
+  return (int(fields[11]) + int(fields[12])) * _TICK_S
+
+
 def timed(fn: Callable[[], Any]) -> float:
   start = time.perf_counter()
   fn()

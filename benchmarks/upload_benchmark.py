@@ -13,37 +13,25 @@ process's CPU time per upload.
 from __future__ import annotations
 
 import argparse
-import os
 
-from harness import emit, interleaved, log, setup, timed  # pylint: disable=g-bad-import-order
+from harness import (cpu_seconds, emit_host_transfer, interleaved,  # pylint: disable=g-bad-import-order
+                     one_island_processes, timed)
 
 import jax  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 import numpy as np  # noqa: E402
 
-import jax_pathways  # noqa: E402
 
 # case -> (bytes, devices the array is sharded over)
 CASES = {"4KB": (4 << 10, 1), "1MB": (1 << 20, 1), "16MB": (16 << 20, 1),
          "16MB/4": (16 << 20, 4)}
-_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-  """User + system CPU time of process `pid` so far."""
-  with open(f"/proc/{pid}/stat") as f:
-    fields = f.read().rsplit(")", 1)[1].split()
-  return (int(fields[11]) + int(fields[12])) * _TICK_S
 
 
 def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument("--repeats", type=int, default=7)
   args = parser.parse_args()
-  pathways, cpu = setup(islands=1)
-  cluster = jax_pathways.local_cluster()
-  pids = {"client": os.getpid(), "controller": cluster.controller.pid,
-          "worker": cluster.workers[0].pid}
+  pathways, cpu, pids = one_island_processes()
   for label, (size, shards) in CASES.items():
     data = np.random.default_rng(0).random((shards, size // 4 // shards),
                                            dtype=np.float32)
@@ -67,16 +55,9 @@ def main() -> None:
     n = (args.repeats + 1) * puts
     cpu_ms = {k: round((cpu_seconds(p) - before[k]) / n * 1e3, 2)
               for k, p in pids.items() if k != "client"}
-    emit("upload", label, bytes=size, shards=shards,
-         pathways_us=round(med["pathways"] * 1e6, 1),
-         jax_us=round(med["jax"] * 1e6, 1),
-         pathways_gbps=round(size / med["pathways"] / 1e9, 3),
-         ratio=round(med["pathways"] / med["jax"], 2),
-         cpu_ms_per_upload=cpu_ms)
-    log(f"{label:5s} upload {med['pathways'] * 1e6:9.1f} us "
-        f"({size / med['pathways'] / 1e9:.2f} GB/s)   in-process "
-        f"{med['jax'] * 1e6:8.1f} us   ratio "
-        f"{med['pathways'] / med['jax']:.2f}   CPU ms per upload {cpu_ms}")
+    emit_host_transfer("upload", label, size,
+                       {k: v * 1e3 for k, v in med.items()}, "jax", cpu_ms,
+                       shards=shards)
 
 
 if __name__ == "__main__":

@@ -368,22 +368,29 @@ void Call::StartRead() {
 
 void Call::WriteNext() {
   if (writing_ || broken_) return;
-  std::string next;
   if (!writes_.empty()) {
-    next = std::move(writes_.front());
+    grpc::Slice slice(writes_.front());
     writes_.pop_front();
+    write_buf_ = grpc::ByteBuffer(&slice, 1);
   } else if (download_ && (!download_started_ || offset_ < download_->size())) {
-    // Always at least one message, even for an empty buffer.
+    // Always at least one message, even for an empty buffer. Its bytes go
+    // out as a slice of the stored buffer (kept alive by the slice), not
+    // copied into the message.
     size_t n = std::min(kChunk, download_->size() - offset_);
-    next = BytesField1(std::string_view(download_->data() + offset_, n));
+    std::vector<grpc::Slice> slices = {grpc::Slice(BytesField1Head(n))};
+    if (n > 0) {
+      auto* chunk = new Bytes(download_->Slice(offset_, n));
+      slices.emplace_back(const_cast<char*>(chunk->data()), n,
+                          [](void* b) { delete static_cast<Bytes*>(b); },
+                          chunk);
+    }
+    write_buf_ = grpc::ByteBuffer(slices.data(), slices.size());
     offset_ += n;
     download_started_ = true;
     if (offset_ >= download_->size()) download_.reset();
   } else {
     return;
   }
-  grpc::Slice slice(next);
-  write_buf_ = grpc::ByteBuffer(&slice, 1);
   if (server_->StartOp([&] { stream_.Write(write_buf_, tag(kWrite)); })) {
     writing_ = true;
     ++pending_;

@@ -113,18 +113,15 @@ inline bool ReadBytesField1(std::string_view in, std::string_view* out) {
   return true;
 }
 
-// A message whose field 1 is `data` (bytes), e.g. GrpcHostBufferLookupResponse.
-inline std::string BytesField1(std::string_view data) {
-  std::string out;
-  out.reserve(data.size() + 11);
-  out.push_back(0x0a);
-  uint64_t n = data.size();
+// The start of a message whose field 1 is `size` bytes (e.g. a
+// GrpcHostBufferLookupResponse): the bytes themselves follow it.
+inline std::string BytesField1Head(uint64_t size) {
+  std::string out(1, '\x0a');
   do {
-    uint8_t b = n & 0x7f;
-    n >>= 7;
-    out.push_back(static_cast<char>(n ? (b | 0x80) : b));
-  } while (n);
-  out.append(data.data(), data.size());
+    uint8_t b = size & 0x7f;
+    size >>= 7;
+    out.push_back(static_cast<char>(size ? (b | 0x80) : b));
+  } while (size);
   return out;
 }
 

@@ -31,8 +31,9 @@ void RegisterGrpcServer(py::module_& m) {
           "store",
           [](HostBuffers& h, uint64_t session, uint64_t handle,
              py::buffer data) {
-            ThrowIfError(
-                h.Store(session, handle, Bytes::Copy(BytesView(data).view())));
+            // A fetched array's bytes (an event payload) are kept, not
+            // copied.
+            ThrowIfError(h.Store(session, handle, SharedOrCopy(data)));
           },
           py::arg("session"), py::arg("handle"), py::arg("data"))
       .def("total_bytes", &HostBuffers::total_bytes);

@@ -23,9 +23,10 @@ from absl import logging
 from jax_pathways import threads
 from jax_pathways.status import Code, Status, StatusError
 
-# finish() -> payload bytes; runs on the completion thread after the arrays
-# are ready, so it may block on device data (fetches, sends).
-Finish = Callable[[], bytes]
+# finish() -> the event's payload (bytes-like); runs on the completion
+# thread after the arrays are ready, so it may block on device data
+# (fetches, sends).
+Finish = Callable[[], Any]
 
 
 def error_status(e: BaseException) -> Status:
@@ -119,7 +120,7 @@ class Completions:
       elif not status.ok:
         logging.warning("side work failed: %s", status)
 
-  def _send(self, seq: int, status: Status, payload: bytes,
+  def _send(self, seq: int, status: Status, payload: Any,
             waited: bool) -> None:
     try:
       self._report(seq, status, payload, waited)

@@ -428,15 +428,20 @@ class PjrtBackend:
     return self.device(ref) in self._local_global
 
   @staticmethod
-  def to_host(array: jax.Array, strides: Sequence[int] | None = None) -> bytes:
+  def to_host(array: jax.Array, strides: Sequence[int] | None = None
+              ) -> np.ndarray:
+    """The array's bytes (uint8) in `strides` order (default: row-major).
+    On CPU a row-major fetch is a view of the device buffer, sent without a
+    copy."""
     host = np.asarray(array)
     if strides is not None and tuple(strides) != host.strides:
       out = np.empty_like(host)
       view = np.lib.stride_tricks.as_strided(
           np.frombuffer(out.data, dtype=host.dtype), host.shape, tuple(strides))
       view[...] = host
-      return out.tobytes()
-    return np.ascontiguousarray(host).tobytes()
+      host = out
+    # As bytes: numpy exports no buffer for dtypes such as bfloat16.
+    return np.ascontiguousarray(host).reshape(-1).view(np.uint8)
 
 
 _MEMORY_STATS_FIELDS = (

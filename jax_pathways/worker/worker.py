@@ -115,7 +115,7 @@ class Worker:
     finally:
       self._completions.close()
 
-  def _report(self, seq: int, status: Status, payload: bytes,
+  def _report(self, seq: int, status: Status, payload: Any,
               waited: bool) -> None:
     self._tracer.finished(seq, waited)
     self._executor.complete(seq, int(status.code), status.message, payload)

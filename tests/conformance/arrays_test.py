@@ -82,9 +82,10 @@ def test_addressable_shards(proxy_devices):
 def test_large_sharded_uploads_arrive_whole(proxy_devices):
   """A data-parallel batch: one upload per shard, shards of both islands
   (each island's PUT carries its shards as several tails, read from the
-  controller's memory from 64 KiB on, in all)."""
+  controller's memory from 64 KiB on, in all); fetched back whole (2 MB:
+  several chunks of the host-buffer stream) and shard by shard."""
   mesh = jax.sharding.Mesh(np.array(proxy_devices).reshape(4, 2), ("d", "m"))
-  for rows, cols, spec in ((8, 16384, ("d", "m")), (12, 8000, ("d", None)),
+  for rows, cols, spec in ((8, 65536, ("d", "m")), (12, 8000, ("d", None)),
                            (4, 30, ("d", "m"))):
     data = np.random.default_rng(rows).normal(size=(rows, cols)).astype(
         np.float32)
@@ -95,3 +96,10 @@ def test_large_sharded_uploads_arrive_whole(proxy_devices):
       np.testing.assert_array_equal(np.asarray(s.data), data[s.index])
     np.testing.assert_array_equal(np.asarray(jax.jit(lambda a: a * 2)(x)),
                                   data * 2)
+
+
+def test_empty_arrays_round_trip(proxy_devices):
+  for dtype in (np.float32, jnp.bfloat16):
+    x = jax.device_put(np.zeros((0, 3), dtype), proxy_devices[1])
+    host = np.asarray(x)
+    assert host.shape == (0, 3) and host.dtype == dtype

@@ -1,0 +1,67 @@
+"""Device to host: `np.asarray` of an array on an island.
+
+    python benchmarks/download_benchmark.py [--repeats 7]
+
+The bytes go worker -> controller (an event's payload) -> client (the IFRT
+proxy's host-buffer channel), each array fetched once (JAX keeps an array's
+host copy after the first fetch). In the same run, in-process JAX: reading
+an array of a local CPU device (a view of its buffer, no copy) and copying
+it into a fresh host array (what the bytes' last hop costs at least: a
+fresh buffer, first-touch page faults, a copy). Prints one JSON line per
+size, with each process's CPU time per download.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from harness import cpu_seconds, emit_host_transfer, one_island_processes  # pylint: disable=g-bad-import-order
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+SIZES = {"4KB": 4 << 10, "1MB": 1 << 20, "16MB": 16 << 20}
+
+
+def fetch_ms(arrays: list[jax.Array], copy: bool) -> list[float]:
+  """Fetches each array once; its time in ms."""
+  out = []
+  for a in arrays:
+    t0 = time.perf_counter()
+    np.array(a, copy=True) if copy else np.asarray(a)
+    out.append((time.perf_counter() - t0) * 1e3)
+  return out
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--repeats", type=int, default=7)
+  args = parser.parse_args()
+  pathways, cpu, pids = one_island_processes()
+  for label, size in SIZES.items():
+    data = np.random.default_rng(0).random(size // 4, dtype=np.float32)
+    fetches = max(2, (64 << 20) // size // 16)  # ~4 MB per sample
+    times: dict[str, list[float]] = {"pathways": [], "jax_view": [],
+                                     "jax_copy": []}
+    cpu_s = dict.fromkeys(pids, 0.0)
+    for _ in range(args.repeats):  # interleaved, fresh arrays each time
+      for case, device in (("pathways", pathways[0]), ("jax_view", cpu[0]),
+                           ("jax_copy", cpu[0])):
+        arrays = [jax.device_put(data, device) for _ in range(fetches)]
+        jax.block_until_ready(arrays)
+        before = {k: cpu_seconds(p) for k, p in pids.items()}
+        times[case].append(statistics.median(
+            fetch_ms(arrays, copy=case == "jax_copy")))
+        if case == "pathways":
+          for k, p in pids.items():
+            cpu_s[k] += (cpu_seconds(p) - before[k]) / fetches
+        del arrays
+    med = {k: statistics.median(v) for k, v in times.items()}
+    cpu_ms = {k: round(v / args.repeats * 1e3, 2) for k, v in cpu_s.items()}
+    emit_host_transfer("download", label, size, med, "jax_copy", cpu_ms)
+
+
+if __name__ == "__main__":
+  main()
