@@ -1,5 +1,7 @@
 """The C++ dispatcher and executor, driven over socket pairs (no JAX)."""
+import os
 import socket
+import struct
 import threading
 import time
 
@@ -191,6 +193,30 @@ def test_executor_raises_once_controller_is_gone():
   with pytest.raises(_core.JaxPathwaysError, match="controller connection lost") as e:
     ex.next(2.0)
   assert e.value.code == 14
+
+
+def _lent_op_frame(locations: bytes) -> bytes:
+  """A raw OpLocal frame (channel.h) whose op part is empty: only its
+  Locations matter to the tests below."""
+  return struct.pack("<IIQ", 0x4a505746, 6, len(locations)) + locations
+
+
+@pytest.mark.parametrize("locations, error", [
+    # Says 5 Locations, holds 1.
+    (struct.pack("<I", 5) + struct.pack("<QQQ", os.getpid(), 4096, 8),
+     "malformed op frame"),
+    # Where nothing is mapped.
+    (struct.pack("<I", 1) + struct.pack("<QQQ", os.getpid(), 8, 64),
+     "could not read an upload from the controller's memory"),
+])
+def test_executor_fails_clearly_on_bad_lent_tails(locations, error):
+  a, b = socket.socketpair()
+  ex = _core.Executor(b.detach())
+  a.sendall(_lent_op_frame(locations))
+  with pytest.raises(_core.JaxPathwaysError, match=error) as e:
+    ex.next(2.0)
+  assert e.value.code == 14  # the connection is dropped: UNAVAILABLE
+  a.close()
 
 
 def test_peer_links_move_bytes_and_errors():
