@@ -4,6 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jax_pathways
+
 pytestmark = pytest.mark.integration
 
 
@@ -103,3 +105,18 @@ def test_empty_arrays_round_trip(proxy_devices):
     x = jax.device_put(np.zeros((0, 3), dtype), proxy_devices[1])
     host = np.asarray(x)
     assert host.shape == (0, 3) and host.dtype == dtype
+
+
+def test_fetching_a_one_device_array_needs_no_copy(proxy_devices):
+  """np.asarray asks for the array's only shard first; that shard is the
+  array itself (no COPY op on the worker), and stays usable after it."""
+  x = jax.device_put(np.arange(6.0, dtype=np.float32), proxy_devices[2])
+  x.block_until_ready()
+  with jax_pathways.trace() as t:
+    host = np.asarray(x)
+  np.testing.assert_array_equal(host, np.arange(6.0))
+  kinds = [op.kind for op in t.ops if op.island == 0]
+  assert "fetch" in kinds and "copy" not in kinds
+  shard = x.addressable_shards[0].data
+  np.testing.assert_array_equal(np.asarray(shard * 2), np.arange(6.0) * 2)
+  np.testing.assert_array_equal(np.asarray(x + 1), np.arange(6.0) + 1)

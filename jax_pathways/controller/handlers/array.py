@@ -234,6 +234,12 @@ def reshard_arrays(session: Session, req: Any, reply: Reply) -> None:
 
 def _split(session: Session, src: Array, handles_: Sequence[int]) -> None:
   """Single-device arrays of `src`'s first len(handles_) shards."""
+  if len(src.sharding.devices) == 1 and len(handles_) == 1:
+    # The only shard of a one-device array is the array (np.asarray asks
+    # for it before every fetch): share its buffer, no worker op.
+    session.arrays.put(handles_[0], src.alias(Sharding(
+        src.sharding.devices, None, src.sharding.memory_kind)))
+    return
   topology = session.services.topology
   buffers = session.services.dispatcher.new_buffers(len(handles_))
   shard_shape = src.sharding.shard_shape(src.shape)
