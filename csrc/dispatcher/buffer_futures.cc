@@ -68,8 +68,22 @@ Status BufferFutures::FirstFailure(const std::vector<BufferId>& ids) const {
   return Status::Ok();
 }
 
-void BufferFutures::Forget(const std::vector<BufferId>& ids) {
-  for (BufferId id : ids) entries_.erase(id);
+void BufferFutures::Forget(const std::vector<BufferId>& ids,
+                           std::vector<Completion>* out) {
+  for (BufferId id : ids) {
+    auto it = entries_.find(id);
+    if (it == entries_.end()) continue;
+    for (auto& w : it->second.waiters) {
+      if (w->done) continue;
+      w->done = true;
+      out->push_back(Completion{
+          w->tag,
+          Status(Code::kFailedPrecondition,
+                 "the array was deleted while a request waited for it"),
+          {}});
+    }
+    entries_.erase(it);
+  }
 }
 
 BufferState BufferFutures::State(BufferId id, Status* failure) const {

@@ -33,7 +33,10 @@ class BufferFutures {
                  std::vector<Completion>* out);
   // First failure among `ids`, or OK. Pending and unknown ids count as OK.
   Status FirstFailure(const std::vector<BufferId>& ids) const;
-  void Forget(const std::vector<BufferId>& ids);
+  // Drops `ids`; their unfinished waiters fail (appended to `out`): a
+  // request waiting for an array the client then deleted still gets its
+  // answer.
+  void Forget(const std::vector<BufferId>& ids, std::vector<Completion>* out);
 
   BufferState State(BufferId id, Status* failure) const;
   size_t size() const { return entries_.size(); }

@@ -506,8 +506,12 @@ BufferState Dispatcher::State(BufferId id, Status* failure) {
 }
 
 void Dispatcher::Forget(const std::vector<BufferId>& ids) {
-  std::lock_guard<std::mutex> lock(mu_);
-  buffers_.Forget(ids);
+  std::vector<Completion> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    buffers_.Forget(ids, &done);
+  }
+  Flush({}, std::move(done));
 }
 
 std::vector<Completion> Dispatcher::Poll(double timeout_s, size_t max_items) {

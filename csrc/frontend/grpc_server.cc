@@ -457,7 +457,9 @@ void Call::Reply(const Status& status, std::string data) {
 // ---------------------------------------------------------------- GrpcServer
 
 GrpcServer::GrpcServer()
-    : service_(std::make_unique<grpc::AsyncGenericService>()) {}
+    : service_(std::make_unique<grpc::AsyncGenericService>()) {
+  host_buffers_.set_waker([this] { Wake(); });
+}
 
 GrpcServer::~GrpcServer() { Shutdown(); }
 
@@ -540,6 +542,12 @@ void GrpcServer::Remove(uint64_t id) {
 std::vector<FrontendEvent> GrpcServer::Poll(double timeout_s,
                                             size_t max_items) {
   return events_.Pop(timeout_s, max_items);
+}
+
+void GrpcServer::Wake() {
+  FrontendEvent e;
+  e.kind = FrontendEvent::kWake;
+  events_.Push(std::move(e));
 }
 
 bool GrpcServer::Send(uint64_t id, std::string data) {

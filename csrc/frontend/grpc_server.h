@@ -41,6 +41,7 @@ struct FrontendEvent {
     kRequest = 2,  // one IfrtRequest on a stream: data
     kClosed = 3,   // the stream ended (client gone or finished)
     kUnary = 4,    // a unary call for Python: method, data, metadata
+    kWake = 5,     // something a waiting request needs has happened
   };
   Kind kind;
   uint64_t id = 0;  // stream or call id
@@ -69,6 +70,9 @@ class GrpcServer {
   void Finish(uint64_t id, const Status& status);
   // Answers unary call `id`: `data` if `status` is OK.
   void Reply(uint64_t id, const Status& status, std::string data);
+  // Wakes Poll() with a kWake event (an upload a request waits for was
+  // stored; a waited-for island joined).
+  void Wake();
   HostBuffers& host_buffers() { return host_buffers_; }
   size_t open_calls();
   // Cancels every call and stops; idempotent.

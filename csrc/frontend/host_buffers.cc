@@ -1,6 +1,5 @@
 #include "frontend/host_buffers.h"
 
-#include <chrono>
 
 namespace jax_pathways {
 namespace {
@@ -27,7 +26,13 @@ void HostBuffers::CloseSession(uint64_t session) {
   if (it == sessions_.end()) return;
   for (auto& [handle, buffer] : it->second) bytes_ -= buffer.size();
   sessions_.erase(it);
-  cv_.notify_all();
+  watched_.erase(watched_.lower_bound({session, 0}),
+                 watched_.upper_bound({session, UINT64_MAX}));
+}
+
+void HostBuffers::set_waker(std::function<void()> waker) {
+  std::lock_guard<std::mutex> lock(mu_);
+  waker_ = std::move(waker);
 }
 
 bool HostBuffers::HasSession(uint64_t session) {
@@ -36,16 +41,21 @@ bool HostBuffers::HasSession(uint64_t session) {
 }
 
 Status HostBuffers::Store(uint64_t session, uint64_t handle, HostBuffer data) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = sessions_.find(session);
-  if (it == sessions_.end()) return UnknownSession(session);
-  size_t size = data.size();
-  if (!it->second.emplace(handle, std::move(data)).second) {
-    return Status(Code::kAlreadyExists,
-                  "host buffer " + std::to_string(handle) + " already exists");
+  std::function<void()> wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(session);
+    if (it == sessions_.end()) return UnknownSession(session);
+    size_t size = data.size();
+    if (!it->second.emplace(handle, std::move(data)).second) {
+      return Status(Code::kAlreadyExists, "host buffer " +
+                                              std::to_string(handle) +
+                                              " already exists");
+    }
+    bytes_ += size;
+    if (watched_.erase({session, handle})) wake = waker_;
   }
-  bytes_ += size;
-  cv_.notify_all();
+  if (wake) wake();
   return Status::Ok();
 }
 
@@ -58,25 +68,20 @@ StatusOr<HostBuffer> HostBuffers::Lookup(uint64_t session, uint64_t handle) {
   return b->second;
 }
 
-StatusOr<HostBuffer> HostBuffers::Take(uint64_t session, uint64_t handle,
-                                       double timeout_s) {
-  std::unique_lock<std::mutex> lock(mu_);
-  auto arrived = [&] {
-    auto it = sessions_.find(session);
-    return it == sessions_.end() || it->second.count(handle) > 0;
-  };
-  if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), arrived)) {
-    return DeadlineExceeded("the upload of host buffer " +
-                            std::to_string(handle) + " did not arrive within " +
-                            std::to_string(static_cast<int>(timeout_s)) + " s");
-  }
+StatusOr<std::optional<HostBuffer>> HostBuffers::TakeOrWatch(
+    uint64_t session, uint64_t handle) {
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return UnknownSession(session);
   auto b = it->second.find(handle);
+  if (b == it->second.end()) {
+    watched_.insert({session, handle});
+    return std::optional<HostBuffer>();
+  }
   HostBuffer out = std::move(b->second);
   it->second.erase(b);
   bytes_ -= out.size();
-  return out;
+  return std::optional<HostBuffer>(std::move(out));
 }
 
 Status HostBuffers::Delete(uint64_t session, uint64_t handle) {

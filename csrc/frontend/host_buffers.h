@@ -8,15 +8,22 @@
 // can stream one while the client deletes it, and an upload can go on to a
 // worker without a copy.
 //
-// Thread safety: all methods may be called from any thread; Take() blocks
-// and must be called without the GIL.
+// A request that needs an upload which has not arrived yet does not wait
+// here: TakeOrWatch() notes the wait and the waker runs when the upload is
+// stored, so the caller (one thread serving every session) never blocks.
+//
+// Thread safety: all methods may be called from any thread; none blocks.
 #ifndef JAX_PATHWAYS_CSRC_FRONTEND_HOST_BUFFERS_H_
 #define JAX_PATHWAYS_CSRC_FRONTEND_HOST_BUFFERS_H_
 
-#include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <set>
+#include <utility>
+
 #include "common/bytes.h"
 #include "common/status.h"
 
@@ -32,16 +39,20 @@ class HostBuffers {
 
   Status Store(uint64_t session, uint64_t handle, HostBuffer data);
   StatusOr<HostBuffer> Lookup(uint64_t session, uint64_t handle);
-  // Waits up to `timeout_s` for an upload, then removes and returns it.
-  StatusOr<HostBuffer> Take(uint64_t session, uint64_t handle,
-                            double timeout_s);
+  // Removes and returns the upload if it has arrived; otherwise returns
+  // nullopt and calls the waker once it is stored (or its session ends).
+  StatusOr<std::optional<HostBuffer>> TakeOrWatch(uint64_t session,
+                                                  uint64_t handle);
+  // Called without the lock, from the thread that stored a watched upload.
+  void set_waker(std::function<void()> waker);
   Status Delete(uint64_t session, uint64_t handle);
   size_t total_bytes();
 
  private:
   std::mutex mu_;
-  std::condition_variable cv_;
   std::map<uint64_t, std::map<uint64_t, HostBuffer>> sessions_;
+  std::set<std::pair<uint64_t, uint64_t>> watched_;  // (session, handle)
+  std::function<void()> waker_;
   size_t bytes_ = 0;
 };
 

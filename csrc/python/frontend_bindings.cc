@@ -16,17 +16,18 @@ void RegisterGrpcServer(py::module_& m) {
       .def("close_session", &HostBuffers::CloseSession, py::arg("session"))
       .def(
           "take",
-          [](HostBuffers& h, uint64_t session, uint64_t handle,
-             double timeout_s) {
-            StatusOr<HostBuffer> got = [&] {
+          [](HostBuffers& h, uint64_t session, uint64_t handle) -> py::object {
+            StatusOr<std::optional<HostBuffer>> got = [&] {
               py::gil_scoped_release nogil;
-              return h.Take(session, handle, timeout_s);
+              return h.TakeOrWatch(session, handle);
             }();
+            std::optional<HostBuffer> taken = ValueOrThrow(std::move(got));
+            if (!taken) return py::none();
             // A zero-copy uint8 view that keeps the buffer alive; handed to
             // Dispatcher.submit as a payload tail it is not copied either.
-            return ToNumpy(ValueOrThrow(std::move(got)));
+            return ToNumpy(std::move(*taken));
           },
-          py::arg("session"), py::arg("handle"), py::arg("timeout_s"))
+          py::arg("session"), py::arg("handle"))
       .def(
           "store",
           [](HostBuffers& h, uint64_t session, uint64_t handle,
@@ -42,7 +43,8 @@ void RegisterGrpcServer(py::module_& m) {
       .value("OPEN", FrontendEvent::kOpen)
       .value("REQUEST", FrontendEvent::kRequest)
       .value("CLOSED", FrontendEvent::kClosed)
-      .value("UNARY", FrontendEvent::kUnary);
+      .value("UNARY", FrontendEvent::kUnary)
+      .value("WAKE", FrontendEvent::kWake);
 
   py::class_<GrpcServer>(m, "GrpcServer")
       .def(py::init<>())
@@ -107,6 +109,7 @@ void RegisterGrpcServer(py::module_& m) {
           "host_buffers",
           [](GrpcServer& s) -> HostBuffers& { return s.host_buffers(); },
           py::return_value_policy::reference_internal)
+      .def("wake", &GrpcServer::Wake)
       .def("open_calls", &GrpcServer::open_calls)
       .def("shutdown", &GrpcServer::Shutdown,
            py::call_guard<py::gil_scoped_release>());

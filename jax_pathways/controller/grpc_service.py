@@ -5,7 +5,10 @@ and jax_pathways.Admin) and serves the host-buffer side channel itself; this
 module takes its events in batches on one thread: it opens sessions (checking
 version and cluster token), feeds them their requests in order, closes them,
 and answers GetVersion and the admin calls (Status, Trace). Sessions do the
-work.
+work. That thread serves everyone, so it never waits: a session whose
+request waits for something (session.Waiting) is parked and tried again when
+the server wakes it, when its deadline passes, or when it ends. Every call
+gets an answer, whatever bytes it carried.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import itertools
 import json
 import secrets
 import threading
+import time
 from typing import Any, Callable
 
 from absl import logging
@@ -25,7 +29,7 @@ from jax_pathways.controller import versions
 from jax_pathways.controller.handlers import HANDLERS, RESULT_HANDLES
 from jax_pathways.controller.session import Services, Session
 from jax_pathways.resources.virtual_slice import SliceRequest
-from jax_pathways.status import Code, StatusError
+from jax_pathways.status import Code, Status, StatusError
 
 SESSION_METADATA = "ifrt-proxy-grpc-ifrt-session-metadata-bin"
 GET_VERSION = "/xla.ifrt.proxy.GrpcIfrtService/GetVersion"
@@ -56,6 +60,7 @@ class GrpcService:
     self.host_buffers = services.host_buffers
     self._lock = threading.Lock()
     self.sessions: dict[int, Session] = {}  # by stream id
+    self._parked: dict[int, Session] = {}  # sessions whose request waits
     self._numbers = itertools.count(1)
     self._stopping = False
     self._thread: threading.Thread | None = None
@@ -78,9 +83,10 @@ class GrpcService:
 
   def _loop(self) -> None:
     handlers = {Event.OPEN: self._open, Event.REQUEST: self._request,
-                Event.CLOSED: self._closed, Event.UNARY: self._unary}
+                Event.CLOSED: self._closed, Event.UNARY: self._unary,
+                Event.WAKE: lambda *_: None}
     while True:
-      events = self._server.poll(0.5, 256)
+      events = self._server.poll(self._poll_timeout(), 256)
       if not events and self._stopping:
         return
       # A burst of requests (chained calls) reaches each worker as one write.
@@ -88,9 +94,42 @@ class GrpcService:
         for kind, call, data, method, metadata, peer in events:
           try:
             handlers[kind](call, data, method, metadata, peer)
-          except Exception:  # pylint: disable=broad-except
+          except Exception as e:  # pylint: disable=broad-except
             logging.exception("frontend event %s on call %d failed", kind,
                               call)
+            self._answer_failed(kind, call, e)
+        self._resume(woken=any(e[0] == Event.WAKE for e in events))
+
+  def _answer_failed(self, kind: Event, call: int, e: Exception) -> None:
+    """A call whose event could not be handled still gets an answer."""
+    status = (e.status if isinstance(e, StatusError) else
+              Status(Code.INTERNAL, f"jax_pathways controller: {e!r}"))
+    if kind == Event.UNARY:
+      self._server.reply(call, int(status.code), status.message, b"")
+    elif kind in (Event.OPEN, Event.REQUEST):
+      # Ends this client's stream only; its CLOSED event frees the session.
+      self._server.finish(call, int(status.code), status.message)
+
+  def _poll_timeout(self) -> float:
+    """Until the earliest parked deadline, at most 0.5 s."""
+    timeout = 0.5
+    now = time.monotonic()
+    for session in self._parked.values():
+      if session.deadline is not None:
+        timeout = min(timeout, max(0.0, session.deadline - now))
+    return timeout
+
+  def _resume(self, woken: bool) -> None:
+    """Tries parked sessions again: all of them after a wake (cheap: the
+    request finds what it waits for or parks again), else those whose
+    deadline passed or whose client has gone."""
+    now = time.monotonic()
+    for stream, session in list(self._parked.items()):
+      if (woken or session.ending or
+          (session.deadline is not None and now >= session.deadline)):
+        session.resume()
+        if not session.waiting:
+          del self._parked[stream]
 
   # --------------------------------------------------------------- sessions
   def _open(self, stream: int, data: bytes, method: str,
@@ -100,7 +139,8 @@ class GrpcService:
       self._server.finish(stream, Code.INVALID_ARGUMENT,
                           "IfrtSession without session metadata")
       return
-    meta = protos.msg("xla.ifrt.proxy.GrpcIfrtSessionMetadata").FromString(raw)
+    meta = _parse("xla.ifrt.proxy.GrpcIfrtSessionMetadata", raw,
+                  "session metadata")
     if not self._token_ok(meta):
       self._server.finish(
           stream, Code.UNAUTHENTICATED,
@@ -130,7 +170,8 @@ class GrpcService:
                       RESULT_HANDLES,
                       send=lambda r: server.send(stream, r.SerializeToString()),
                       request=request, peer=peer,
-                      number=next(self._numbers), weight=weight)
+                      number=next(self._numbers), weight=weight,
+                      wake=server.wake)
     with self._lock:
       self.sessions[stream] = session
     logging.info("client %d opened a session (protocol %d, peer %s, asks "
@@ -141,20 +182,18 @@ class GrpcService:
     session = self.sessions.get(stream)
     if session is None:
       return  # refused at open; its stream is finishing
-    try:
-      request = protos.msg("xla.ifrt.proxy.IfrtRequest").FromString(data)
-    except Exception:  # pylint: disable=broad-except
-      # No op_id to answer: end this client's stream, nobody else's.
-      self._server.finish(stream, Code.INVALID_ARGUMENT,
-                          "unparsable IfrtRequest")
-      return
-    session.handle(request)
+    # Unparsable: there is no op_id to answer, so the failure ends this
+    # client's stream (_answer_failed), nobody else's.
+    session.handle(_parse("xla.ifrt.proxy.IfrtRequest", data, "IfrtRequest"))
+    if session.waiting:
+      self._parked[stream] = session
 
   def _closed(self, stream: int, *_: Any) -> None:
     """No more requests: end the stream once every reply is out."""
     session = self.sessions.get(stream)
     if session is None:
       return
+    session.end()  # what waits fails now (_resume)
 
     def end() -> None:
       with self._lock:
@@ -196,7 +235,8 @@ class GrpcService:
     self._server.reply(call, 0, "", reply)
 
   def _get_version(self, data: bytes) -> bytes:
-    req = protos.msg("xla.ifrt.proxy.GrpcGetVersionRequest").FromString(data)
+    req = _parse("xla.ifrt.proxy.GrpcGetVersionRequest", data,
+                 "GetVersion request")
     protocol, serdes = versions.negotiate(req.min_version, req.max_version)
     resp = protos.msg("xla.ifrt.proxy.GrpcGetVersionResponse")()
     resp.version.protocol_version = protocol
@@ -232,6 +272,14 @@ class GrpcService:
     tracing.trace(self.services.topology, self.services.dispatcher, action,
                   lambda status, body: server.reply(call, int(status.code),
                                                     status.message, body))
+
+
+def _parse(message: str, data: bytes, what: str) -> Any:
+  try:
+    return protos.msg(message).FromString(data)
+  except Exception:  # pylint: disable=broad-except
+    raise StatusError(Code.INVALID_ARGUMENT,
+                      f"jax_pathways: unparsable {what}") from None
 
 
 def _attribute(meta: Any, key: str) -> str | None:

@@ -8,13 +8,15 @@ through the controller.
 from __future__ import annotations
 
 import secrets
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from jax_pathways.controller.arrays import Array
-from jax_pathways.controller.session import Services
 from jax_pathways.dispatch import payloads
 from jax_pathways.dispatch.dispatcher import IslandOp, OpKind
 from jax_pathways.status import invalid_argument
+
+if TYPE_CHECKING:
+  from jax_pathways.controller.session import Services
 
 
 def move(services: Services, src: Array, dst: Array) -> None:
@@ -85,9 +87,9 @@ def plan(services: Services, src: Array, dst: Array, pull: bool = False
   return sends, receives
 
 
-def release(services: Services, arrays: Sequence[Array]) -> list[int]:
-  """Lets the arrays go; sends DELETE for buffers nobody holds any more and
-  returns them."""
+def release(services: Services, arrays: Sequence[Array]) -> None:
+  """Lets the arrays go: buffers nobody holds any more get a DELETE (after
+  the ops already queued that use them) and leave the dispatcher's books."""
   by_island: dict[int, list[int]] = {}
   freed = []
   for array in arrays:
@@ -98,4 +100,4 @@ def release(services: Services, arrays: Sequence[Array]) -> list[int]:
   for island, buffers in by_island.items():
     services.dispatcher.submit(
         [IslandOp(island, OpKind.DELETE, args=buffers)])
-  return freed
+  services.dispatcher.forget(freed)

@@ -1,29 +1,38 @@
 """Session: one client's IfrtSession stream, request by request.
 
-Requests are handled strictly in arrival order on the session's own thread,
-and every handler resolves its inputs and registers its result handles before
-the next request starts: a DestructArray arriving behind an Execute can never
-pull an array out from under it. Handlers never wait for device data; they
-answer through a Reply, at once or later from a completion callback, and
-replies leave in completion order, matched by op_id.
+Requests are handled strictly in arrival order, and every handler resolves
+its inputs and registers its result handles before the next request starts:
+a DestructArray arriving behind an Execute can never pull an array out from
+under it. Handlers never wait for device data; they answer through a Reply,
+at once or later from a completion callback, and replies leave in completion
+order, matched by op_id.
+
+One thread serves every session, so nothing may wait on it. A request that
+needs what is not there yet (an upload still on its way, the workers of a
+cluster still starting) raises Waiting before it changes anything: the
+session holds it, and the requests behind it, until the service wakes it,
+its deadline passes or the session ends; then it runs again from the start.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
+import time
 from typing import Any, Callable
 
 from absl import logging
 
 from jax_pathways import protos
+from jax_pathways.controller import moves
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.compile_cache import CompileCache
 from jax_pathways.controller.handle_store import HandleStore, ServerHandles
-from jax_pathways.dispatch.dispatcher import Dispatcher, IslandOp, OpKind
+from jax_pathways.dispatch.dispatcher import Dispatcher
 from jax_pathways.resources.resource_manager import ResourceManager
 from jax_pathways.resources.topology import Topology
 from jax_pathways.resources.virtual_slice import SliceRequest, VirtualSlice
-from jax_pathways.status import Code, Status, StatusError
+from jax_pathways.status import Code, Status, StatusError, from_exception
 
 
 @dataclasses.dataclass
@@ -39,6 +48,10 @@ class Services:
   spmd_across_islands: bool = False
   wait_for_topology_s: float = 120.0
   upload_timeout_s: float = 600.0
+
+
+class Waiting(Exception):
+  """A request's handler needs something that is not there yet."""
 
 
 class Reply:
@@ -102,7 +115,8 @@ class Session:
                result_handles: dict[str, Callable[[Any], list[int]]],
                send: Callable[[Any], Any],
                request: SliceRequest = SliceRequest(), peer: str = "",
-               number: int = 0, weight: float = 1.0):
+               number: int = 0, weight: float = 1.0,
+               wake: Callable[[], None] = lambda: None):
     # The id is a secret (it names the session's host buffers); `number`
     # is what others may see of this client.
     self.id = session_id
@@ -129,16 +143,61 @@ class Session:
     self._lock = threading.Lock()
     self._unanswered = 0
     self._on_idle: Callable[[], None] | None = None
+    # The request that waits (and those behind it); its wait's deadline;
+    # the uploads it already took, kept for its next try.
+    self._wake = wake
+    self._waiting: Any = None
+    self._backlog: collections.deque[Any] = collections.deque()
+    self.deadline: float | None = None
+    self._taken: dict[int, Any] = {}
+    self.ending = False
 
   @property
   def slice(self) -> VirtualSlice:
     """The client's devices, placed at first use (once every island has
     joined); a request that cannot fit fails every request that needs it."""
     if self._slice is None:
-      services = self.services
-      services.topology.wait_complete(services.wait_for_topology_s)
-      self._slice = services.resources.allocate(self.id, self.request)
+      topology = self.services.topology
+      if not topology.complete:
+        topology.when_complete(self._wake)
+        self._wait(self.services.wait_for_topology_s, topology.incomplete)
+      self._slice = self.services.resources.allocate(self.id, self.request)
     return self._slice
+
+  def take_upload(self, handle: int) -> Any:
+    """The client's upload under `handle` (a uint8 array), once it has
+    arrived."""
+    data = self._taken.get(handle)
+    if data is None:
+      try:
+        data = self.services.host_buffers.take(self.id, handle)
+      except Exception as e:  # pylint: disable=broad-except
+        raise from_exception(e) from None
+      if data is None:  # the store wakes the service when it arrives
+        timeout = self.services.upload_timeout_s
+        self._wait(timeout, lambda: StatusError(
+            Code.DEADLINE_EXCEEDED, f"the upload of host buffer {handle} "
+            f"did not arrive within {timeout:.0f} s"))
+      self._taken[handle] = data
+    return data
+
+  def _wait(self, timeout_s: float, expired: Callable[[], StatusError]
+            ) -> None:
+    """Parks the request being handled, or fails it once it has waited
+    `timeout_s` or the session ends."""
+    if self.ending:
+      error = expired()
+      raise StatusError(Code.CANCELLED, "the client's session ended while a "
+                        f"request waited ({error.status.message})")
+    if self.deadline is None:
+      self.deadline = time.monotonic() + timeout_s
+    elif time.monotonic() >= self.deadline:
+      raise expired()
+    raise Waiting()
+
+  @property
+  def waiting(self) -> bool:
+    return self._waiting is not None
 
   def new_response(self, op_id: int) -> Any:
     response = self._response_cls()
@@ -146,17 +205,45 @@ class Session:
     return response
 
   def handle(self, request: Any) -> None:
-    """Handles one request; its reply may come later."""
+    """Handles one request, or holds it behind one that waits; its reply
+    may come later."""
+    with self._lock:
+      self._unanswered += 1
+    if self._waiting is not None:
+      self._backlog.append(request)
+      return
+    self._run(request)
+
+  def resume(self) -> None:
+    """Tries the waiting request again (its wait is over, timed out or
+    cancelled), then the requests that came behind it."""
+    request, self._waiting = self._waiting, None
+    while request is not None:
+      self._run(request)
+      if self._waiting is not None:
+        return
+      request = self._backlog.popleft() if self._backlog else None
+
+  def end(self) -> None:
+    """No more requests: what waits fails when next tried."""
+    self.ending = True
+
+  def _run(self, request: Any) -> None:
+    try:
+      self._dispatch(request)
+    except Waiting:
+      self._waiting = request
+      return
+    self.deadline = None
+    self._taken.clear()
+
+  def _dispatch(self, request: Any) -> None:
     kind = request.WhichOneof("request")
     op_id = request.request_metadata.op_id
     if kind is None:
-      with self._lock:
-        self._unanswered += 1
       reply = Reply(self, op_id, "")
       reply.error(Status(Code.INVALID_ARGUMENT, "request names no operation"))
       return
-    with self._lock:
-      self._unanswered += 1
     reply = Reply(self, op_id, kind[:-len("_request")] + "_response")
     body = getattr(request, kind)
     if self._trace:
@@ -168,6 +255,8 @@ class Session:
         raise StatusError(Code.UNIMPLEMENTED,
                           f"{kind} is not supported by jax_pathways")
       handler(self, body, reply)
+    except Waiting:
+      raise
     except StatusError as e:
       self._poison_results(kind, body, e.status)
       reply.error(e.status)
@@ -230,17 +319,9 @@ class Session:
 
   def close(self) -> None:
     """Frees everything the session held, on controller and workers."""
-    by_island: dict[int, list[int]] = {}
-    for array in self.arrays.drain():
-      if array.release():
-        for island in array.islands:
-          by_island.setdefault(island.id, []).append(array.buffer)
-    dispatcher = self.services.dispatcher
-    for island, buffers in by_island.items():
-      dispatcher.submit([IslandOp(island, OpKind.DELETE, args=buffers)])
-      dispatcher.forget(buffers)
+    moves.release(self.services, self.arrays.drain())
     self.executables.drain()
     self.futures.drain()
     self.execute_results.drain()
     self.services.resources.release(self.id)
-    dispatcher.forget_client(self.number)
+    self.services.dispatcher.forget_client(self.number)

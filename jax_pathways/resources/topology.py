@@ -7,7 +7,7 @@ client sees do not depend on who started first.
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from jax_pathways.resources.island import DeviceId, Island, IslandId
 from jax_pathways.status import Code, StatusError, invalid_argument
@@ -18,9 +18,10 @@ class Topology:
 
   def __init__(self, expected_islands: int):
     self.expected_islands = expected_islands
-    self._mu = threading.Condition()
+    self._mu = threading.Lock()
     self._islands: dict[IslandId, Island] = {}
     self._connected: set[IslandId] = set()
+    self._when_complete: list[Callable[[], None]] = []
 
   def register(self, hello: dict[str, Any]) -> Island:
     """Admits a worker's hello; raises ValueError with the reason to refuse."""
@@ -60,20 +61,32 @@ class Topology:
     """The island's worker is reachable through the dispatcher."""
     with self._mu:
       self._connected.add(island)
-      self._mu.notify_all()
+      callbacks = self._when_complete if self.complete else []
+      if callbacks:
+        self._when_complete = []
+    for callback in callbacks:
+      callback()
 
   @property
   def complete(self) -> bool:
     return len(self._connected) == self.expected_islands
 
-  def wait_complete(self, timeout: float) -> None:
+  def when_complete(self, callback: Callable[[], None]) -> None:
+    """Calls `callback` once every island has joined (now, if it has)."""
     with self._mu:
-      if not self._mu.wait_for(lambda: self.complete, timeout):
-        raise StatusError(
-            Code.UNAVAILABLE,
-            f"only {len(self._connected)} of {self.expected_islands} island "
-            f"workers have joined the controller after {timeout:.0f} s; start "
-            "the missing workers (jax-pathways worker --controller ...)")
+      if not self.complete:
+        self._when_complete.append(callback)
+        return
+    callback()
+
+  def incomplete(self) -> StatusError:
+    """What a request that needs every island is told while some are
+    missing."""
+    return StatusError(
+        Code.UNAVAILABLE,
+        f"only {len(self._connected)} of {self.expected_islands} island "
+        "workers have joined the controller; start the missing workers "
+        "(jax-pathways worker --controller ...)")
 
   def islands(self) -> list[Island]:
     with self._mu:

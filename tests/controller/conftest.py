@@ -4,14 +4,65 @@ from __future__ import annotations
 
 import queue
 import threading
+import types
 
 import grpc
 import pytest
 
+from jax_pathways import dtypes
 from jax_pathways import protos
+from jax_pathways.programs import sharding as sharding_lib
+from jax_pathways.programs.sharding import Sharding
 
-SESSION = "/xla.ifrt.proxy.GrpcIfrtService/IfrtSession"
+SERVICE = "/xla.ifrt.proxy.GrpcIfrtService/"
+SESSION = SERVICE + "IfrtSession"
 METADATA = "ifrt-proxy-grpc-ifrt-session-metadata-bin"
+STORE_METADATA = "ifrt-proxy-grpc-host-buffer-store-metadata-bin"
+
+
+def store(channel: grpc.Channel, session: int, handle: int,
+          chunks: list[bytes], size: int | None = None):
+  """HostBufferStore of `chunks` (announcing `size` bytes, by default their
+  total) as host buffer `handle` of `session`."""
+  msg = protos.msg
+  meta = msg("xla.ifrt.proxy.GrpcHostBufferStoreMetadata")(
+      session_id=session, handle=handle,
+      buffer_size=sum(len(c) for c in chunks) if size is None else size)
+  request = msg("xla.ifrt.proxy.GrpcHostBufferStoreRequest")
+  call = channel.stream_unary(
+      SERVICE + "HostBufferStore",
+      request_serializer=request.SerializeToString,
+      response_deserializer=msg(
+          "xla.ifrt.proxy.GrpcHostBufferStoreResponse").FromString)
+  return call(iter([request(data=c) for c in chunks]), timeout=10,
+              metadata=[(STORE_METADATA, meta.SerializeToString())])
+
+
+def lookup(channel: grpc.Channel, session: int, handle: int) -> bytes:
+  """HostBufferLookup: the whole host buffer."""
+  msg = protos.msg
+  call = channel.unary_stream(
+      SERVICE + "HostBufferLookup",
+      request_serializer=msg(
+          "xla.ifrt.proxy.GrpcHostBufferLookupRequest").SerializeToString,
+      response_deserializer=msg(
+          "xla.ifrt.proxy.GrpcHostBufferLookupResponse").FromString)
+  return b"".join(r.data for r in call(
+      msg("xla.ifrt.proxy.GrpcHostBufferLookupRequest")(
+          session_id=session, handle=handle), timeout=10))
+
+
+def delete(channel: grpc.Channel, session: int, handle: int):
+  """HostBufferDelete."""
+  msg = protos.msg
+  call = channel.unary_unary(
+      SERVICE + "HostBufferDelete",
+      request_serializer=msg(
+          "xla.ifrt.proxy.GrpcHostBufferDeleteRequest").SerializeToString,
+      response_deserializer=msg(
+          "xla.ifrt.proxy.GrpcHostBufferDeleteResponse").FromString)
+  return call(msg("xla.ifrt.proxy.GrpcHostBufferDeleteRequest")(
+      session_id=session, handle=handle), timeout=10)
 
 
 class RawSession:
@@ -53,15 +104,22 @@ class RawSession:
 
   def call(self, **kind):
     """Sends one request (kind=lambda body: fill it) and returns the reply."""
+    return self.wait(self.send(**kind))
+
+  def send(self, **kind) -> int:
+    """Sends one request without waiting; returns its op_id."""
     self._op_id += 1
-    op_id = self._op_id
     req = protos.msg("xla.ifrt.proxy.IfrtRequest")()
-    req.request_metadata.op_id = op_id
+    req.request_metadata.op_id = self._op_id
     for name, fill in kind.items():
       body = getattr(req, name)
       body.SetInParent()
       fill(body)
     self._requests.put(req)
+    return self._op_id
+
+  def wait(self, op_id: int):
+    """The reply to `op_id`, within the session's timeout."""
     with self._arrived:
       if not self._arrived.wait_for(lambda: op_id in self._replies,
                                     self._timeout):
@@ -69,10 +127,47 @@ class RawSession:
                              f"{self._timeout} s")
       return self._replies.pop(op_id)
 
+  def store(self, handle: int, data: bytes) -> None:
+    """Uploads `data` as this session's host buffer `handle`."""
+    store(self._channel, self.id, handle, [data])
+
+  def lookup(self, handle: int) -> bytes:
+    return lookup(self._channel, self.id, handle)
+
+  def send_make_array(self, host_buffer: int, array: int, n: int) -> int:
+    """MakeArrayFromHostBuffer of n float32 on (virtual) device 0."""
+
+    def fill(body):
+      body.host_buffer_handle = host_buffer
+      body.array_handle = array
+      dtypes.to_proto("float32", body.dtype)
+      body.shape.dims.append(n)
+      sharding_lib.to_proto(Sharding((0,), None, None), body.sharding)
+
+    return self.send(make_array_from_host_buffer_request=fill)
+
+  def fetch(self, array: int, host_buffer: int) -> bytes:
+    """CopyToHostBuffer, then the bytes."""
+    r = self.call(copy_to_host_buffer_request=lambda b: (
+        setattr(b, "array_handle", array),
+        setattr(b, "host_buffer_handle", host_buffer)))
+    assert r.response_metadata.status.code == 0, r
+    return self.lookup(host_buffer)
+
+  def half_close(self) -> None:
+    """No more requests; replies still arrive until the server ends."""
+    self._requests.put(None)
+
   def close(self) -> None:
     self._requests.put(None)
     self._reader.join(timeout=10)
     self._channel.close()
+
+
+@pytest.fixture
+def side_channel():
+  """The host-buffer calls, raw: store, lookup, delete."""
+  return types.SimpleNamespace(store=store, lookup=lookup, delete=delete)
 
 
 @pytest.fixture

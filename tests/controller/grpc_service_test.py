@@ -17,6 +17,8 @@ def _version():
 
 
 def _session(pathways, requests, token=None):
+  """Sends `requests` (messages or raw bytes) on one session; returns the
+  replies by op_id."""
   meta = protos.msg("xla.ifrt.proxy.GrpcIfrtSessionMetadata")()
   meta.version.CopyFrom(_version())
   token = pathways.token if token is None else token
@@ -26,9 +28,10 @@ def _session(pathways, requests, token=None):
   req_cls = protos.msg("xla.ifrt.proxy.IfrtRequest")
   resp_cls = protos.msg("xla.ifrt.proxy.IfrtResponse")
   with grpc.insecure_channel(pathways.address.split("://")[1]) as channel:
-    call = channel.stream_stream(SESSION,
-                                 request_serializer=req_cls.SerializeToString,
-                                 response_deserializer=resp_cls.FromString)
+    call = channel.stream_stream(
+        SESSION, request_serializer=lambda r: (
+            r if isinstance(r, bytes) else req_cls.SerializeToString(r)),
+        response_deserializer=resp_cls.FromString)
     responses = call(iter(requests), timeout=20, metadata=[
         ("ifrt-proxy-grpc-ifrt-session-metadata-bin",
          meta.SerializeToString())])
@@ -92,3 +95,37 @@ def test_controller_still_serves_jax(pathways, proxy_devices):
   import numpy as np
   y = jax.jit(lambda a: a * 3)(jax.device_put(np.arange(3.0), proxy_devices[1]))
   np.testing.assert_array_equal(np.asarray(y), [0.0, 3.0, 6.0])
+
+
+def _raw_call(pathways, method, data, metadata=()):
+  """Sends raw bytes to `method`; returns the reply's bytes or raises."""
+  with grpc.insecure_channel(pathways.address.split("://")[1]) as channel:
+    return channel.unary_unary(method)(data, timeout=10, metadata=metadata)
+
+
+def test_garbage_is_answered_and_changes_nothing(pathways, proxy_devices):
+  # At 385bf6b none of these was ever answered (the caller waited forever;
+  # an unparsable session stayed open and the controller kept reading it).
+  garbage = [b"\xff" * 7, b"\x0a\xff\xff\xff\xff\xff\x01", bytes(range(256))]
+  for data in garbage:
+    with pytest.raises(grpc.RpcError) as e:
+      _raw_call(pathways, "/xla.ifrt.proxy.GrpcIfrtService/GetVersion", data)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details() == "jax_pathways: unparsable GetVersion request"
+
+    with grpc.insecure_channel(pathways.address.split("://")[1]) as channel:
+      responses = channel.stream_stream(SESSION)(
+          iter([b"\x08\x01"]), timeout=10,
+          metadata=[("ifrt-proxy-grpc-ifrt-session-metadata-bin", data)])
+      with pytest.raises(grpc.RpcError) as e:
+        list(responses)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details() == "jax_pathways: unparsable session metadata"
+
+  # A valid session sending an unparsable request loses its stream only.
+  with pytest.raises(grpc.RpcError) as e:
+    _session(pathways, [_request(1, init_request=lambda b: None),
+                        b"\xff\xff\xff"])
+  assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+  assert e.value.details() == "jax_pathways: unparsable IfrtRequest"
+  test_controller_still_serves_jax(pathways, proxy_devices)

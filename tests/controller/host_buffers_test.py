@@ -3,53 +3,13 @@ import grpc
 import numpy as np
 import pytest
 
-from jax_pathways import protos
-
 pytestmark = pytest.mark.integration
-
-SERVICE = "/xla.ifrt.proxy.GrpcIfrtService/"
-STORE_METADATA = "ifrt-proxy-grpc-host-buffer-store-metadata-bin"
 
 
 @pytest.fixture
 def channel(pathways):
   with grpc.insecure_channel(pathways.address.split("://")[1]) as ch:
     yield ch
-
-
-def _m(name):
-  return protos.msg(f"xla.ifrt.proxy.{name}")
-
-
-def _store(channel, session, handle, chunks, size=None):
-  meta = _m("GrpcHostBufferStoreMetadata")(
-      session_id=session, handle=handle,
-      buffer_size=sum(len(c) for c in chunks) if size is None else size)
-  call = channel.stream_unary(
-      SERVICE + "HostBufferStore",
-      request_serializer=_m("GrpcHostBufferStoreRequest").SerializeToString,
-      response_deserializer=_m("GrpcHostBufferStoreResponse").FromString)
-  return call(iter([_m("GrpcHostBufferStoreRequest")(data=c) for c in chunks]),
-              timeout=10, metadata=[(STORE_METADATA, meta.SerializeToString())])
-
-
-def _lookup(channel, session, handle):
-  call = channel.unary_stream(
-      SERVICE + "HostBufferLookup",
-      request_serializer=_m("GrpcHostBufferLookupRequest").SerializeToString,
-      response_deserializer=_m("GrpcHostBufferLookupResponse").FromString)
-  return b"".join(r.data for r in call(
-      _m("GrpcHostBufferLookupRequest")(session_id=session, handle=handle),
-      timeout=10))
-
-
-def _delete(channel, session, handle):
-  call = channel.unary_unary(
-      SERVICE + "HostBufferDelete",
-      request_serializer=_m("GrpcHostBufferDeleteRequest").SerializeToString,
-      response_deserializer=_m("GrpcHostBufferDeleteResponse").FromString)
-  return call(_m("GrpcHostBufferDeleteRequest")(session_id=session,
-                                                handle=handle), timeout=10)
 
 
 @pytest.fixture
@@ -59,53 +19,57 @@ def session_id(raw_session):
   return raw_session().id
 
 
-def test_store_lookup_delete(channel, session_id):
+def test_store_lookup_delete(channel, session_id, side_channel):
   data = bytes(range(256)) * 9000  # ~2.3 MB: several chunks each way
-  _store(channel, session_id, 10**9, [data[:1 << 20], data[1 << 20:]])
-  assert _lookup(channel, session_id, 10**9) == data
-  _delete(channel, session_id, 10**9)
+  side_channel.store(channel, session_id, 10**9,
+                     [data[:1 << 20], data[1 << 20:]])
+  assert side_channel.lookup(channel, session_id, 10**9) == data
+  side_channel.delete(channel, session_id, 10**9)
   with pytest.raises(grpc.RpcError) as e:
-    _lookup(channel, session_id, 10**9)
+    side_channel.lookup(channel, session_id, 10**9)
   assert e.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_uploads_of_odd_chunks_arrive_whole(channel, session_id):
+def test_uploads_of_odd_chunks_arrive_whole(channel, session_id, side_channel):
   """Chunks are copied from gRPC's slices into place (frontend/
   grpc_server.cc): empty, tiny and multi-slice chunks, in any mix."""
   data = np.random.default_rng(0).integers(0, 256, 3 << 20, np.uint8).tobytes()
   cuts = [0, 0, 1, 7, 70_000, (1 << 20) + 3, (1 << 20) + 3, 3 << 20]
   chunks = [data[a:b] for a, b in zip(cuts, cuts[1:])]
-  _store(channel, session_id, 10**9 + 4, chunks)
-  assert _lookup(channel, session_id, 10**9 + 4) == data
-  _delete(channel, session_id, 10**9 + 4)
+  side_channel.store(channel, session_id, 10**9 + 4, chunks)
+  assert side_channel.lookup(channel, session_id, 10**9 + 4) == data
+  side_channel.delete(channel, session_id, 10**9 + 4)
 
 
-def test_empty_buffer_round_trips(channel, session_id):
-  _store(channel, session_id, 10**9 + 1, [])
-  assert _lookup(channel, session_id, 10**9 + 1) == b""
-  _delete(channel, session_id, 10**9 + 1)
+def test_empty_buffer_round_trips(channel, session_id, side_channel):
+  side_channel.store(channel, session_id, 10**9 + 1, [])
+  assert side_channel.lookup(channel, session_id, 10**9 + 1) == b""
+  side_channel.delete(channel, session_id, 10**9 + 1)
 
 
-def test_bad_uploads_are_refused(channel, session_id):
+def test_bad_uploads_are_refused(channel, session_id, side_channel):
   with pytest.raises(grpc.RpcError) as e:
-    _store(channel, session_id, 10**9 + 2, [b"abc"], size=5)
+    side_channel.store(channel, session_id, 10**9 + 2, [b"abc"], size=5)
   assert e.value.code() == grpc.StatusCode.DATA_LOSS
   with pytest.raises(grpc.RpcError) as e:
-    _store(channel, session_id, 10**9 + 2, [b"ab", b"cdef"], size=3)
+    side_channel.store(channel, session_id, 10**9 + 2, [b"ab", b"cdef"],
+                       size=3)
   assert e.value.code() == grpc.StatusCode.DATA_LOSS
   assert "larger than announced" in e.value.details()
   with pytest.raises(grpc.RpcError) as e:  # no room for what it announces
-    _store(channel, session_id, 10**9 + 2, [b"abc"], size=1 << 62)
+    side_channel.store(channel, session_id, 10**9 + 2, [b"abc"],
+                       size=1 << 62)
   assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
   with pytest.raises(grpc.RpcError) as e:
-    _store(channel, 12345, 1, [b"abc"])
+    side_channel.store(channel, 12345, 1, [b"abc"])
   assert e.value.code() == grpc.StatusCode.NOT_FOUND
-  _store(channel, session_id, 10**9 + 3, [b"x"])
+  side_channel.store(channel, session_id, 10**9 + 3, [b"x"])
   with pytest.raises(grpc.RpcError) as e:
-    _store(channel, session_id, 10**9 + 3, [b"y"])
+    side_channel.store(channel, session_id, 10**9 + 3, [b"y"])
   assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
-  _delete(channel, session_id, 10**9 + 3)
-  call = channel.unary_unary(SERVICE + "HostBufferReadFromDisk")
+  side_channel.delete(channel, session_id, 10**9 + 3)
+  call = channel.unary_unary(
+      "/xla.ifrt.proxy.GrpcIfrtService/HostBufferReadFromDisk")
   with pytest.raises(grpc.RpcError) as e:
     call(b"", timeout=10)
   assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED

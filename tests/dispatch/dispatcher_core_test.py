@@ -59,7 +59,7 @@ def test_a_payload_in_parts_arrives_whole():
   hb.open_session(1)
   data = bytes(range(256)) * 5000
   hb.store(1, 7, data)
-  upload = hb.take(1, 7, 1.0)
+  upload = hb.take(1, 7)
   assert not upload.flags.writeable
   tails = [upload, upload[1000:], np.frombuffer(data, np.uint8)[5:9], b"xyz",
            b""]
@@ -384,7 +384,7 @@ def test_a_local_worker_reads_large_uploads_from_the_controller():
   hb.store(1, 9, shard[::-1])
   d, ex = _pair(window=8)
   _wait_for(lambda: d.stats()[0]["reads_locally"])
-  uploads = [hb.take(1, h, 1.0) for h in (7, 8, 9)]
+  uploads = [hb.take(1, h) for h in (7, 8, 9)]
   d.submit([(0, OpKind.PUT, 0, [], [1], (b"h" * 64, [uploads[0]]))], 1)
   # Shards of 40 KiB each: lent, as together they are 80 KiB.
   d.submit([(0, OpKind.PUT, 0, [], [2],

@@ -48,9 +48,18 @@ def test_placement_errors_name_the_islands():
     t.place([8], "the program")
 
 
-def test_incomplete_cluster_times_out_with_advice():
+def test_incomplete_cluster_says_what_is_missing_and_calls_back_once_complete():
   t = Topology(2)
+  called = []
   t.register(_hello(0))
   t.connected(0)
-  with pytest.raises(StatusError, match="only 1 of 2 island workers"):
-    t.wait_complete(0.05)
+  t.when_complete(lambda: called.append("early"))
+  assert str(t.incomplete()) == (
+      "only 1 of 2 island workers have joined the controller; start the "
+      "missing workers (jax-pathways worker --controller ...)")
+  assert not called
+  t.register(_hello(1))
+  t.connected(1)
+  assert called == ["early"]
+  t.when_complete(lambda: called.append("late"))
+  assert called == ["early", "late"]

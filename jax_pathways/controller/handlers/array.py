@@ -69,15 +69,6 @@ def _strides(req: Any) -> list[int] | None:
   return None
 
 
-def _upload(session: Session, handle: int) -> Any:
-  """The client's upload (a uint8 array), waiting for it if need be."""
-  try:
-    return session.services.host_buffers.take(
-        session.id, handle, session.services.upload_timeout_s)
-  except Exception as e:  # pylint: disable=broad-except
-    raise from_exception(e) from None
-
-
 def _new_array(session: Session, handle: int, islands: tuple[Island, ...],
                dtype: str, shape: Sequence[int], sharding: Sharding) -> Array:
   buffer = session.services.dispatcher.new_buffers(1)[0]
@@ -93,7 +84,7 @@ def make_array_from_host_buffer(session: Session, req: Any,
   if not req.HasField("array_handle"):
     raise invalid_argument("MakeArrayFromHostBuffer without an array_handle "
                            "(protocol versions below 10 are not supported)")
-  data = _upload(session, req.host_buffer_handle)
+  data = session.take_upload(req.host_buffer_handle)
   dtype = dtypes.name_of(req.dtype)
   _check_layout(req, len(req.shape.dims))
   sharding = _sharding(session, req.sharding)
@@ -119,6 +110,10 @@ def make_arrays_from_host_buffer_shards(session: Session, req: Any,
   if len(req.array_handles) != len(req.specs):
     raise invalid_argument(f"{len(req.specs)} specs for "
                            f"{len(req.array_handles)} array handles")
+  # Every upload first: the request may wait for one, and runs again from
+  # the start once it is there.
+  uploads = {hb.host_buffer_handle: session.take_upload(hb.host_buffer_handle)
+             for spec in req.specs for hb in spec.host_buffers}
   topology = session.services.topology
   gangs = []
   for handle, spec in zip(req.array_handles, req.specs):
@@ -139,7 +134,7 @@ def make_arrays_from_host_buffer_shards(session: Session, req: Any,
           "strides": (list(hb.byte_strides.strides)
                       if hb.HasField("byte_strides") else None),
       }
-      data = _upload(session, hb.host_buffer_handle)
+      data = uploads[hb.host_buffer_handle]
       for island in {topology.island_of_device(sharding.devices[i]).id
                      for i in indices.indices}:
         per_island[island][0].append(shard)
@@ -357,7 +352,7 @@ def destruct_array(session: Session, req: Any, reply: Reply) -> None:
     elif array.islands:
       arrays.append(array)
   # Free the memory now; ops already queued that use these run first.
-  session.services.dispatcher.forget(moves.release(session.services, arrays))
+  moves.release(session.services, arrays)
   if unknown:
     raise StatusError(Code.NOT_FOUND, f"unknown array handle(s): {unknown}")
   reply.ok()
