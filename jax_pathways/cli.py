@@ -4,13 +4,15 @@
     jax-pathways worker --controller HOST:PORT [--island 0] [--devices 4] [--device-cores 0-3]
     jax-pathways status [--address grpc://HOST:PORT] [--json]
 
-The cluster token is read from JAX_PATHWAYS_TOKEN by all three.
+The cluster token is read from JAX_PATHWAYS_TOKEN by all three, else from
+the file a controller keeps it in (JAX_PATHWAYS_TOKEN_FILE, by default
+~/.jax_pathways/token, mode 0600): a controller started without a token makes
+one there, unless --insecure (loopback only) asks for none.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any, Sequence
 
@@ -89,6 +91,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "in the order one host would (same bits; each such program "
                  "is compiled twice), 'ring' leaves them to gloo's ring "
                  "all-reduce (last bits differ) (default rank)")
+  c.add_argument("--insecure", action="store_true",
+                 help="accept clients and workers without a cluster token "
+                 "(only where every address is loopback or a Unix socket); "
+                 "by default a controller without JAX_PATHWAYS_TOKEN makes "
+                 "a token and keeps it in $JAX_PATHWAYS_TOKEN_FILE "
+                 "(~/.jax_pathways/token, mode 0600)")
   c.add_argument("--parent-pid", type=int, default=None,
                  help=argparse.SUPPRESS)
 
@@ -136,7 +144,11 @@ def main(argv: Sequence[str] | None = None) -> int:
       parser.error(f"--memory-wait={args.memory_wait} must be > 0 seconds")
     return controller_main.run(args.islands or cfg.islands, args.listen,
                                args.worker_listen, args.coordinator_listen,
-                               cfg.token, max_in_flight, args.parent_pid,
+                               controller_main.token(cfg, args.insecure,
+                                                     args.listen,
+                                                     args.worker_listen,
+                                                     args.coordinator_listen),
+                               max_in_flight, args.parent_pid,
                                args.memory_wait, args.reduction_order)
   if args.command == "worker":
     _setup_logging(cfg.verbosity)
@@ -157,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   if not address:
     parser.error(f"give --address or set {config.ADDRESS}")
   try:
-    s = admin.status(address, cfg.token or os.environ.get(config.TOKEN))
+    s = admin.status(address, cfg.token)
   except admin.AdminError as e:
     print(f"jax-pathways status: {e}", file=sys.stderr)
     return 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from jax_pathways.cluster import tokens
 from jax_pathways.status import invalid_argument
 
 # Environment variable names (documented in README.md).
@@ -12,6 +13,7 @@ ISLANDS = "JAX_PATHWAYS_ISLANDS"          # embedded cluster: number of islands
 DEVICES_PER_ISLAND = "JAX_PATHWAYS_DEVICES_PER_ISLAND"
 MAX_IN_FLIGHT = "JAX_PATHWAYS_MAX_IN_FLIGHT"  # launches in flight per island
 TOKEN = "JAX_PATHWAYS_TOKEN"              # shared secret of a cluster
+TOKEN_FILE = "JAX_PATHWAYS_TOKEN_FILE"    # where a controller keeps it
 START_TIMEOUT = "JAX_PATHWAYS_START_TIMEOUT"  # seconds to start a local cluster
 LOG_DIR = "JAX_PATHWAYS_LOG_DIR"          # where an embedded cluster logs
 VERBOSITY = "JAX_PATHWAYS_VERBOSITY"      # controller/worker log detail (0, 1, 2)
@@ -64,7 +66,8 @@ class Config:
   islands: int
   devices_per_island: int
   max_in_flight: int
-  token: str | None
+  token: str | None  # JAX_PATHWAYS_TOKEN, else the token file's
+  token_file: str
   start_timeout: float
   log_dir: str | None
   verbosity: int
@@ -76,6 +79,7 @@ class Config:
 
 
 def from_env() -> Config:
+  token_file = os.environ.get(TOKEN_FILE) or tokens.default_path()
   return Config(
       address=os.environ.get(ADDRESS) or None,
       islands=_int(ISLANDS, DEFAULT_ISLANDS, 1, 64),
@@ -83,7 +87,8 @@ def from_env() -> Config:
                               1, 1024),
       max_in_flight=_int(MAX_IN_FLIGHT, DEFAULT_MAX_IN_FLIGHT, 1,
                          MAX_SAFE_IN_FLIGHT),
-      token=os.environ.get(TOKEN) or None,
+      token=os.environ.get(TOKEN) or tokens.load(token_file),
+      token_file=token_file,
       start_timeout=_float(START_TIMEOUT, DEFAULT_START_TIMEOUT),
       log_dir=os.environ.get(LOG_DIR) or None,
       verbosity=_int(VERBOSITY, 0, 0, 3),

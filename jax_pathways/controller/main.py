@@ -6,7 +6,8 @@ Prints one JSON line {"address", "worker_address", "pid"} on stdout once it is
 listening (the embedded cluster reads it), then serves until SIGTERM/SIGINT,
 or after SIGUSR1 until its last client has disconnected (so a client that is
 exiting can close its session cleanly). The cluster token comes from
-JAX_PATHWAYS_TOKEN.
+JAX_PATHWAYS_TOKEN or the token file; without either the controller makes one
+(token()).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 from absl import logging
 
@@ -23,19 +25,37 @@ from absl import logging
 DRAIN_TIMEOUT_S = 30.0
 
 
+def token(cfg: Any, insecure: bool, *listen: str) -> str | None:
+  """The cluster token: JAX_PATHWAYS_TOKEN, the token file's, or a new one
+  kept in the token file; None only with --insecure, on loopback."""
+  # pylint: disable=import-outside-toplevel
+  from jax_pathways.cluster import addresses, tokens
+  from jax_pathways.status import invalid_argument
+  if insecure:
+    for address in listen:
+      if not addresses.is_loopback(address):
+        raise invalid_argument(
+            f"--insecure: refusing to listen on {address} without a "
+            "cluster token; drop --insecure (a token is made for you) or "
+            "set JAX_PATHWAYS_TOKEN")
+    logging.warning("--insecure: any local process may use this cluster")
+    return None
+  if cfg.token:
+    return cfg.token
+  made = tokens.load_or_create(cfg.token_file)
+  logging.info("cluster token kept in %s (mode 0600): workers, clients and "
+               "`jax-pathways status` on this host read it from there; "
+               "elsewhere set JAX_PATHWAYS_TOKEN to its contents",
+               cfg.token_file)
+  return made
+
+
 def run(islands: int, listen: str, worker_listen: str,
         coordinator_listen: str, token: str | None, max_in_flight: int,
         parent_pid: int | None, memory_wait_s: float | None = None,
         reduction_order: str = "rank") -> int:
   # pylint: disable=import-outside-toplevel
-  from jax_pathways.cluster import addresses
   from jax_pathways.controller.controller import Controller
-  from jax_pathways.status import invalid_argument
-  for address in (listen, worker_listen, coordinator_listen):
-    if not addresses.is_loopback(address) and not token:
-      raise invalid_argument(
-          f"refusing to listen on {address} without a cluster token: set "
-          "JAX_PATHWAYS_TOKEN (workers and clients must present it)")
   controller = Controller(islands, listen, worker_listen, coordinator_listen,
                           token, max_in_flight, memory_wait_s, reduction_order)
   controller.start()

@@ -1,5 +1,6 @@
 """A cluster started by hand, as on real hosts: controller and workers from
 the CLI over TCP with a token, a client joining by address."""
+import contextlib
 import json
 import os
 import select
@@ -40,21 +41,20 @@ def _ready_line(proc, timeout=60):
   raise AssertionError("controller did not start")
 
 
-@pytest.fixture
-def cluster():
-  env = dict(os.environ, JAX_PATHWAYS_TOKEN=TOKEN)
-  env.pop("JAX_PLATFORMS", None)
+@contextlib.contextmanager
+def _started(env, *controller_args, islands=2):
+  """A controller and its workers from the CLI; all stopped by pid."""
   procs = []
   try:
-    controller = _spawn("controller", "--islands", "2", "--listen",
+    controller = _spawn("controller", "--islands", str(islands), "--listen",
                         "127.0.0.1:0", "--worker-listen", "127.0.0.1:0",
-                        env=env)
+                        *controller_args, env=env)
     procs.append(controller)
     ready = _ready_line(controller)
-    for island in (1, 0):  # any order
+    for island in reversed(range(islands)):  # any order
       procs.append(_spawn("worker", "--controller", ready["worker_address"],
                           "--island", str(island), "--devices", "2", env=env))
-    yield ready, env
+    yield ready
   finally:
     for p in procs:
       if p.poll() is None:
@@ -65,6 +65,14 @@ def cluster():
       except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait(timeout=5)
+
+
+@pytest.fixture
+def cluster():
+  env = dict(os.environ, JAX_PATHWAYS_TOKEN=TOKEN)
+  env.pop("JAX_PLATFORMS", None)
+  with _started(env) as ready:
+    yield ready, env
 
 
 CLIENT = textwrap.dedent("""
@@ -82,8 +90,8 @@ CLIENT = textwrap.dedent("""
 """)
 
 
-def _client(address, token):
-  env = dict(os.environ)
+def _client(address, token, env=None):
+  env = dict(os.environ if env is None else env)
   env.pop("JAX_PLATFORMS", None)
   env.pop("JAX_PATHWAYS_TOKEN", None)
   return subprocess.run([sys.executable, "-c", CLIENT, f"grpc://{address}",
@@ -136,12 +144,50 @@ def test_worker_with_wrong_token_is_refused(cluster):
   assert "wrong cluster token" in bad.stderr
 
 
-def test_off_loopback_needs_a_token():
+def _status(ready, env):
+  return subprocess.run(
+      [sys.executable, "-m", "jax_pathways.cli", "status", "--address",
+       f"grpc://{ready['address']}", "--json"], env=env, capture_output=True,
+      text=True, timeout=60, cwd=CWD)
+
+
+def test_a_controller_without_a_token_makes_one(tmp_path):
+  # At 385bf6b a controller without JAX_PATHWAYS_TOKEN accepted any local
+  # process.
+  env = dict(os.environ, JAX_PATHWAYS_TOKEN_FILE=str(tmp_path / "t" / "token"))
+  env.pop("JAX_PATHWAYS_TOKEN", None)
+  env.pop("JAX_PLATFORMS", None)
+  with _started(env, islands=1) as ready:
+    # Workers and `status` on this host find the token in the file.
+    status = _status(ready, env)
+    assert status.returncode == 0, status.stderr[-2000:]
+    deadline = time.monotonic() + 60
+    while not json.loads(status.stdout)["complete"]:
+      assert time.monotonic() < deadline, "the worker did not join"
+      time.sleep(0.2)
+      status = _status(ready, env)
+    token_file = tmp_path / "t" / "token"
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "t").stat().st_mode & 0o777 == 0o700
+    token = token_file.read_text().strip()
+    assert len(token) == 32
+    # Without it: refused.
+    elsewhere = dict(env, JAX_PATHWAYS_TOKEN_FILE=str(tmp_path / "none"))
+    refused = _status(ready, elsewhere)
+    assert refused.returncode == 1 and "UNAUTHENTICATED" in refused.stderr
+    out = _client(ready["address"], "", elsewhere)
+    assert out.returncode != 0
+    assert "refused this process's cluster token" in out.stderr, (
+        out.stderr[-2000:])
+    assert admin.status(f"grpc://{ready['address']}", token)["complete"]
+
+
+def test_insecure_is_for_loopback_only():
   env = dict(os.environ)
   env.pop("JAX_PATHWAYS_TOKEN", None)
   out = subprocess.run(
       [sys.executable, "-m", "jax_pathways.cli", "controller", "--islands",
-       "1", "--listen", "0.0.0.0:0"], env=env, capture_output=True,
-      text=True, timeout=60, cwd=CWD)
+       "1", "--listen", "0.0.0.0:0", "--insecure"], env=env,
+      capture_output=True, text=True, timeout=60, cwd=CWD)
   assert out.returncode != 0
-  assert "without a cluster token" in out.stderr
+  assert "--insecure: refusing to listen on 0.0.0.0:0" in out.stderr
