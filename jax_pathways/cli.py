@@ -12,6 +12,7 @@ one there, unless --insecure (loopback only) asks for none.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import sys
 from typing import Any, Sequence
@@ -24,6 +25,8 @@ from jax_pathways.cluster import cores
 
 
 def _setup_logging(verbosity: int) -> None:
+  # A crash in native code leaves every thread's Python stack in the log.
+  faulthandler.enable(all_threads=True)
   flags.FLAGS.mark_as_parsed()  # absl logging without absl.app
   logging.use_absl_handler()
   logging.set_verbosity(verbosity)  # 0: INFO; 1, 2: vlog levels

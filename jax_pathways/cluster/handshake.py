@@ -77,7 +77,8 @@ def accept(sock: socket.socket, token: str | None,
       raise HandshakeError("malformed hello")
     hello_text = json.dumps(hello, sort_keys=True)
     expected = _mac(token, "connector", nonce, their_nonce, hello_text)
-    if not hmac.compare_digest(expected, str(reply.get("mac", ""))):
+    if not hmac.compare_digest(expected.encode(),
+                               str(reply.get("mac", "")).encode()):
       _send(sock, {"error": "authentication failed: wrong cluster token"})
       raise HandshakeError("authentication failed: wrong cluster token")
     try:
@@ -116,7 +117,8 @@ def connect(sock: socket.socket, token: str | None, hello: dict[str, Any],
       raise HandshakeError("malformed welcome")
     welcome_text = json.dumps(welcome, sort_keys=True)
     expected = _mac(token, "acceptor", nonce, first["nonce"], welcome_text)
-    if not hmac.compare_digest(expected, str(reply.get("mac", ""))):
+    if not hmac.compare_digest(expected.encode(),
+                               str(reply.get("mac", "")).encode()):
       raise HandshakeError("the other end does not hold the cluster token")
     return welcome
   except (OSError, struct.error) as e:

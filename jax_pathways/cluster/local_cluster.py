@@ -49,7 +49,8 @@ class LocalCluster:
                start_timeout: float = config.DEFAULT_START_TIMEOUT,
                memory_wait_s: float | None = None,
                reduction_order: str = "rank",
-               device_cores: list[list[int]] | None = None):
+               device_cores: list[list[int]] | None = None,
+               tcp: bool = False):
     if device_cores is not None and len(device_cores) != islands:
       raise ValueError(f"device_cores names {len(device_cores)} islands' "
                        f"cores for {islands} islands")
@@ -59,6 +60,7 @@ class LocalCluster:
     self.max_in_flight = max_in_flight
     self.memory_wait_s = memory_wait_s
     self.reduction_order = reduction_order
+    self.tcp = tcp  # clients connect over loopback TCP, not a Unix socket
     self.token = secrets.token_hex(16)
     # Sockets live in a directory only this user can enter (mode 0700).
     self.socket_dir = tempfile.mkdtemp(prefix="jax_pathways_")
@@ -112,7 +114,8 @@ class LocalCluster:
       sockets = self.socket_dir
       self.controller = self._spawn("controller", [
           "controller", "--islands", str(self.islands),
-          "--listen", f"unix:{sockets}/clients.sock",
+          "--listen",
+          "127.0.0.1:0" if self.tcp else f"unix:{sockets}/clients.sock",
           "--worker-listen", f"unix:{sockets}/workers.sock",
           "--coordinator-listen", f"unix:{sockets}/coordination.sock",
           "--max-in-flight", str(self.max_in_flight),

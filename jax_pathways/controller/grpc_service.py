@@ -94,6 +94,9 @@ class GrpcService:
         for kind, call, data, method, metadata, peer in events:
           try:
             handlers[kind](call, data, method, metadata, peer)
+          except StatusError as e:  # a malformed call: no traceback to log
+            logging.vlog(1, "call %d refused: %s", call, e.status)
+            self._answer_failed(kind, call, e)
           except Exception as e:  # pylint: disable=broad-except
             logging.exception("frontend event %s on call %d failed", kind,
                               call)
@@ -209,7 +212,8 @@ class GrpcService:
     if not self._token:
       return True
     given = _attribute(meta, TOKEN_KEY) or ""
-    return secrets.compare_digest(given, self._token)
+    # As bytes: compare_digest refuses str that are not ASCII.
+    return secrets.compare_digest(given.encode(), self._token.encode())
 
   # ----------------------------------------------------------- unary calls
   def _unary(self, call: int, data: bytes, method: str,
@@ -246,7 +250,7 @@ class GrpcService:
   def _check_admin_token(self, metadata: dict[str, bytes]) -> None:
     if self._token:
       given = metadata.get(ADMIN_TOKEN_HEADER, b"").decode(errors="replace")
-      if not secrets.compare_digest(given, self._token):
+      if not secrets.compare_digest(given.encode(), self._token.encode()):
         raise StatusError(Code.UNAUTHENTICATED, "wrong cluster token")
 
   def _check_slice(self, data: bytes) -> bytes:

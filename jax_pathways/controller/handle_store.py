@@ -28,8 +28,21 @@ class HandleStore(Generic[T]):
     self._lock = threading.Lock()
 
   def put(self, handle: int, item: T) -> None:
+    """Names `item` by a handle not in use: one handle never names two
+    objects, and nothing the client holds is dropped unreleased."""
     with self._lock:
+      if handle in self._items:
+        raise StatusError(Code.INVALID_ARGUMENT,
+                          f"{self.kind} handle {handle} is already in use")
       self._items[handle] = item
+
+  def put_if_absent(self, handle: int, item: T) -> None:
+    with self._lock:
+      self._items.setdefault(handle, item)
+
+  def __contains__(self, handle: int) -> bool:
+    with self._lock:
+      return handle in self._items
 
   def get(self, handle: int) -> T:
     with self._lock:

@@ -254,6 +254,7 @@ class Session:
       if handler is None:
         raise StatusError(Code.UNIMPLEMENTED,
                           f"{kind} is not supported by jax_pathways")
+      self._check_result_handles(kind, body)
       handler(self, body, reply)
     except Waiting:
       raise
@@ -284,14 +285,34 @@ class Session:
         return
     on_idle()
 
+  def _check_result_handles(self, kind: str, body: Any) -> None:
+    """Result handles the client names must be new, and distinct: checked
+    before the handler changes anything."""
+    handles = self._result_handles.get(kind)
+    if handles is None:
+      return
+    named = list(handles(body))
+    if 0 in named:
+      raise StatusError(Code.INVALID_ARGUMENT,
+                        f"{kind}: 0 is not an array handle")
+    used = sorted({h for h in named if h in self.arrays})
+    if used:
+      raise StatusError(Code.INVALID_ARGUMENT,
+                        f"{kind}: array handle(s) {used[:8]} already name "
+                        "arrays of this client")
+    if len(set(named)) != len(named):
+      raise StatusError(Code.INVALID_ARGUMENT,
+                        f"{kind}: a result array handle is named twice")
+
   def _poison_results(self, kind: str, body: Any, status: Status) -> None:
-    """Leaves the error under the client's result handles (IFRT semantics)."""
+    """Leaves the error under the client's result handles (IFRT semantics);
+    handles already in use keep what they name."""
     handles = self._result_handles.get(kind)
     if handles is None:
       return
     for h in handles(body):
       if h:
-        self.arrays.put(h, Array.failed(status))
+        self.arrays.put_if_absent(h, Array.failed(status))
 
   def describe(self) -> dict[str, Any]:
     """What `jax-pathways status` shows of this client."""
@@ -315,6 +336,10 @@ class Session:
         "array_bytes": per_island,
         "executables": len(self.executables),
         "weight": self.weight,
+        # Requests without their reply yet (one that waits holds those
+        # behind it).
+        "unanswered": self._unanswered,
+        "waiting": self.waiting,
     }
 
   def close(self) -> None:

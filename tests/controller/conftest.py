@@ -2,12 +2,17 @@
 a foreign or hostile client would; every wait is bounded."""
 from __future__ import annotations
 
+import os
 import queue
+import sys
 import threading
 import types
 
 import grpc
 import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import fuzz  # noqa: E402  pylint: disable=wrong-import-position
 
 from jax_pathways import dtypes
 from jax_pathways import protos
@@ -76,11 +81,14 @@ class RawSession:
       meta.initialization_data.attributes[
           "jax_pathways_token"].string_value = token.encode()
     self._timeout = timeout
+    self.error: grpc.RpcError | None = None  # how the stream ended, if not OK
     self._channel = grpc.insecure_channel(address.split("://")[1])
+    request = protos.msg("xla.ifrt.proxy.IfrtRequest")
     stream = self._channel.stream_stream(
         SESSION,
-        request_serializer=protos.msg(
-            "xla.ifrt.proxy.IfrtRequest").SerializeToString,
+        # Raw bytes pass as they are: what a hostile client would send.
+        request_serializer=lambda r: (
+            r if isinstance(r, bytes) else request.SerializeToString(r)),
         response_deserializer=protos.msg(
             "xla.ifrt.proxy.IfrtResponse").FromString)
     self._requests: queue.Queue = queue.Queue()
@@ -99,8 +107,8 @@ class RawSession:
         with self._arrived:
           self._replies[r.response_metadata.op_id] = r
           self._arrived.notify_all()
-    except grpc.RpcError:
-      pass
+    except grpc.RpcError as e:
+      self.error = e
 
   def call(self, **kind):
     """Sends one request (kind=lambda body: fill it) and returns the reply."""
@@ -116,6 +124,16 @@ class RawSession:
       body.SetInParent()
       fill(body)
     self._requests.put(req)
+    return self._op_id
+
+  @property
+  def next_op_id(self) -> int:
+    return self._op_id + 1
+
+  def send_raw(self, data: bytes) -> int:
+    """Sends bytes as the next request (they may not even parse)."""
+    self._op_id += 1
+    self._requests.put(data)
     return self._op_id
 
   def wait(self, op_id: int):
@@ -158,10 +176,25 @@ class RawSession:
     """No more requests; replies still arrive until the server ends."""
     self._requests.put(None)
 
+  def ended(self, timeout: float) -> bool:
+    """Whether the server ended the stream within `timeout`."""
+    self._reader.join(timeout)
+    return not self._reader.is_alive()
+
+  def answered(self) -> set[int]:
+    with self._arrived:
+      return set(self._replies)
+
   def close(self) -> None:
     self._requests.put(None)
     self._reader.join(timeout=10)
     self._channel.close()
+
+
+@pytest.fixture
+def raw():
+  """RawSession and Fuzzer, for tests that open their own sessions."""
+  return types.SimpleNamespace(RawSession=RawSession, Fuzzer=fuzz.Fuzzer)
 
 
 @pytest.fixture

@@ -1,0 +1,196 @@
+"""Frames a hostile client sends: random and mutated messages for every
+gRPC method the controller serves, built from jaxlib's own schema.
+
+A Fuzzer is seeded; every frame it makes is reproducible from (seed, index).
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Callable, Iterator
+
+from google.protobuf import descriptor
+
+from jax_pathways import protos
+
+SERVICE = "/xla.ifrt.proxy.GrpcIfrtService/"
+SESSION = SERVICE + "IfrtSession"
+SESSION_METADATA = "ifrt-proxy-grpc-ifrt-session-metadata-bin"
+STORE_METADATA = "ifrt-proxy-grpc-host-buffer-store-metadata-bin"
+TOKEN_KEY = "jax_pathways_token"
+
+# Numbers that break careless code: zero, signs, powers of two at type
+# edges, sizes that overflow when multiplied.
+_INTS = [0, 1, 2, 3, 4, 7, 8, 64, 255, 1 << 16, (1 << 31) - 1, 1 << 31,
+         (1 << 32) - 1, 1 << 40, 1 << 48, (1 << 62), (1 << 63) - 1]
+_FD = descriptor.FieldDescriptor
+
+
+class Fuzzer:
+  """Random IfrtRequests (each kind in turn), metadata and raw bytes."""
+
+  def __init__(self, seed: int, handles: list[int]):
+    self.rng = random.Random(seed)
+    # Handles the fuzzing session really holds, so some requests reach
+    # real arrays and programs rather than failing at the lookup.
+    self.handles = handles
+    request = protos.msg("xla.ifrt.proxy.IfrtRequest")
+    oneof = request.DESCRIPTOR.oneofs_by_name["request"]
+    self.kinds = sorted(f.name for f in oneof.fields)
+
+  # ----------------------------------------------------------- values
+  def _int(self, field: Any) -> int:
+    r = self.rng.random()
+    if r < 0.3 and self.handles:
+      value = self.rng.choice(self.handles)
+    elif r < 0.8:
+      value = self.rng.choice(_INTS)
+    else:
+      value = self.rng.getrandbits(self.rng.choice([3, 8, 16, 32, 63]))
+    signed = field.type in (_FD.TYPE_INT32, _FD.TYPE_INT64, _FD.TYPE_SINT32,
+                            _FD.TYPE_SINT64, _FD.TYPE_SFIXED32,
+                            _FD.TYPE_SFIXED64)
+    if signed and self.rng.random() < 0.2:
+      value = -value
+    bits = 32 if field.type in (_FD.TYPE_INT32, _FD.TYPE_UINT32,
+                                _FD.TYPE_SINT32, _FD.TYPE_FIXED32,
+                                _FD.TYPE_SFIXED32) else 64
+    if signed:
+      half = 1 << (bits - 1)
+      return max(-half, min(half - 1, value))
+    return value % (1 << bits)
+
+  def _bytes(self) -> bytes:
+    n = self.rng.choice([0, 1, 4, 16, 64, 300])
+    return bytes(self.rng.getrandbits(8) for _ in range(n))
+
+  def fill(self, msg: Any, depth: int = 0) -> None:
+    """Random values into some of `msg`'s fields, recursively."""
+    for field in msg.DESCRIPTOR.fields:
+      if self.rng.random() < 0.35 or (field.containing_oneof and
+                                      self.rng.random() < 0.7):
+        continue
+      repeated = field.is_repeated
+      count = self.rng.choice([0, 1, 1, 2, 3, 8]) if repeated else 1
+      for _ in range(count):
+        if field.type == _FD.TYPE_MESSAGE:
+          if depth >= 4 or field.message_type.GetOptions().map_entry:
+            break
+          sub = (getattr(msg, field.name).add() if repeated else
+                 getattr(msg, field.name))
+          sub.SetInParent()
+          self.fill(sub, depth + 1)
+          continue
+        value = self._scalar(field)
+        if repeated:
+          getattr(msg, field.name).append(value)
+        else:
+          setattr(msg, field.name, value)
+
+  def _scalar(self, field: Any) -> Any:
+    if field.type == _FD.TYPE_BOOL:
+      return self.rng.random() < 0.5
+    if field.type in (_FD.TYPE_FLOAT, _FD.TYPE_DOUBLE):
+      return self.rng.choice([0.0, -1.0, 1e300, float("nan"), 0.5])
+    if field.type == _FD.TYPE_STRING:
+      return self.rng.choice(["", "x", "cpu", "device", "\u00e9" * 40,
+                              "xla::ifrt::XlaProgram",
+                              "xla::ifrt::IfrtIRProgram"])
+    if field.type == _FD.TYPE_BYTES:
+      return self._bytes()
+    if field.type == _FD.TYPE_ENUM:
+      values = [v.number for v in field.enum_type.values]
+      return self.rng.choice(values + [max(values) + 1])
+    return self._int(field)
+
+  # ----------------------------------------------------------- frames
+  def request(self, op_id: int) -> tuple[bytes, bool]:
+    """One IfrtRequest of a random kind, and whether it was mutated (then
+    it may not parse, or carry another op_id)."""
+    req = protos.msg("xla.ifrt.proxy.IfrtRequest")()
+    req.request_metadata.op_id = op_id
+    kind = self.rng.choice(self.kinds)
+    body = getattr(req, kind)
+    body.SetInParent()
+    self.fill(body)
+    data = req.SerializeToString()
+    # Rarely: an unparsable request ends the session, and the rest of its
+    # frames would reach nothing.
+    mutated = self.mutate(data, rate=0.01)
+    return mutated, mutated != data
+
+  def mutate(self, data: bytes, rate: float = 0.1) -> bytes:
+    """Flips, cuts or splices bytes in a fraction `rate` of frames."""
+    if not data or self.rng.random() > rate:
+      return data
+    data = bytearray(data)
+    for _ in range(self.rng.randint(1, 4)):
+      op = self.rng.randrange(4)
+      i = self.rng.randrange(len(data)) if data else 0
+      if op == 0 and data:
+        data[i] ^= 1 << self.rng.randrange(8)
+      elif op == 1:
+        del data[i:]
+      elif op == 2:
+        data[i:i] = self._bytes()
+      elif data:
+        data[i] = self.rng.choice([0, 0xff, 0x80, 0x7f])
+    return bytes(data)
+
+  def metadata(self, token: str) -> bytes:
+    """Session metadata: right version and token, or not."""
+    meta = protos.msg("xla.ifrt.proxy.GrpcIfrtSessionMetadata")()
+    if self.rng.random() < 0.3:
+      self.fill(meta)
+    meta.version.protocol_version = self.rng.choice([25, 25, 25, 16, 0, 99])
+    if self.rng.random() < 0.8:
+      meta.initialization_data.attributes[TOKEN_KEY].string_value = (
+          token.encode())
+    return self.mutate(meta.SerializeToString(), 0.2)
+
+  def message(self, name: str) -> bytes:
+    msg = protos.msg(name)()
+    self.fill(msg)
+    return self.mutate(msg.SerializeToString(), 0.3)
+
+  def unary_calls(self, token: str, session_id: int
+                  ) -> Iterator[tuple[str, Callable[[Any], Any]]]:
+    """(what, call(channel)) for the non-session methods, endlessly."""
+    rng = self.rng
+    while True:
+      which = rng.randrange(6)
+      if which == 0:
+        data = self.message("xla.ifrt.proxy.GrpcGetVersionRequest")
+        yield "GetVersion", lambda ch, d=data: ch.unary_unary(
+            SERVICE + "GetVersion")(d, timeout=10)
+      elif which == 1:
+        meta = protos.msg("xla.ifrt.proxy.GrpcHostBufferStoreMetadata")(
+            session_id=rng.choice([session_id, 0, 1, rng.getrandbits(62)]),
+            handle=rng.choice(_INTS),
+            buffer_size=rng.choice([0, 1, 3, 1 << 20, 1 << 44]))
+        chunks = [self.message("xla.ifrt.proxy.GrpcHostBufferStoreRequest")
+                  for _ in range(rng.randrange(3))]
+        md = self.mutate(meta.SerializeToString(), 0.3)
+        yield "HostBufferStore", lambda ch, c=chunks, m=md: ch.stream_unary(
+            SERVICE + "HostBufferStore")(iter(c), timeout=10,
+                                         metadata=[(STORE_METADATA, m)])
+      elif which == 2:
+        data = self.message("xla.ifrt.proxy.GrpcHostBufferLookupRequest")
+        yield "HostBufferLookup", lambda ch, d=data: list(ch.unary_stream(
+            SERVICE + "HostBufferLookup")(d, timeout=10))
+      elif which == 3:
+        data = self.message("xla.ifrt.proxy.GrpcHostBufferDeleteRequest")
+        yield "HostBufferDelete", lambda ch, d=data: ch.unary_unary(
+            SERVICE + "HostBufferDelete")(d, timeout=10)
+      elif which == 4:
+        method = rng.choice(["Status", "Trace", "CheckSlice", "Nope"])
+        data = self._bytes()
+        md = [("jax-pathways-token", rng.choice([token, "", "guess"]))]
+        yield f"Admin/{method}", lambda ch, m=method, d=data, md=md: (
+            ch.unary_unary(f"/jax_pathways.Admin/{m}")(d, timeout=10,
+                                                       metadata=md))
+      else:
+        method = rng.choice([SERVICE + "Nope", "/other.Service/Call",
+                             SERVICE + "HostBufferReadFromDisk"])
+        data = self._bytes()
+        yield method, lambda ch, m=method, d=data: ch.unary_unary(m)(
+            d, timeout=10)
