@@ -3,8 +3,9 @@
 // The socket is connected and authenticated by Python before it is handed
 // over; the Channel owns the fd from then on. Send() may be called from any
 // thread (frames never interleave); Receive() from one reader thread only.
-// Both block with no locks of the caller held and return a Status on EOF or a
-// malformed header, so a dead or confused peer shows up as an error value.
+// Both block with no locks of the caller held and return a Status on EOF, a
+// malformed header or a length this process cannot allocate, so a dead or
+// confused peer shows up as an error value.
 #ifndef JAX_PATHWAYS_CSRC_TRANSPORT_CHANNEL_H_
 #define JAX_PATHWAYS_CSRC_TRANSPORT_CHANNEL_H_
 

@@ -115,7 +115,13 @@ Status Channel::Receive(FrameKind* kind, Bytes* body) {
     return DataLoss("bad frame header (wrong peer or version?)");
   }
   char* w;
-  *body = Bytes::Allocate(h.length, &w);
+  StatusOr<Bytes> buffer = Bytes::TryAllocate(h.length, &w);
+  if (!buffer.ok()) {
+    return Status(buffer.status().code(),
+                  "peer sent a frame of " + std::to_string(h.length) +
+                      " bytes: " + buffer.status().message());
+  }
+  *body = std::move(buffer.value());
   s = ReadFull(fd_, w, h.length);
   if (!s.ok()) return s;
   *kind = static_cast<FrameKind>(h.kind);
