@@ -97,6 +97,49 @@ def test_sends_to_a_worker_that_does_not_read_return_at_once_in_order():
     d.shutdown()
 
 
+def _tcp_pair():
+  server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  server.bind(("127.0.0.1", 0))
+  server.listen(1)
+  client = socket.create_connection(server.getsockname())
+  accepted, _ = server.accept()
+  server.close()
+  return client, accepted
+
+
+@pytest.mark.parametrize("pair", ["unix", "tcp"])
+def test_frames_keep_their_order_while_the_queue_fills_and_drains(pair):
+  """A slow reader: sends alternate between the direct write and the queue."""
+  a, worker = socket.socketpair() if pair == "unix" else _tcp_pair()
+  d = _core.Dispatcher(4)
+  d.add_island(0, a.detach(), "slow")
+  sizes = [(10, 1000, 100_000, 1_500_000)[i % 4] for i in range(120)]
+  got = []
+
+  def read():
+    while len(got) < len(sizes):
+      kind, body = _read_frame(worker)
+      if kind == OP:
+        got.append(body)
+      if len(got) % 8 == 0:
+        time.sleep(0.01)
+
+  reader = threading.Thread(target=read, daemon=True)
+  reader.start()
+  try:
+    worker.settimeout(10)
+    for i, size in enumerate(sizes):
+      _put(d, 1 + i, (b"i%05d" % i, [np.full(size, i % 251, np.uint8)]))
+    reader.join(20)
+    assert not reader.is_alive() and len(got) == len(sizes)
+    for i, (body, size) in enumerate(zip(got, sizes)):
+      assert body.endswith(b"i%05d" % i + bytes([i % 251]) * size)
+    _wait_for(lambda: d.stats()[0]["send_backlog_bytes"] == 0)
+  finally:
+    worker.close()
+    d.shutdown()
+
+
 def test_a_worker_that_does_not_read_does_not_block_submit():
   d, worker = _unread_island()
   upload = np.ones(64 << 10, np.uint8)
