@@ -61,9 +61,19 @@ def _read_frame(sock):
   return kind, _recv(sock, length)
 
 
-def _unread_island():
+def _tcp_pair():
+  server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  server.bind(("127.0.0.1", 0))
+  server.listen(1)
+  client = socket.create_connection(server.getsockname())
+  accepted, _ = server.accept()
+  server.close()
+  return client, accepted
+
+
+def _unread_island(pair="unix"):
   """A dispatcher whose worker socket nobody reads (yet)."""
-  a, b = socket.socketpair()
+  a, b = socket.socketpair() if pair == "unix" else _tcp_pair()
   d = _core.Dispatcher(4)
   d.add_island(0, a.detach(), "frozen")
   return d, b
@@ -95,16 +105,6 @@ def test_sends_to_a_worker_that_does_not_read_return_at_once_in_order():
   finally:
     worker.close()
     d.shutdown()
-
-
-def _tcp_pair():
-  server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-  server.bind(("127.0.0.1", 0))
-  server.listen(1)
-  client = socket.create_connection(server.getsockname())
-  accepted, _ = server.accept()
-  server.close()
-  return client, accepted
 
 
 @pytest.mark.parametrize("pair", ["unix", "tcp"])
@@ -154,8 +154,9 @@ def test_a_worker_that_does_not_read_does_not_block_submit():
     d.shutdown()
 
 
-def test_shutdown_with_a_backlog_does_not_hang():
-  d, worker = _unread_island()
+@pytest.mark.parametrize("pair", ["unix", "tcp"])
+def test_shutdown_with_a_backlog_does_not_hang(pair):
+  d, worker = _unread_island(pair)
   held = [d]
   try:
     _bounded(lambda: _put(d, 1, (b"", [np.ones(32 << 20, np.uint8)])), 10)
@@ -168,8 +169,9 @@ def test_shutdown_with_a_backlog_does_not_hang():
     worker.close()
 
 
-def test_a_worker_gone_with_a_backlog_fails_its_island():
-  d, worker = _unread_island()
+@pytest.mark.parametrize("pair", ["unix", "tcp"])
+def test_a_worker_gone_with_a_backlog_fails_its_island(pair):
+  d, worker = _unread_island(pair)
   try:
     _bounded(lambda: _put(d, 1, (b"", [np.ones(32 << 20, np.uint8)])), 10)
     worker.close()  # the writer's sendmsg fails; the reader sees EOF
