@@ -62,10 +62,11 @@ struct Channel::Batch {
       : frames(std::move(f)), owner(std::move(o)) {
     headers.reserve(frames.size());
     iov.reserve(frames.size() * 4);
-    for (const Frame& f : frames) {
-      size_t size = f.head.size() + f.body.size();
-      for (std::string_view t : f.tails) size += t.size();
-      headers.push_back(Header{kMagic, static_cast<uint32_t>(f.kind), size});
+    for (const Frame& frame : frames) {
+      size_t size = frame.head.size() + frame.body.size();
+      for (std::string_view t : frame.tails) size += t.size();
+      headers.push_back(
+          Header{kMagic, static_cast<uint32_t>(frame.kind), size});
       left += sizeof(Header) + size;
     }
     auto add = [this](const void* data, size_t size) {
