@@ -49,6 +49,8 @@ def _print_status(s: dict[str, Any]) -> None:
           f"{memory:>15}  "
           f"{i['worker']}" +
           ("  (reads uploads locally)" if i.get("reads_locally") else "") +
+          (f"  {i['send_backlog_bytes'] / 2**20:.1f} MiB not yet read by the "
+           "worker" if i.get("send_backlog_bytes") else "") +
           (f"  ERROR: {i['error']}" if i["error"] else ""))
   print(f"clients: {len(s['clients'])}")
   for c in s["clients"]:

@@ -2,11 +2,14 @@
 
 #include <sys/mman.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <new>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace jax_pathways {
@@ -58,14 +61,28 @@ class MappingPool {
   size_t cap_ = 0;
 };
 
+Status CannotAllocate(size_t n) {
+  return Status(Code::kResourceExhausted,
+                "cannot allocate " + std::to_string(n) + " bytes");
+}
+
 }  // namespace
 
 Bytes Bytes::Allocate(size_t n, char** writable) {
+  StatusOr<Bytes> out = TryAllocate(n, writable);
+  if (!out.ok()) throw std::bad_alloc();
+  return std::move(out.value());
+}
+
+StatusOr<Bytes> Bytes::TryAllocate(size_t n, char** writable) {
   Bytes out;
   out.size_ = n;
   if (n == 0) {
     *writable = nullptr;
     return out;
+  }
+  if (n > SIZE_MAX - kHugePage) {  // rounding up to pages would wrap
+    return CannotAllocate(n);
   }
   char* p = nullptr;
   if (n >= kHugePage / 2) {
@@ -90,7 +107,11 @@ Bytes Bytes::Allocate(size_t n, char** writable) {
   if (p == nullptr) {
     // 64-byte aligned like the mappings, so aligned payload offsets are
     // aligned addresses too.
-    p = static_cast<char*>(::operator new(n, std::align_val_t{64}));
+    p = static_cast<char*>(
+        ::operator new(n, std::align_val_t{64}, std::nothrow));
+    if (p == nullptr) {
+      return CannotAllocate(n);
+    }
     out.storage_ = std::shared_ptr<const char>(p, [](const char* q) {
       ::operator delete(const_cast<char*>(q), std::align_val_t{64});
     });

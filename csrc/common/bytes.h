@@ -13,6 +13,8 @@
 #include <memory>
 #include <string_view>
 
+#include "common/status.h"
+
 namespace jax_pathways {
 
 class Bytes {
@@ -21,6 +23,9 @@ class Bytes {
 
   // `n` uninitialized bytes, writable through `*writable` until shared.
   static Bytes Allocate(size_t n, char** writable);
+  // As Allocate(), but a size this process cannot have (one a peer
+  // announced, say) is ResourceExhausted instead of std::bad_alloc.
+  static StatusOr<Bytes> TryAllocate(size_t n, char** writable);
   static Bytes Copy(std::string_view s);
 
   // A view of [offset, offset + n) that keeps the whole buffer alive.

@@ -57,8 +57,10 @@ Status Dispatcher::AddIsland(IslandId island, int fd, std::string name,
   islands_.emplace(island, std::move(owned));
   if (raw->channel->IsLocal()) {
     // The reader thread takes the answer; until then tails are sent.
-    raw->channel->Send(FrameKind::kReadProbe,
-                       EncodeLocation(kReadProbePattern));
+    std::vector<Channel::Frame> probe;
+    probe.push_back(Channel::Frame{FrameKind::kReadProbe,
+                                   EncodeLocation(kReadProbePattern), {}});
+    raw->channel->SendMany(std::move(probe), nullptr);
   }
   raw->reader = std::thread([this, raw] {
     NameThisThread("jp-island" + std::to_string(raw->id));
@@ -316,17 +318,19 @@ void Dispatcher::Flush(Outbox outbox, std::vector<Completion> done) {
 }
 
 void Dispatcher::SendNow(Outbox outbox) {
-  // One batch per channel, in order.
+  // One batch per channel, in order. The channel may write it later (a
+  // worker that does not read): the batch's ops own the bytes its frames
+  // point to until then.
   size_t i = 0;
   while (i < outbox.size()) {
     std::shared_ptr<Channel> channel = outbox[i].channel;
+    auto ops = std::make_shared<std::vector<Op>>();
     std::vector<Channel::Frame> frames;
-    size_t j = i;
-    for (; j < outbox.size() && outbox[j].channel == channel; ++j) {
-      const Op& op = outbox[j].op;
+    for (; i < outbox.size() && outbox[i].channel == channel; ++i) {
+      const Op& op = ops->emplace_back(std::move(outbox[i].op));
       std::vector<std::string_view> tails;
       for (const Bytes& t : op.payload_tails) tails.push_back(t.view());
-      if (outbox[j].lend_tails) {
+      if (outbox[i].lend_tails) {
         frames.push_back(Channel::Frame{
             FrameKind::kOpLocal, EncodeLocations(tails) + EncodeOpHead(op),
             op.payload.view()});
@@ -335,10 +339,9 @@ void Dispatcher::SendNow(Outbox outbox) {
                                         op.payload.view(), std::move(tails)});
       }
     }
-    // A failed send means the worker is gone; its reader thread sees the
-    // same broken connection and fails the island's ops.
-    if (!channel->SendMany(frames).ok()) channel->Shutdown();
-    i = j;
+    // A failed write closes the channel: its reader thread sees the broken
+    // connection and fails the island's ops.
+    channel->SendMany(std::move(frames), std::move(ops));
   }
 }
 
@@ -540,6 +543,7 @@ std::vector<IslandStats> Dispatcher::Stats() {
     s.finished = island->finished;
     s.reads_locally = island->reads_locally;
     s.lent = island->lent.size();
+    s.send_backlog_bytes = island->channel->backlog_bytes();
     out.push_back(std::move(s));
   }
   return out;

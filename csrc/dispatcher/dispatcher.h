@@ -57,6 +57,9 @@ struct IslandStats {
   int64_t memory_capacity = 0;  // 0: not tracked
   bool reads_locally = false;   // uploads are lent, not sent (same host)
   size_t lent = 0;              // lent uploads the worker has not finished
+  // Bytes sent to the worker that its socket has not taken yet: large and
+  // not shrinking while the worker does not read.
+  size_t send_backlog_bytes = 0;
 };
 
 class Dispatcher {

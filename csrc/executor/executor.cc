@@ -5,6 +5,7 @@
 #include "transport/wire.h"
 
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -73,10 +74,18 @@ Status Executor::ReadLentTails(Bytes* body) {
   std::vector<Location> tails;
   if (!DecodeLocations(&frame, &tails)) return DataLoss("malformed op frame");
   size_t size = frame.size();
-  for (const Location& t : tails) size += t.size;
+  for (const Location& t : tails) {
+    if (t.size > SIZE_MAX - size) return DataLoss("malformed op frame");
+    size += t.size;
+  }
   // The op frame, then the tails right after it: one payload, as if sent.
   char* w;
-  Bytes whole = Bytes::Allocate(size, &w);
+  StatusOr<Bytes> buffer = Bytes::TryAllocate(size, &w);
+  if (!buffer.ok()) {
+    return Status(buffer.status().code(),
+                  "an op's uploads: " + buffer.status().message());
+  }
+  Bytes whole = std::move(buffer.value());
   std::memcpy(w, frame.data(), frame.size());
   w += frame.size();
   for (const Location& t : tails) {

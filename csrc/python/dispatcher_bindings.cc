@@ -163,6 +163,7 @@ void RegisterDispatcher(py::module_& m) {
                row["memory_capacity"] = s.memory_capacity;
                row["reads_locally"] = s.reads_locally;
                row["lent"] = s.lent;
+               row["send_backlog_bytes"] = s.send_backlog_bytes;
                out.append(row);
              }
              return out;

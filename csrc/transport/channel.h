@@ -1,17 +1,37 @@
 // Channel: length-prefixed frames over a connected stream socket.
 //
 // The socket is connected and authenticated by Python before it is handed
-// over; the Channel owns the fd from then on. Send() may be called from any
-// thread (frames never interleave); Receive() from one reader thread only.
-// Both block with no locks of the caller held and return a Status on EOF or a
-// malformed header, so a dead or confused peer shows up as an error value.
+// over; the Channel owns the fd from then on.
+//
+// Sending never blocks on the peer in SendMany(): it writes what the socket
+// takes at once (MSG_DONTWAIT; with room, one sendmsg and no thread hop) and
+// queues the rest, which the channel's writer thread writes in order. Once
+// anything is queued, later frames go behind it, so frames leave in the order
+// their SendMany() calls took the channel. A peer that stops reading (a
+// frozen worker) thus costs memory, shown by backlog_bytes(), and never a
+// caller's thread. Send() instead returns only once the kernel has its frame
+// (behind the queue): its bytes are the caller's, lent for the call.
+//
+// A write error, on any thread, closes the channel both ways: the reader then
+// sees the broken connection, and later sends fail. Receive() returns a
+// Status on EOF, a malformed header or a length this process cannot
+// allocate, so a dead or confused peer shows up as an error value.
+//
+// Thread safety: Send*() and backlog_bytes() from any thread (frames never
+// interleave); Receive() from one reader thread only; Shutdown() from any
+// thread. An `owner` is dropped on the writer thread, so it must not own the
+// Channel (the writer cannot join itself).
 #ifndef JAX_PATHWAYS_CSRC_TRANSPORT_CHANNEL_H_
 #define JAX_PATHWAYS_CSRC_TRANSPORT_CHANNEL_H_
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "common/bytes.h"
@@ -40,34 +60,61 @@ enum class FrameKind : uint32_t {
 class Channel {
  public:
   explicit Channel(int fd);
+  // Shutdown(), then closes the fd.
   ~Channel();
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
 
-  // Writes one frame whose body is `head` followed by `body`.
+  // Writes one frame whose body is `head` followed by `body`; returns once
+  // the kernel has all of it.
   Status Send(FrameKind kind, std::string_view head, std::string_view body);
   Status Send(FrameKind kind, std::string_view body) {
     return Send(kind, body, {});
   }
-  // Writes several frames (head + body + tails each) with as few syscalls
-  // as the kernel allows; frames never interleave with other senders'.
+  // Several frames (head + body + tails each), with as few syscalls as the
+  // kernel allows; never blocks. `owner` keeps every body and tail alive
+  // until written (null if they are empty or static); heads are moved in.
+  // Fails only if the channel is closed or the first write fails.
   struct Frame {
     FrameKind kind;
     std::string head;
     std::string_view body;
     std::vector<std::string_view> tails = {};
   };
-  Status SendMany(const std::vector<Frame>& frames);
+  Status SendMany(std::vector<Frame> frames,
+                  std::shared_ptr<const void> owner);
+  // Bytes accepted by SendMany()/Send() and not yet taken by the kernel.
+  size_t backlog_bytes();
   // Reads one whole frame into a fresh buffer.
   Status Receive(FrameKind* kind, Bytes* body);
-  // Unblocks a pending Receive() and makes later calls fail.
+  // Unblocks a pending Receive(), stops and joins the writer, drops what is
+  // queued and makes later calls fail. Idempotent.
   void Shutdown();
   // Whether the peer is on this host (a Unix socket).
   bool IsLocal() const;
 
  private:
+  struct Batch;  // frames being sent, with their iovecs and owner
+  // Queues `batch` unless the socket takes all of it now; returns its ticket
+  // (0: written already). Requires mu_.
+  StatusOr<uint64_t> WriteOrQueue(std::unique_ptr<Batch> batch);
+  void WriteLoop();
+  // Require mu_. Makes later sends fail with `why` and shuts the socket down
+  // (waking the reader and a blocked writer).
+  void CloseLocked(const Status& why);
+  // Empties the queue, for the caller to destroy without mu_.
+  std::deque<std::unique_ptr<Batch>> DropQueueLocked();
+
   const int fd_;
-  std::mutex send_mu_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  Status closed_;  // why sends fail; OK while open
+  std::deque<std::unique_ptr<Batch>> queue_;  // behind the one being written
+  bool writing_ = false;   // the writer holds a batch outside queue_
+  size_t backlog_ = 0;     // unwritten bytes of queue_ and the writer's batch
+  uint64_t queued_ = 0;    // tickets handed out (batches ever queued)
+  uint64_t finished_ = 0;  // batches written, in ticket order
+  std::thread writer_;     // started when a batch is first queued
 };
 
 }  // namespace jax_pathways

@@ -12,6 +12,8 @@
 
 #include "transport/channel.h"
 
+#include "common/thread_name.h"
+
 namespace jax_pathways {
 namespace {
 
@@ -25,8 +27,8 @@ struct Header {
   uint64_t length;
 };
 
-Status Errno(const char* what) {
-  return Unavailable(std::string(what) + ": " + std::strerror(errno));
+Status Errno(const char* what, int err) {
+  return Unavailable(std::string(what) + ": " + std::strerror(err));
 }
 
 Status ReadFull(int fd, char* p, size_t n) {
@@ -35,7 +37,7 @@ Status ReadFull(int fd, char* p, size_t n) {
     if (got == 0) return Unavailable("connection closed by peer");
     if (got < 0) {
       if (errno == EINTR) continue;
-      return Errno("recv");
+      return Errno("recv", errno);
     }
     p += got;
     n -= static_cast<size_t>(got);
@@ -44,6 +46,61 @@ Status ReadFull(int fd, char* p, size_t n) {
 }
 
 }  // namespace
+
+// Frames with their iovecs, on the heap from the start: the iovecs point
+// into `headers` and into the heads (maybe inline in a std::string), whose
+// storage never moves while the batch lives.
+struct Channel::Batch {
+  std::vector<Frame> frames;
+  std::vector<Header> headers;
+  std::vector<iovec> iov;
+  size_t next = 0;  // first iovec with bytes left
+  size_t left = 0;  // bytes left
+  std::shared_ptr<const void> owner;
+
+  Batch(std::vector<Frame> f, std::shared_ptr<const void> o)
+      : frames(std::move(f)), owner(std::move(o)) {
+    headers.reserve(frames.size());
+    iov.reserve(frames.size() * 4);
+    for (const Frame& frame : frames) {
+      size_t size = frame.head.size() + frame.body.size();
+      for (std::string_view t : frame.tails) size += t.size();
+      headers.push_back(
+          Header{kMagic, static_cast<uint32_t>(frame.kind), size});
+      left += sizeof(Header) + size;
+    }
+    auto add = [this](const void* data, size_t size) {
+      if (size > 0) iov.push_back({const_cast<void*>(data), size});
+    };
+    for (size_t i = 0; i < frames.size(); ++i) {
+      add(&headers[i], sizeof(Header));
+      add(frames[i].head.data(), frames[i].head.size());
+      add(frames[i].body.data(), frames[i].body.size());
+      for (std::string_view t : frames[i].tails) add(t.data(), t.size());
+    }
+  }
+
+  // One sendmsg of what is left: the bytes written, or -1 with errno.
+  ssize_t WriteSome(int fd, int flags) {
+    constexpr size_t kMaxIov = 512;  // below IOV_MAX
+    msghdr msg{};
+    msg.msg_iov = iov.data() + next;
+    msg.msg_iovlen = std::min(kMaxIov, iov.size() - next);
+    ssize_t sent = ::sendmsg(fd, &msg, flags | MSG_NOSIGNAL);
+    if (sent <= 0) return sent;
+    left -= static_cast<size_t>(sent);
+    size_t rest = static_cast<size_t>(sent);
+    while (next < iov.size() && rest >= iov[next].iov_len) {
+      rest -= iov[next].iov_len;
+      ++next;
+    }
+    if (next < iov.size()) {
+      iov[next].iov_base = static_cast<char*>(iov[next].iov_base) + rest;
+      iov[next].iov_len -= rest;
+    }
+    return sent;
+  }
+};
 
 Channel::Channel(int fd) : fd_(fd) {
   int one = 1;
@@ -58,53 +115,108 @@ Channel::~Channel() {
 
 Status Channel::Send(FrameKind kind, std::string_view head,
                      std::string_view body) {
-  return SendMany({Frame{kind, std::string(head), body}});
+  std::vector<Frame> frames;
+  frames.push_back(Frame{kind, std::string(head), body});
+  std::unique_lock<std::mutex> lock(mu_);
+  StatusOr<uint64_t> ticket =
+      WriteOrQueue(std::make_unique<Batch>(std::move(frames), nullptr));
+  if (!ticket.ok() || ticket.value() == 0) return ticket.status();
+  // `body` is the caller's: wait until it is written or no longer touched.
+  uint64_t t = ticket.value();
+  cv_.wait(lock, [&] {
+    return finished_ >= t || (!closed_.ok() && !writing_);
+  });
+  return finished_ >= t ? Status::Ok() : closed_;
 }
 
-Status Channel::SendMany(const std::vector<Frame>& frames) {
-  std::vector<Header> headers;
-  headers.reserve(frames.size());
-  std::vector<iovec> iov;
-  iov.reserve(frames.size() * 4);
-  for (const Frame& f : frames) {
-    size_t size = f.head.size() + f.body.size();
-    for (std::string_view t : f.tails) size += t.size();
-    headers.push_back(Header{kMagic, static_cast<uint32_t>(f.kind), size});
-  }
-  auto add = [&iov](std::string_view part) {
-    if (!part.empty()) {
-      iov.push_back({const_cast<char*>(part.data()), part.size()});
-    }
-  };
-  for (size_t i = 0; i < frames.size(); ++i) {
-    iov.push_back({&headers[i], sizeof(Header)});
-    add(frames[i].head);
-    add(frames[i].body);
-    for (std::string_view part : frames[i].tails) add(part);
-  }
-  constexpr size_t kMaxIov = 512;  // below IOV_MAX
-  size_t idx = 0;
-  std::lock_guard<std::mutex> lock(send_mu_);
-  while (idx < iov.size()) {
-    msghdr msg{};
-    msg.msg_iov = iov.data() + idx;
-    msg.msg_iovlen = std::min(kMaxIov, iov.size() - idx);
-    ssize_t sent = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
-    if (sent < 0) {
+Status Channel::SendMany(std::vector<Frame> frames,
+                         std::shared_ptr<const void> owner) {
+  auto batch = std::make_unique<Batch>(std::move(frames), std::move(owner));
+  std::lock_guard<std::mutex> lock(mu_);
+  return WriteOrQueue(std::move(batch)).status();
+}
+
+StatusOr<uint64_t> Channel::WriteOrQueue(std::unique_ptr<Batch> batch) {
+  if (!closed_.ok()) return closed_;
+  if (!writing_ && queue_.empty()) {
+    while (batch->left > 0) {
+      if (batch->WriteSome(fd_, MSG_DONTWAIT) >= 0) continue;
       if (errno == EINTR) continue;
-      return Errno("send");
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      Status error = Errno("send", errno);
+      CloseLocked(error);
+      return error;
     }
-    size_t left = static_cast<size_t>(sent);
-    while (idx < iov.size() && left >= iov[idx].iov_len) {
-      left -= iov[idx].iov_len;
-      ++idx;
-    }
-    if (idx < iov.size()) {
-      iov[idx].iov_base = static_cast<char*>(iov[idx].iov_base) + left;
-      iov[idx].iov_len -= left;
-    }
+    if (batch->left == 0) return uint64_t{0};
   }
-  return Status::Ok();
+  backlog_ += batch->left;
+  queue_.push_back(std::move(batch));
+  // Started on first need: most channels never fill their socket, and one
+  // that did (a large upload each step) will again, so it stays.
+  if (!writer_.joinable()) {
+    writer_ = std::thread([this] {
+      NameThisThread("jp-send");
+      WriteLoop();
+    });
+  }
+  cv_.notify_all();
+  return ++queued_;
+}
+
+void Channel::WriteLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [this] { return !closed_.ok() || !queue_.empty(); });
+    if (!closed_.ok()) return;
+    std::unique_ptr<Batch> batch = std::move(queue_.front());
+    queue_.pop_front();
+    writing_ = true;
+    Status error;
+    while (batch->left > 0 && error.ok()) {
+      lock.unlock();
+      ssize_t sent = batch->WriteSome(fd_, 0);  // blocks while the peer waits
+      int err = errno;
+      lock.lock();
+      if (sent >= 0) {
+        backlog_ -= static_cast<size_t>(sent);
+      } else if (err != EINTR) {
+        error = Errno("send", err);
+      }
+    }
+    writing_ = false;
+    std::deque<std::unique_ptr<Batch>> dropped;
+    if (error.ok()) {
+      ++finished_;
+    } else {
+      // The peer is gone or we were shut down: the reader sees it too.
+      CloseLocked(error);
+      backlog_ -= batch->left;
+      dropped = DropQueueLocked();
+    }
+    cv_.notify_all();
+    lock.unlock();
+    batch.reset();  // owners may free large buffers: not under mu_
+    dropped.clear();
+    lock.lock();
+  }
+}
+
+void Channel::CloseLocked(const Status& why) {
+  if (closed_.ok()) closed_ = why;
+  ::shutdown(fd_, SHUT_RDWR);
+  cv_.notify_all();
+}
+
+std::deque<std::unique_ptr<Channel::Batch>> Channel::DropQueueLocked() {
+  std::deque<std::unique_ptr<Batch>> dropped;
+  dropped.swap(queue_);
+  for (const auto& b : dropped) backlog_ -= b->left;
+  return dropped;
+}
+
+size_t Channel::backlog_bytes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return backlog_;
 }
 
 Status Channel::Receive(FrameKind* kind, Bytes* body) {
@@ -115,14 +227,31 @@ Status Channel::Receive(FrameKind* kind, Bytes* body) {
     return DataLoss("bad frame header (wrong peer or version?)");
   }
   char* w;
-  *body = Bytes::Allocate(h.length, &w);
+  StatusOr<Bytes> buffer = Bytes::TryAllocate(h.length, &w);
+  if (!buffer.ok()) {
+    return Status(buffer.status().code(),
+                  "peer sent a frame of " + std::to_string(h.length) +
+                      " bytes: " + buffer.status().message());
+  }
+  *body = std::move(buffer.value());
   s = ReadFull(fd_, w, h.length);
   if (!s.ok()) return s;
   *kind = static_cast<FrameKind>(h.kind);
   return Status::Ok();
 }
 
-void Channel::Shutdown() { ::shutdown(fd_, SHUT_RDWR); }
+void Channel::Shutdown() {
+  std::thread writer;
+  std::deque<std::unique_ptr<Batch>> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    CloseLocked(Unavailable("channel shut down"));
+    dropped = DropQueueLocked();
+    writer.swap(writer_);
+  }
+  // The shut-down socket fails the writer's blocked sendmsg at once.
+  if (writer.joinable()) writer.join();
+}
 
 bool Channel::IsLocal() const {
   sockaddr_storage addr;
