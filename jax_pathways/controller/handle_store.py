@@ -59,6 +59,10 @@ class HandleStore(Generic[T]):
     with self._lock:
       return len(self._items)
 
+  def __contains__(self, handle: object) -> bool:
+    with self._lock:
+      return handle in self._items
+
   def values(self) -> Iterator[T]:
     with self._lock:
       return iter(list(self._items.values()))

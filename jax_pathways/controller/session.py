@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from absl import logging
 
-from jax_pathways import protos
+from jax_pathways import protos, validation
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.compile_cache import CompileCache
 from jax_pathways.controller.handle_store import HandleStore, ServerHandles
@@ -163,6 +163,16 @@ class Session:
       logging.vlog(1, "client %d op %d: %s %s", self.number, op_id, kind,
                    str(body).replace("\n", " ")[:500])
     handler = self._handlers.get(kind)
+    results = self._result_handles.get(kind)
+    try:
+      if results is not None:
+        # Before anything else: a failure here must not poison (replace)
+        # the live arrays those handles name.
+        validation.check_new_handles([h for h in results(body) if h],
+                                     self.arrays, kind)
+    except StatusError as e:
+      reply.error(e.status)
+      return
     try:
       if handler is None:
         raise StatusError(Code.UNIMPLEMENTED,

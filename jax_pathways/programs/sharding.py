@@ -55,6 +55,27 @@ class Sharding:
     tiles = list(op.tile_assignment_dimensions)[:len(shape)]
     return tuple(math.ceil(d / t) for d, t in zip(shape, tiles))
 
+  def check(self, rank: int, field: str) -> None:
+    """Fits an array of `rank` dimensions: distinct devices, and tiles (if
+    any) that cover every dimension and number exactly those devices."""
+    if len(set(self.devices)) != len(self.devices):
+      raise invalid_argument(f"{field}: sharding names a device more than "
+                             f"once: {list(self.devices)}")
+    if self.op_sharding is None:
+      return
+    op = protos.msg("xla.OpSharding").FromString(self.op_sharding)
+    if op.type != _TILED:
+      return
+    tiles = list(op.tile_assignment_dimensions)
+    n = len(self.devices)
+    if (len(tiles) < rank or any(t < 1 for t in tiles) or
+        math.prod(tiles) != n or
+        any(not 0 <= d < n for d in op.tile_assignment_devices)):
+      raise invalid_argument(
+          f"{field}: tile assignment {tiles} (devices "
+          f"{list(op.tile_assignment_devices)}) does not tile a rank-{rank} "
+          f"array over the sharding's {n} devices")
+
   def worker_spec(self, topology: Topology) -> dict[str, Any]:
     """The form a worker builds a jax sharding from (Topology.device_refs)."""
     return {

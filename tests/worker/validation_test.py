@@ -1,0 +1,71 @@
+"""The worker checks again what it maps into memory: hostile payloads fail
+their op with a clear error and never reach numpy or PJRT unchecked."""
+import jax
+import numpy as np
+import pytest
+
+from jax_pathways.status import Code, StatusError
+from jax_pathways.worker.pjrt_backend import PjrtBackend, Program, host_view
+
+DATA = np.arange(16, dtype=np.float32)
+
+
+@pytest.mark.parametrize("shape,strides,words", [
+    ([4, 4], [8, 1 << 40], "beyond the 64-byte host buffer"),
+    ([1024], [4], "beyond the 64-byte host buffer"),
+    ([1024], None, "needs 4096 bytes but the host buffer has 64"),
+    ([4, 4], [-16, 4], "before the start"),
+    ([4, 4], [4], "rank 2"),
+    ([-4, -4], None, "negative dimension"),
+    ([1 << 40, 1 << 40], None, "larger than"),
+])
+def test_put_of_a_hostile_payload_is_refused(shape, strides, words):
+  with pytest.raises(StatusError) as e:
+    host_view(memoryview(DATA.tobytes()), "float32", shape, strides)
+  assert e.value.status.code == Code.INVALID_ARGUMENT
+  assert words in e.value.status.message
+
+
+def test_put_with_legal_strides_is_a_view():
+  payload = DATA.tobytes()
+  view = host_view(memoryview(payload), "float32", [4, 4], [4, 16])
+  np.testing.assert_array_equal(view, DATA.reshape(4, 4).T)
+
+
+@pytest.mark.parametrize("strides", [[0, 0], [1 << 40, 4], [4], [12, 8]])
+def test_fetch_with_hostile_strides_is_refused(cpu_devices, strides):
+  array = jax.device_put(DATA[:6].reshape(2, 3), cpu_devices[0])
+  with pytest.raises(StatusError) as e:
+    PjrtBackend.to_host(array, strides)
+  assert e.value.status.code == Code.INVALID_ARGUMENT
+  assert "FETCH: byte_strides" in e.value.status.message
+
+
+def test_fetch_with_dense_strides(cpu_devices):
+  array = jax.device_put(DATA[:6].reshape(2, 3), cpu_devices[0])
+  got = PjrtBackend.to_host(array, [4, 8]).view(np.float32)
+  np.testing.assert_array_equal(got, DATA[:6].reshape(2, 3).T.reshape(-1))
+
+
+def test_launch_with_the_wrong_arguments_is_refused(cpu_devices):
+  """Checked before PJRT sees them: 0 arguments for a 2-device program
+  crashed the worker."""
+  program = Program(None, None, tuple(cpu_devices[:2]), [], {
+      "name": "f", "parameters": [{"shape": [8], "dtype": "float32"}]})
+  # Nothing before the checks needs the backend's devices or clients.
+  backend = PjrtBackend.__new__(PjrtBackend)
+  sharding = jax.sharding.NamedSharding(
+      jax.sharding.Mesh(np.array(cpu_devices[:2]), ("x",)),
+      jax.sharding.PartitionSpec("x"))
+  cases = [
+      ([], "takes 1 arguments, not 0"),
+      ([jax.device_put(np.zeros(4, np.float32), sharding)],
+       "argument 0 is float32[4]"),
+      ([jax.device_put(np.zeros(8, np.int32), sharding)],
+       "argument 0 is int32[8]"),
+      ([jax.device_put(np.zeros(8, np.float32), cpu_devices[0])],
+       "on 1 devices, the program runs on 2"),
+  ]
+  for args, words in cases:
+    with pytest.raises(ValueError, match=words.replace("[", r"\[")):
+      backend.execute(program, args)
