@@ -61,6 +61,10 @@ class CompiledProgram:
         for p in metadata["parameters"]]
     self.num_parameters = len(self.parameters)
     self._device_set = frozenset(devices)
+    shardings = self.parameter_shardings or []
+    self._argument_shardings: list[sharding_lib.Sharding | None] = (
+        list(shardings) if len(shardings) == self.num_parameters
+        else [None] * self.num_parameters)
     self._output_bytes: dict[int, list[int]] | None = None
 
   def check_argument(self, i: int, array: Array) -> None:
@@ -69,7 +73,8 @@ class CompiledProgram:
           f"argument {i} lives on islands {[x.id for x in array.islands]} "
           f"but the program runs on islands {[x.id for x in self.islands]}; "
           "move it with jax.device_put first")
-    validation.check_argument(i, array, self.parameters[i], self._device_set)
+    validation.check_argument(i, array, self._device_set, self.parameters[i],
+                              self._argument_shardings[i])
 
   def launch(self, services: Services, args: Sequence[Array],
              results: Sequence[int], on_done: OnDone | None) -> None:

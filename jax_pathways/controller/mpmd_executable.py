@@ -155,8 +155,8 @@ class MpmdExecutable:
           f"on devices {list(expected.devices)}; put it there with "
           "jax.device_put first")
     value = self.program.values[self.program.inputs[i]]
-    validation.check_argument(i, array, (value.shape, value.dtype),
-                              frozenset(expected.devices))
+    validation.check_argument(i, array, frozenset(expected.devices),
+                              (value.shape, value.dtype), expected)
 
   def launch(self, services: Services, args: Sequence[Array],
              results: Sequence[int], on_done: OnDone | None) -> None:

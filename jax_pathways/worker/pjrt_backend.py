@@ -77,20 +77,23 @@ def np_dtype(name: str) -> np.dtype:
   return np.dtype(jax.numpy.dtype(name))
 
 
+# A parameter as execute() checks it: global shape, dtype, and the shape of
+# each shard (None where unknown); None for a parameter not checked.
+Parameter = tuple[tuple[int, ...], np.dtype, tuple[int, ...] | None] | None
+
+
 class Program:
   """A compiled program and what is needed to run it fast."""
 
   def __init__(self, executable: Any, client: Any, devices: tuple[Any, ...],
-               out_handlers: list[Any], metadata: dict[str, Any]):
+               out_handlers: list[Any], metadata: dict[str, Any],
+               parameters: list[Parameter]):
     self.executable = executable
     self.client = client
     self.devices = devices
     self.out_handlers = out_handlers
     self.metadata = metadata
-    # What execute() checks its arguments against (None: not checked).
-    self.parameters: list[tuple[tuple[int, ...], np.dtype] | None] = [
-        None if p is None else (tuple(p["shape"]), np_dtype(p["dtype"]))
-        for p in metadata["parameters"]]
+    self.parameters = parameters
 
 
 class Execution:
@@ -253,14 +256,17 @@ class PjrtBackend:
                                               _skip_checks=True))
     metadata = self._metadata(runner, outputs)
     metadata["donated_input_indices"] = donated
-    # Per-replica shapes under pmap (replicas > 1): only their count holds.
+    if replicas > 1:  # @main has per-replica shapes: only the count holds
+      parameters = [None] * len(parameters)
     metadata["parameters"] = [
-        None if p is None or replicas > 1 else
-        {"shape": list(p[0]), "dtype": p[1]} for p in parameters]
+        None if p is None else {"shape": list(p[0]), "dtype": p[1]}
+        for p in parameters]
     # What the client sees of a rank-ordered program is the program it sent.
     for field in ("output_shardings", "parameter_shardings"):
       metadata[field] = self._shardings(getattr(executable, f"get_{field}")())
-    prog = Program(runner, client, devices, handlers, metadata)
+    prog = Program(runner, client, devices, handlers, metadata,
+                   _parameters(parameters, devices,
+                               executable.get_parameter_shardings()))
     self._cache[key] = prog
     return prog
 
@@ -299,14 +305,22 @@ class PjrtBackend:
       raise ValueError(f"{program.metadata['name']} takes "
                        f"{len(program.parameters)} arguments, not {len(args)}")
     for i, (a, p) in enumerate(zip(args, program.parameters)):
-      if p is not None and (a.shape, a.dtype) != p:
-        raise ValueError(f"{program.metadata['name']}: argument {i} is "
-                         f"{a.dtype}{list(a.shape)}, the program takes "
-                         f"{p[1]}{list(p[0])}")
       if len(a.sharding.device_set) != len(program.devices):
         raise ValueError(f"{program.metadata['name']}: argument {i} is on "
                          f"{len(a.sharding.device_set)} devices, the "
                          f"program runs on {len(program.devices)}")
+      if p is None:
+        continue
+      shape, dtype, shard_shape = p
+      if (a.shape, a.dtype) != (shape, dtype):
+        raise ValueError(f"{program.metadata['name']}: argument {i} is "
+                         f"{a.dtype}{list(a.shape)}, the program takes "
+                         f"{dtype}{list(shape)}")
+      got = _shard_shape(a.sharding, shape)
+      if shard_shape is not None and got != shard_shape:
+        raise ValueError(f"{program.metadata['name']}: argument {i} comes "
+                         f"in shards of {got}, the program takes shards of "
+                         f"{shard_shape}")
     args = [self.on_client(a, program.client) for a in args]
     results = program.executable.execute_sharded(args, with_tokens=True)
     done = results.consume_token()
@@ -506,6 +520,34 @@ def _mlir_dtype(element_type: Any) -> str:
   if name not in _MLIR_DTYPES:
     raise ValueError(f"unsupported result element type {name}")
   return _MLIR_DTYPES[name]
+
+
+def _shard_shape(sharding: jax.sharding.Sharding, shape: tuple[int, ...]
+                 ) -> tuple[int, ...] | None:
+  try:
+    return tuple(sharding.shard_shape(shape))
+  except ValueError:  # unevenly sharded: PJRT's own checks apply
+    return None
+
+
+def _parameters(parameters: list[tuple[tuple[int, ...], str] | None],
+                devices: tuple[Any, ...], shardings: list[Any] | None
+                ) -> list[Parameter]:
+  """What execute() checks, from @main's signature (None: unchecked) and
+  the compiled parameter shardings (xla.OpSharding, where reported)."""
+  if shardings is not None and len(shardings) != len(parameters):
+    shardings = None
+  out: list[Parameter] = []
+  for i, p in enumerate(parameters):
+    if p is None:
+      out.append(None)
+      continue
+    shard_shape = None
+    if shardings is not None:
+      shard_shape = _shard_shape(
+          sharding_impls.GSPMDSharding(devices, shardings[i]), p[0])
+    out.append((p[0], np_dtype(p[1]), shard_shape))
+  return out
 
 
 def _tensor_type(t: Any) -> tuple[tuple[int, ...], str] | None:

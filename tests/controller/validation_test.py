@@ -287,6 +287,11 @@ def test_execute_arguments_must_fit_the_program(client, cpu_devices,
   _, elsewhere = client.upload(data.tobytes(), [8], devices=(2,))
   _assert_rejected(_execute(client, exe, [elsewhere]), "devices [2]")
 
+  # The program's devices, but not its tiling: each device holds 8, not 4.
+  _, replicated = client.upload(data.tobytes(), [8], devices=(0, 1))
+  _assert_rejected(_execute(client, exe, [replicated]),
+                   "argument 0 comes in shards of [8]", "shards of [4]")
+
   # The right argument runs, on the same session.
   reply, x = client.upload(data.tobytes(), [8], devices=(0, 1),
                            op_sharding=tiled)
