@@ -169,6 +169,62 @@ def test_upload_byte_count_shape_and_dtype(client, cluster_works):
   client.round_trip()
 
 
+def _upload_shards(client, shards, shape=(16,), devices=(0, 1),
+                   op_sharding=None, dtype="float32"):
+  """MakeArraysFromHostBufferShards of one array; shards are
+  (device indices, bytes, shape, strides). Returns (reply, handle)."""
+  uploads = [client.store(data) for _, data, _, _ in shards]
+  array = client.handle()
+
+  def fill(b):
+    b.array_handles.append(array)
+    spec = b.specs.add()
+    spec.array_spec.dtype.kind = _kind(dtype)
+    spec.array_spec.shape.dims.extend(shape)
+    sharding_lib.to_proto(Sharding(tuple(devices), op_sharding),
+                          spec.array_spec.sharding)
+    for (indices, _, shard_shape, strides), host in zip(shards, uploads):
+      spec.addressable_shard_indices.add().indices.extend(indices)
+      hb = spec.host_buffers.add()
+      hb.host_buffer_handle = host
+      hb.dtype.kind = _kind(dtype)
+      hb.shape.dims.extend(shard_shape)
+      if strides is not None:
+        hb.byte_strides.strides.extend(strides)
+
+  reply = client.session.call(make_arrays_from_host_buffer_shards_request=fill)
+  return reply, array
+
+
+def test_sharded_uploads_are_checked_shard_by_shard(client, cluster_works):
+  tiled = protos.msg("xla.OpSharding")(
+      type=3, tile_assignment_dimensions=[2],
+      tile_assignment_devices=[0, 1]).SerializeToString()
+  half = DATA[:8].tobytes()  # 32 bytes
+  cases = [
+      ([([0], half, [8], [4]), ([1], half, [8], [1 << 40])],
+       "shard 1: byte_strides [1099511627776] address"),
+      ([([0], half, [8], None), ([1], half, [8], [4, 4])], "rank 1"),
+      ([([0], half, [8], None), ([1], half, [9], None)],
+       "shard 1: shape [9] is not a shard"),
+      ([([0], half, [8], None), ([1], DATA[:6].tobytes(), [8], None)],
+       "needs 32 bytes but the host buffer has 24"),
+      ([([0], half, [8], None), ([7], half, [8], None)],
+       "device index 7 is out of range"),
+      ([([0], half, [8], None), ([0], half, [8], None)],
+       "device index 0 is out of range or repeated"),
+  ]
+  for shards, words in cases:
+    reply, array = _upload_shards(client, shards, op_sharding=tiled)
+    _assert_rejected(reply, "MakeArraysFromHostBufferShards", words)
+    _assert_rejected(client.fetch(array)[0])
+  reply, array = _upload_shards(
+      client, [([0], half, [8], None), ([1], DATA[8:].tobytes(), [8], None)],
+      op_sharding=tiled)
+  assert reply.response_metadata.status.code == 0, reply
+  assert client.fetch(array)[1] == DATA.tobytes()
+
+
 def test_devices_outside_the_slice(client, cluster_works):
   reply, _ = client.upload(DATA.tobytes(), [16], devices=(100,))
   _assert_rejected(reply, "device 100 is not in this client's slice")
