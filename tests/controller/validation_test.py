@@ -239,6 +239,39 @@ def test_devices_outside_the_slice(client, cluster_works):
   client.round_trip()
 
 
+def test_copies_and_reshards_keep_the_array(client, cluster_works):
+  reply, array = client.upload(DATA.tobytes(), [16], devices=(0, 1))
+  assert reply.response_metadata.status.code == 0
+
+  def copy(devices):
+    def fill(b):
+      b.array_handles.append(array)
+      b.device_ids.extend(devices)
+      b.result_handles.append(client.handle())
+    return client.session.call(copy_arrays_request=fill)
+
+  _assert_rejected(copy([2, 2]), "CopyArrays", "more than once")
+  _assert_rejected(copy([2, 100]), "device 100 is not in this client's slice")
+
+  def reshard(shape, dtype="float32"):
+    def fill(b):
+      b.array_handles.append(array)
+      spec = b.array_specs.add()
+      spec.dtype.kind = _kind(dtype)
+      spec.shape.dims.extend(shape)
+      sharding_lib.to_proto(Sharding((2, 3)), spec.sharding)
+      b.result_handles.append(client.handle())
+    return client.session.call(reshard_arrays_request=fill)
+
+  _assert_rejected(reshard([1 << 20]), "ReshardArrays", "a reshard keeps")
+  _assert_rejected(reshard([16], "int32"), "ReshardArrays", "a reshard keeps")
+  reply = reshard([16])
+  assert reply.response_metadata.status.code == 0, reply
+  moved = reply.reshard_arrays_response.array_handles[0]
+  assert client.fetch(moved)[1] == DATA.tobytes()
+  assert client.fetch(array)[1] == DATA.tobytes()
+
+
 def test_download_strides_must_be_dense(client, cluster_works):
   data = np.arange(6, dtype=np.float32).reshape(2, 3)
   reply, array = client.upload(data.tobytes(), [2, 3])
