@@ -213,6 +213,8 @@ def test_sharded_uploads_are_checked_shard_by_shard(client, cluster_works):
        "device index 7 is out of range"),
       ([([0], half, [8], None), ([0], half, [8], None)],
        "device index 0 is out of range or repeated"),
+      ([([0], half[:16], [4], None), ([1], half[:16], [4], None)],
+       "shard 0: shape [4] is not a shard of this array (its shards are [8])"),
   ]
   for shards, words in cases:
     reply, array = _upload_shards(client, shards, op_sharding=tiled)

@@ -202,11 +202,10 @@ def _check_shard(shard: dict[str, Any], dtype: str,
   if shard["dtype"] != dtype:
     raise invalid_argument(f"{field}: dtype {shard['dtype']} in an array of "
                            f"{dtype}")
-  if len(shard["shape"]) != len(shard_shape) or any(
-      d > m for d, m in zip(shard["shape"], shard_shape)):
+  if tuple(shard["shape"]) != tuple(shard_shape):
     raise invalid_argument(
         f"{field}: shape {shard['shape']} is not a shard of this array "
-        f"(shards are at most {list(shard_shape)})")
+        f"(its shards are {list(shard_shape)})")
 
 
 @handles("make_error_arrays_request", results=lambda r: list(r.array_handles))
