@@ -311,6 +311,21 @@ def test_result_handles_are_never_reused(client, cluster_works):
   assert client.fetch(array)[1] == DATA.tobytes()
 
 
+def test_error_arrays_carry_valid_codes(client, cluster_works):
+  for code, expected in ((999, 2), (0, 2), (9, 9)):
+    array = client.handle()
+
+    def fill(b, code=code, array=array):
+      b.error.code = code
+      b.error.message = "the client's own failure"
+      b.array_handles.append(array)
+    reply = client.session.call(make_error_arrays_request=fill)
+    assert reply.response_metadata.status.code == 0, reply
+    _assert_rejected(client.fetch(array)[0], "the client's own failure",
+                     code=expected)
+  client.round_trip()
+
+
 def test_arrays_of_other_sessions_are_not_found(client, raw_session,
                                                 pathways, cluster_works):
   reply, array = client.upload(DATA.tobytes(), [16])
