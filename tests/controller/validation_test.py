@@ -274,6 +274,22 @@ def test_copies_and_reshards_keep_the_array(client, cluster_works):
   assert client.fetch(array)[1] == DATA.tobytes()
 
 
+def test_a_small_slice_names_only_its_devices(raw_session, pathways,
+                                              cluster_works):
+  client = Client(raw_session(devices="2"), pathways.address)
+  try:
+    reply, _ = client.upload(DATA.tobytes(), [16], devices=(2,))
+    _assert_rejected(reply, "device 2 is not in this client's slice")
+    text = jax.jit(lambda x: x + 1).lower(
+        jax.ShapeDtypeStruct((8,), np.float32)).as_text()
+    four = _compile_options(1, 4, [[0, 1, 2, 3]])
+    _assert_rejected(_compile(client, text, four),
+                     "4 devices asked for, but this client has 2")
+    client.round_trip()
+  finally:
+    client.close()
+
+
 def test_download_strides_must_be_dense(client, cluster_works):
   data = np.arange(6, dtype=np.float32).reshape(2, 3)
   reply, array = client.upload(data.tobytes(), [2, 3])
