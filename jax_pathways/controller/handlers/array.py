@@ -25,6 +25,7 @@ from jax_pathways.status import (Code, Status, StatusError, from_exception,
                                  invalid_argument, unimplemented)
 
 _PJRT_LAYOUT = "xla::ifrt::PjRtLayout"
+_ERROR_CODES = frozenset(int(c) for c in Code if c != Code.OK)
 
 
 def _usable(session: Session, handle: int) -> Array:
@@ -210,7 +211,9 @@ def _check_shard(shard: dict[str, Any], dtype: str,
 
 @handles("make_error_arrays_request", results=lambda r: list(r.array_handles))
 def make_error_arrays(session: Session, req: Any, reply: Reply) -> None:
-  status = Status(req.error.code or Code.UNKNOWN, req.error.message)
+  # A code outside absl's (or OK) would break whoever reads it back.
+  code = req.error.code if req.error.code in _ERROR_CODES else Code.UNKNOWN
+  status = Status(code, req.error.message)
   for h in req.array_handles:
     session.arrays.put(h, Array.failed(status))
   reply.ok(lambda r: r.array_handles.extend(req.array_handles))
