@@ -316,8 +316,10 @@ class PjrtBackend:
         raise ValueError(f"{program.metadata['name']}: argument {i} is "
                          f"{a.dtype}{list(a.shape)}, the program takes "
                          f"{dtype}{list(shape)}")
+      if shard_shape is None:
+        continue
       got = _shard_shape(a.sharding, shape)
-      if shard_shape is not None and got != shard_shape:
+      if got != shard_shape:
         raise ValueError(f"{program.metadata['name']}: argument {i} comes "
                          f"in shards of {got}, the program takes shards of "
                          f"{shard_shape}")
