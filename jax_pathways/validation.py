@@ -134,9 +134,9 @@ def check_distinct(ids: Sequence[int], field: str) -> None:
                            "more than once")
 
 
-def check_argument(i: int, array: "Array", devices: AbstractSet[int],
+def check_argument(i: int, array: Array, devices: AbstractSet[int],
                    parameter: tuple[tuple[int, ...], str] | None,
-                   sharding: "Sharding | None") -> None:
+                   sharding: Sharding | None) -> None:
   """Argument `i` of an Execute is what the program takes: on its devices,
   of its shape and dtype, in shards of the shape its `sharding` makes
   (each where known). PJRT trusts what it is given."""

@@ -4,8 +4,10 @@ import jax
 import numpy as np
 import pytest
 
+from jax_pathways.dispatch import payloads
 from jax_pathways.status import Code, StatusError
 from jax_pathways.worker.pjrt_backend import PjrtBackend, Program, host_view
+from jax_pathways.worker.worker import Worker
 
 DATA = np.arange(16, dtype=np.float32)
 
@@ -73,3 +75,36 @@ def test_launch_with_the_wrong_arguments_is_refused(cpu_devices):
     with pytest.raises(ValueError) as e:
       backend.execute(program, args)
     assert words in str(e.value)
+
+
+class _Backend:
+  """Just what Worker._put asks of a backend before it maps a shard."""
+
+  def __init__(self, devices):
+    self._sharding = type("S", (), {"_device_assignment": tuple(devices)})()
+
+  def sharding(self, spec):
+    return self._sharding
+
+  def mine(self, sharding):
+    return list(sharding._device_assignment)  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("shards,blobs,words", [
+    ([{"devices": [-1], "dtype": "float32", "shape": [8]}], 1,
+     "shard device index -1 out of range"),
+    ([{"devices": [0], "dtype": "float32", "shape": [8]},
+      {"devices": [1], "dtype": "float32", "shape": [8]}], 1,
+     "1 blobs for 2 shards"),
+])
+def test_put_of_hostile_shards_is_refused(cpu_devices, shards, blobs, words):
+  worker = Worker.__new__(Worker)  # no executor or threads: _put only
+  worker._backend = _Backend(cpu_devices[:2])  # pylint: disable=protected-access
+  payload = payloads.encode({"dtype": "float32", "shape": [16],
+                             "sharding": {}, "shards": shards},
+                            *[DATA[:8].tobytes()] * blobs)
+  op = type("Op", (), {"payload": payload, "results": [1], "seq": 1})()
+  with pytest.raises(StatusError) as e:
+    worker._put(op)  # pylint: disable=protected-access
+  assert e.value.status.code == Code.INVALID_ARGUMENT
+  assert words in e.value.status.message
