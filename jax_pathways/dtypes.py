@@ -5,7 +5,7 @@ import functools
 from typing import Any
 
 from jax_pathways import protos
-from jax_pathways.status import unimplemented
+from jax_pathways.status import invalid_argument, unimplemented
 
 _KIND_TO_NAME = {
     "KIND_PRED": "bool", "KIND_S2": "int2", "KIND_S4": "int4",
@@ -24,15 +24,19 @@ _KIND_TO_NAME = {
 
 
 @functools.cache
-def _tables() -> tuple[dict[int, str], dict[str, int]]:
+def _tables() -> tuple[dict[int, str], dict[str, int], frozenset[int]]:
+  """(kind -> name, name -> kind, every kind but KIND_INVALID)."""
   values = protos.enum_values("xla.ifrt.DTypeProto.Kind")
   to_name = {values[k]: n for k, n in _KIND_TO_NAME.items() if k in values}
-  return to_name, {n: k for k, n in to_name.items()}
+  return (to_name, {n: k for k, n in to_name.items()},
+          frozenset(v for v in values.values() if v))
 
 
 def name_of(dtype_proto: Any) -> str:
   """xla.ifrt.DTypeProto -> numpy dtype name, e.g. 'bfloat16'."""
-  to_name, _ = _tables()
+  to_name, _, kinds = _tables()
+  if dtype_proto.kind not in kinds:
+    raise invalid_argument(f"dtype kind {dtype_proto.kind} is not a dtype")
   if dtype_proto.kind not in to_name:
     raise unimplemented(
         f"dtype kind {dtype_proto.kind} (e.g. strings, tokens) is not "
@@ -41,7 +45,7 @@ def name_of(dtype_proto: Any) -> str:
 
 
 def to_proto(name: str, out: Any) -> None:
-  _, to_kind = _tables()
+  _, to_kind, _ = _tables()
   out.kind = to_kind[name]
 
 

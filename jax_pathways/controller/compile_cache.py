@@ -13,6 +13,7 @@ import json
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from jax_pathways import validation
 from jax_pathways.controller.arrays import Array, island_bytes
 from jax_pathways.dispatch import payloads
 from jax_pathways.dispatch.dispatcher import (Dispatcher, IslandOp, OnDone,
@@ -54,7 +55,16 @@ class CompiledProgram:
         None if params is None else
         [sharding_lib.from_op_sharding(devices, p, None) for p in params])
     self.output_islands = [islands] * len(self.outputs)
-    self.num_parameters: int | None = None  # the worker's PJRT checks
+    # (shape, dtype) of each parameter; None where the worker could not say.
+    self.parameters: list[tuple[tuple[int, ...], str] | None] = [
+        None if p is None else (tuple(p["shape"]), p["dtype"])
+        for p in metadata["parameters"]]
+    self.num_parameters = len(self.parameters)
+    self._device_set = frozenset(devices)
+    shardings = self.parameter_shardings or []
+    self._argument_shardings: list[sharding_lib.Sharding | None] = (
+        list(shardings) if len(shardings) == self.num_parameters
+        else [None] * self.num_parameters)
     self._output_bytes: dict[int, list[int]] | None = None
 
   def check_argument(self, i: int, array: Array) -> None:
@@ -63,6 +73,8 @@ class CompiledProgram:
           f"argument {i} lives on islands {[x.id for x in array.islands]} "
           f"but the program runs on islands {[x.id for x in self.islands]}; "
           "move it with jax.device_put first")
+    validation.check_argument(i, array, self._device_set, self.parameters[i],
+                              self._argument_shardings[i])
 
   def launch(self, services: Services, args: Sequence[Array],
              results: Sequence[int], on_done: OnDone | None) -> None:

@@ -40,10 +40,6 @@ class HandleStore(Generic[T]):
     with self._lock:
       self._items.setdefault(handle, item)
 
-  def __contains__(self, handle: int) -> bool:
-    with self._lock:
-      return handle in self._items
-
   def get(self, handle: int) -> T:
     with self._lock:
       item = self._items.get(handle)
@@ -71,6 +67,10 @@ class HandleStore(Generic[T]):
   def __len__(self) -> int:
     with self._lock:
       return len(self._items)
+
+  def __contains__(self, handle: object) -> bool:
+    with self._lock:
+      return handle in self._items
 
   def values(self) -> Iterator[T]:
     with self._lock:

@@ -14,7 +14,7 @@ import base64
 import threading
 from typing import Any, Callable, Sequence
 
-from jax_pathways import protos
+from jax_pathways import protos, validation
 from jax_pathways.controller import moves
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.compile_cache import CompileCache, CompiledProgram
@@ -154,6 +154,9 @@ class MpmdExecutable:
           f"argument {i} is on devices {got} but the MPMD program takes it "
           f"on devices {list(expected.devices)}; put it there with "
           "jax.device_put first")
+    value = self.program.values[self.program.inputs[i]]
+    validation.check_argument(i, array, frozenset(expected.devices),
+                              (value.shape, value.dtype), expected)
 
   def launch(self, services: Services, args: Sequence[Array],
              results: Sequence[int], on_done: OnDone | None) -> None:

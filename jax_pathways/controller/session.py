@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from absl import logging
 
-from jax_pathways import protos
+from jax_pathways import protos, validation
 from jax_pathways.controller import moves
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.compile_cache import CompileCache
@@ -250,11 +250,19 @@ class Session:
       logging.vlog(1, "client %d op %d: %s %s", self.number, op_id, kind,
                    str(body).replace("\n", " ")[:500])
     handler = self._handlers.get(kind)
+    results = self._result_handles.get(kind)
+    try:
+      if results is not None:
+        # Before anything else: a failure here must not poison (replace)
+        # the live arrays those handles name.
+        validation.check_new_handles(results(body), self.arrays, kind)
+    except StatusError as e:
+      reply.error(e.status)
+      return
     try:
       if handler is None:
         raise StatusError(Code.UNIMPLEMENTED,
                           f"{kind} is not supported by jax_pathways")
-      self._check_result_handles(kind, body)
       handler(self, body, reply)
     except Waiting:
       raise
@@ -284,25 +292,6 @@ class Session:
         self._on_idle = on_idle
         return
     on_idle()
-
-  def _check_result_handles(self, kind: str, body: Any) -> None:
-    """Result handles the client names must be new, and distinct: checked
-    before the handler changes anything."""
-    handles = self._result_handles.get(kind)
-    if handles is None:
-      return
-    named = list(handles(body))
-    if 0 in named:
-      raise StatusError(Code.INVALID_ARGUMENT,
-                        f"{kind}: 0 is not an array handle")
-    used = sorted({h for h in named if h in self.arrays})
-    if used:
-      raise StatusError(Code.INVALID_ARGUMENT,
-                        f"{kind}: array handle(s) {used[:8]} already name "
-                        "arrays of this client")
-    if len(set(named)) != len(named):
-      raise StatusError(Code.INVALID_ARGUMENT,
-                        f"{kind}: a result array handle is named twice")
 
   def _poison_results(self, kind: str, body: Any, status: Status) -> None:
     """Leaves the error under the client's result handles (IFRT semantics);

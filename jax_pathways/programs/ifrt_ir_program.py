@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 from jax_pathways import protos
 from jax_pathways import shardy_mpmd
+from jax_pathways import validation
 from jax_pathways.programs import xla_program
 from jax_pathways.programs.xla_program import PlacedProgram
 from jax_pathways.resources.topology import Topology
@@ -94,6 +95,9 @@ def place(program: Any, compile_options: Any, topology: Topology,
                         "supported; send the unversioned MLIR bytecode")
   options = protos.msg("xla.ifrt.IfrtIrCompileOptionsProto").FromString(
       compile_options.data)
+  field = "IFRT IR compile options: device_ids"
+  validation.check_device_count(len(options.device_ids), devices.size, field)
+  validation.check_distinct(options.device_ids, field)
   return _Reader(topology, spmd_across_islands,
                  list(devices.physical(options.device_ids)),
                  options.compile_option_overrides).read(proto.ifrt_program)

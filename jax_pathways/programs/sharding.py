@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import math
 from typing import Any, Sequence
 
@@ -47,13 +48,31 @@ class Sharding:
 
   def shard_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
     """The shape of each shard (IFRT shardings here are even or padded)."""
-    if self.op_sharding is None:
+    tiles = None if self.op_sharding is None else _tiles(self.op_sharding)
+    if tiles is None:
       return tuple(shape)
+    return tuple(math.ceil(d / t) for d, t in zip(shape, tiles))
+
+  def check(self, rank: int, field: str) -> None:
+    """Fits an array of `rank` dimensions: distinct devices, and tiles (if
+    any) that cover every dimension and number exactly those devices."""
+    if len(set(self.devices)) != len(self.devices):
+      raise invalid_argument(f"{field}: sharding names a device more than "
+                             f"once: {list(self.devices)}")
+    if self.op_sharding is None:
+      return
     op = protos.msg("xla.OpSharding").FromString(self.op_sharding)
     if op.type != _TILED:
-      return tuple(shape)
-    tiles = list(op.tile_assignment_dimensions)[:len(shape)]
-    return tuple(math.ceil(d / t) for d, t in zip(shape, tiles))
+      return
+    tiles = list(op.tile_assignment_dimensions)
+    n = len(self.devices)
+    if (len(tiles) < rank or any(t < 1 for t in tiles) or
+        math.prod(tiles) != n or
+        any(not 0 <= d < n for d in op.tile_assignment_devices)):
+      raise invalid_argument(
+          f"{field}: tile assignment {tiles} (devices "
+          f"{list(op.tile_assignment_devices)}) does not tile a rank-{rank} "
+          f"array over the sharding's {n} devices")
 
   def worker_spec(self, topology: Topology) -> dict[str, Any]:
     """The form a worker builds a jax sharding from (Topology.device_refs)."""
@@ -123,6 +142,16 @@ def from_op_sharding(devices: Sequence[int], op_sharding_b64: str | None,
   if op.type == _REPLICATED:
     return Sharding(tuple(devices), None, memory_kind)
   return Sharding(tuple(devices), raw, memory_kind)
+
+
+@functools.lru_cache(maxsize=1024)
+def _tiles(op_sharding: bytes) -> tuple[int, ...] | None:
+  """Tiles per dimension of a tiled OpSharding, None for any other kind.
+  Cached: Execute checks every argument's shard shape."""
+  op = protos.msg("xla.OpSharding").FromString(op_sharding)
+  if op.type != _TILED:
+    return None
+  return tuple(op.tile_assignment_dimensions)
 
 
 def _memory_kind(p: Any) -> str | None:

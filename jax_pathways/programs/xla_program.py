@@ -15,7 +15,7 @@ import dataclasses
 import hashlib
 from typing import Any, Sequence
 
-from jax_pathways import protos
+from jax_pathways import protos, validation
 from jax_pathways.resources.island import Island
 from jax_pathways.resources.topology import Topology
 from jax_pathways.resources.virtual_slice import VirtualSlice
@@ -46,16 +46,32 @@ class PlacedProgram:
     return h.hexdigest()
 
 
-def device_assignment(build_options: Any) -> list[int]:
-  """Global device ids in logical order (replica-major), or [] if unset."""
+def device_assignment(build_options: Any, available: int) -> list[int]:
+  """Global device ids in logical order (replica-major), or [] if unset.
+  Counts are checked against the `available` devices before anything is
+  built from them: a client may claim 10**7 partitions."""
+  replicas = max(1, build_options.num_replicas)
+  partitions = max(1, build_options.num_partitions)
+  validation.check_device_count(
+      replicas * partitions, available,
+      f"compile options: num_replicas {build_options.num_replicas} x "
+      f"num_partitions {build_options.num_partitions}")
   if not build_options.HasField("device_assignment"):
     return []
   da = build_options.device_assignment
-  if len(da.computation_devices) != da.computation_count:
-    raise invalid_argument("malformed device assignment in compile options")
-  return [da.computation_devices[c].replica_device_ids[r]
-          for r in range(da.replica_count)
-          for c in range(da.computation_count)]
+  if ((da.replica_count, da.computation_count) != (replicas, partitions) or
+      len(da.computation_devices) != da.computation_count or
+      any(len(c.replica_device_ids) != da.replica_count
+          for c in da.computation_devices)):
+    raise invalid_argument(
+        f"compile options: device assignment of {da.replica_count} replicas "
+        f"x {da.computation_count} computations does not match num_replicas "
+        f"{replicas} x num_partitions {partitions} or its own lists")
+  ids = [da.computation_devices[c].replica_device_ids[r]
+         for r in range(da.replica_count)
+         for c in range(da.computation_count)]
+  validation.check_distinct(ids, "compile options: device assignment")
+  return ids
 
 
 def place(program: Any, compile_options: Any, topology: Topology,
@@ -72,7 +88,7 @@ def place(program: Any, compile_options: Any, topology: Topology,
       compile_options.data)
   options = xla_options.compile_options
   build = options.executable_build_options
-  virtual = device_assignment(build) or list(
+  virtual = device_assignment(build, devices.size) or list(
       range(max(1, build.num_replicas) * max(1, build.num_partitions)))
   physical = devices.physical(virtual)
   if build.HasField("device_assignment"):

@@ -36,6 +36,7 @@ from jax._src.lib import _jax
 from jax._src.lib import xla_client as xc
 from jax._src.lib.mlir import ir
 
+from jax_pathways import validation
 from jax_pathways.worker import order_reductions
 from jax_pathways.worker import shards
 
@@ -59,27 +60,40 @@ def spec_key(spec: dict[str, Any]) -> Hashable:
 def host_view(data: memoryview, dtype: str, shape: Sequence[int],
               strides: Sequence[int] | None) -> np.ndarray:
   """A numpy view of an op's payload bytes. It keeps the payload alive for
-  as long as a device array may alias it (PJRT CPU can put without copying)."""
-  host = np.frombuffer(data, dtype=np_dtype(dtype))
-  if strides is None:
-    return host.reshape(tuple(shape))
-  return np.lib.stride_tricks.as_strided(host, tuple(shape), tuple(strides))
+  as long as a device array may alias it (PJRT CPU can put without copying).
+  The controller checked the shape and strides; they are checked again
+  here, as nothing on the wire is trusted with this process's memory."""
+  np_type = np_dtype(dtype)
+  nbytes = memoryview(data).nbytes
+  shape = validation.check_shape(shape, np_type.itemsize, "PUT")
+  validation.check_host_buffer(shape, np_type.itemsize, strides, nbytes,
+                               "PUT")
+  # ndarray() bounds-checks the strides against the buffer once more.
+  return np.ndarray(shape, np_type, buffer=data,
+                    strides=None if strides is None else tuple(strides))
 
 
 def np_dtype(name: str) -> np.dtype:
   return np.dtype(jax.numpy.dtype(name))
 
 
+# A parameter as execute() checks it: global shape, dtype, and the shape of
+# each shard (None where unknown); None for a parameter not checked.
+Parameter = tuple[tuple[int, ...], np.dtype, tuple[int, ...] | None] | None
+
+
 class Program:
   """A compiled program and what is needed to run it fast."""
 
   def __init__(self, executable: Any, client: Any, devices: tuple[Any, ...],
-               out_handlers: list[Any], metadata: dict[str, Any]):
+               out_handlers: list[Any], metadata: dict[str, Any],
+               parameters: list[Parameter]):
     self.executable = executable
     self.client = client
     self.devices = devices
     self.out_handlers = out_handlers
     self.metadata = metadata
+    self.parameters = parameters
 
 
 class Execution:
@@ -227,7 +241,7 @@ class PjrtBackend:
     else:
       executable = runner = client.compile_and_load(program, device_list,
                                                     compile_options)
-    outputs, donated = self._signature(program)
+    outputs, donated, parameters = self._signature(program)
     out_shardings = executable.get_output_shardings()
     handlers = []
     for i, (shape, dtype) in enumerate(outputs):
@@ -242,10 +256,17 @@ class PjrtBackend:
                                               _skip_checks=True))
     metadata = self._metadata(runner, outputs)
     metadata["donated_input_indices"] = donated
+    if replicas > 1:  # @main has per-replica shapes: only the count holds
+      parameters = [None] * len(parameters)
+    metadata["parameters"] = [
+        None if p is None else {"shape": list(p[0]), "dtype": p[1]}
+        for p in parameters]
     # What the client sees of a rank-ordered program is the program it sent.
     for field in ("output_shardings", "parameter_shardings"):
       metadata[field] = self._shardings(getattr(executable, f"get_{field}")())
-    prog = Program(runner, client, devices, handlers, metadata)
+    prog = Program(runner, client, devices, handlers, metadata,
+                   _parameters(parameters, devices,
+                               executable.get_parameter_shardings()))
     self._cache[key] = prog
     return prog
 
@@ -278,7 +299,30 @@ class PjrtBackend:
   def execute(self, program: Program, args: Sequence[jax.Array]
               ) -> tuple[list[jax.Array], "Execution"]:
     """Enqueues `program` on `args`: its outputs (futures) and the launch's
-    own completion."""
+    own completion. The arguments are checked first: PJRT trusts them, and
+    a missing one crashes the process."""
+    if len(args) != len(program.parameters):
+      raise ValueError(f"{program.metadata['name']} takes "
+                       f"{len(program.parameters)} arguments, not {len(args)}")
+    for i, (a, p) in enumerate(zip(args, program.parameters)):
+      if len(a.sharding.device_set) != len(program.devices):
+        raise ValueError(f"{program.metadata['name']}: argument {i} is on "
+                         f"{len(a.sharding.device_set)} devices, the "
+                         f"program runs on {len(program.devices)}")
+      if p is None:
+        continue
+      shape, dtype, shard_shape = p
+      if (a.shape, a.dtype) != (shape, dtype):
+        raise ValueError(f"{program.metadata['name']}: argument {i} is "
+                         f"{a.dtype}{list(a.shape)}, the program takes "
+                         f"{dtype}{list(shape)}")
+      if shard_shape is None:
+        continue
+      got = _shard_shape(a.sharding, shape)
+      if got != shard_shape:
+        raise ValueError(f"{program.metadata['name']}: argument {i} comes "
+                         f"in shards of {got}, the program takes shards of "
+                         f"{shard_shape}")
     args = [self.on_client(a, program.client) for a in args]
     results = program.executable.execute_sharded(args, with_tokens=True)
     done = results.consume_token()
@@ -286,8 +330,11 @@ class PjrtBackend:
     return outputs, Execution(done, outputs)
 
   def _signature(self, program: bytes
-                 ) -> tuple[list[tuple[tuple[int, ...], str]], list[int]]:
-    """Global result shapes/dtypes of @main and the parameters it donates."""
+                 ) -> tuple[list[tuple[tuple[int, ...], str]], list[int],
+                            list[tuple[tuple[int, ...], str] | None]]:
+    """Global result shapes/dtypes of @main, the parameters it donates,
+    and its parameters' shapes/dtypes (None where not an array of a known
+    dtype)."""
     with self._ir_context:
       try:
         module = _jax.mlir.deserialize_portable_artifact(program,
@@ -302,13 +349,14 @@ class PjrtBackend:
         for t in ftype.results:
           rt = ir.RankedTensorType(t)
           outputs.append((tuple(rt.shape), _mlir_dtype(rt.element_type)))
+        parameters = [_tensor_type(t) for t in ftype.inputs]
         donated = []
         if "arg_attrs" in op.attributes:
           for i, attrs in enumerate(ir.ArrayAttr(op.attributes["arg_attrs"])):
             attrs = ir.DictAttr(attrs)
             if "tf.aliasing_output" in attrs or "jax.buffer_donor" in attrs:
               donated.append(i)
-        return outputs, donated
+        return outputs, donated, parameters
     raise ValueError("the program has no public function @main")
 
   @staticmethod
@@ -435,9 +483,13 @@ class PjrtBackend:
     copy."""
     host = np.asarray(array)
     if strides is not None and tuple(strides) != host.strides:
+      # Dense strides write every byte of `out` once, so none of its
+      # earlier contents can leave this process.
+      validation.check_dense_strides(host.shape, host.itemsize, strides,
+                                     "FETCH")
       out = np.empty_like(host)
-      view = np.lib.stride_tricks.as_strided(
-          np.frombuffer(out.data, dtype=host.dtype), host.shape, tuple(strides))
+      view = np.ndarray(host.shape, host.dtype, buffer=out,
+                        strides=tuple(strides))
       view[...] = host
       host = out
     # As bytes: numpy exports no buffer for dtypes such as bfloat16.
@@ -470,6 +522,45 @@ def _mlir_dtype(element_type: Any) -> str:
   if name not in _MLIR_DTYPES:
     raise ValueError(f"unsupported result element type {name}")
   return _MLIR_DTYPES[name]
+
+
+def _shard_shape(sharding: jax.sharding.Sharding, shape: tuple[int, ...]
+                 ) -> tuple[int, ...] | None:
+  try:
+    return tuple(sharding.shard_shape(shape))
+  except ValueError:  # unevenly sharded: PJRT's own checks apply
+    return None
+
+
+def _parameters(parameters: list[tuple[tuple[int, ...], str] | None],
+                devices: tuple[Any, ...], shardings: list[Any] | None
+                ) -> list[Parameter]:
+  """What execute() checks, from @main's signature (None: unchecked) and
+  the compiled parameter shardings (xla.OpSharding, where reported)."""
+  if shardings is not None and len(shardings) != len(parameters):
+    shardings = None
+  out: list[Parameter] = []
+  for i, p in enumerate(parameters):
+    if p is None:
+      out.append(None)
+      continue
+    shard_shape = None
+    if shardings is not None:
+      shard_shape = _shard_shape(
+          sharding_impls.GSPMDSharding(devices, shardings[i]), p[0])
+    out.append((p[0], np_dtype(p[1]), shard_shape))
+  return out
+
+
+def _tensor_type(t: Any) -> tuple[tuple[int, ...], str] | None:
+  try:
+    rt = ir.RankedTensorType(t)
+  except ValueError:  # a token, an unranked tensor
+    return None
+  name = str(rt.element_type)
+  if name not in _MLIR_DTYPES or not rt.has_static_shape:
+    return None
+  return tuple(rt.shape), _MLIR_DTYPES[name]
 
 
 def _fingerprint(executable: Any) -> str:

@@ -184,8 +184,15 @@ class Worker:
       devices = sharding._device_assignment  # pylint: disable=protected-access
       mine = self._backend.mine(sharding)
       per_device: dict[Any, np.ndarray] = {}
+      if len(header["shards"]) != len(blobs):
+        raise StatusError(Code.INVALID_ARGUMENT,
+                          f"{len(blobs)} blobs for {len(header['shards'])} "
+                          "shards")
       for spec, blob in zip(header["shards"], blobs):
         for index in spec["devices"]:
+          if not 0 <= index < len(devices):  # -1 would be a device too
+            raise StatusError(Code.INVALID_ARGUMENT,
+                              f"shard device index {index} out of range")
           if devices[index] in mine:
             per_device[devices[index]] = host_view(
                 blob, spec["dtype"], spec["shape"], spec.get("strides"))

@@ -73,13 +73,16 @@ def delete(channel: grpc.Channel, session: int, handle: int):
 class RawSession:
   """One open session; `call` sends one request and waits for its reply."""
 
-  def __init__(self, address: str, token: str | None, timeout: float = 20.0):
+  def __init__(self, address: str, token: str | None, timeout: float = 20.0,
+               devices: str | None = None):
     meta = protos.msg("xla.ifrt.proxy.GrpcIfrtSessionMetadata")()
     meta.version.protocol_version = 25
     meta.version.ifrt_serdes_version_number = 3
+    attributes = meta.initialization_data.attributes
     if token:
-      meta.initialization_data.attributes[
-          "jax_pathways_token"].string_value = token.encode()
+      attributes["jax_pathways_token"].string_value = token.encode()
+    if devices:  # the slice asked for, as initialize(devices=...) asks
+      attributes["jax_pathways_devices"].string_value = devices.encode()
     self._timeout = timeout
     self.error: grpc.RpcError | None = None  # how the stream ended, if not OK
     self._channel = grpc.insecure_channel(address.split("://")[1])
@@ -208,9 +211,11 @@ def raw_session(pathways):
   """Opens RawSessions on the test cluster; closes them afterwards."""
   opened = []
 
-  def open_one(token: str | None = None) -> RawSession:
+  def open_one(token: str | None = None,
+               devices: str | None = None) -> RawSession:
     session = RawSession(pathways.address,
-                         pathways.token if token is None else token)
+                         pathways.token if token is None else token,
+                         devices=devices)
     opened.append(session)
     return session
 

@@ -93,3 +93,35 @@ def test_shardy_program_runs_and_describes_itself(proxy_devices):
     np.asarray(exe.execute(wrong)[0])
   np.testing.assert_allclose(np.asarray(exe.execute(args)[0]), expected,
                              rtol=1e-5)
+
+
+def test_arguments_that_do_not_fit_are_refused(proxy_devices):
+  """Checked against the program before any fragment is launched: the
+  wrong count, shape, dtype or devices fail the call, and the executable
+  still runs with the right ones."""
+  exe, meshes = _compiled(proxy_devices)
+
+  def on(mesh, value):
+    return jax.device_put(value, jax.sharding.NamedSharding(
+        Mesh(np.array(meshes[mesh]), ("x",)), jax.sharding.PartitionSpec()))
+
+  x = np.ones((8, 4), np.float32)
+  w0 = np.ones((4, 4), np.float32)
+  w1 = np.ones((4, 2), np.float32)
+  cases = [
+      ([on("first", x), on("first", w0)], "takes 3 arguments, not 2"),
+      ([on("first", x), on("first", x), on("second", w1)],
+       "argument 1 is float32[8, 4] but the program takes float32[4, 4]"),
+      ([on("first", x), on("first", w0.astype(np.int32)), on("second", w1)],
+       "argument 1 is int32[4, 4]"),
+      ([on("first", x), on("second", w0), on("second", w1)],
+       "argument 1 is on devices [4, 5]"),
+  ]
+  for args, words in cases:
+    with pytest.raises(Exception) as e:
+      (y,) = exe.execute(args)
+      np.asarray(y)
+    assert words in str(e.value)
+  (y,) = exe.execute([on("first", x), on("first", w0), on("second", w1)])
+  np.testing.assert_allclose(np.asarray(y), 2 * (np.tanh(x @ w0) @ w1),
+                             rtol=1e-5)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 from typing import Any, Sequence
 
-from jax_pathways import dtypes
+from jax_pathways import dtypes, validation
 from jax_pathways.controller import moves
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.handlers.registry import handles
@@ -25,6 +25,7 @@ from jax_pathways.status import (Code, Status, StatusError, from_exception,
                                  invalid_argument, unimplemented)
 
 _PJRT_LAYOUT = "xla::ifrt::PjRtLayout"
+_ERROR_CODES = frozenset(int(c) for c in Code if c != Code.OK)
 
 
 def _usable(session: Session, handle: int) -> Array:
@@ -69,6 +70,18 @@ def _strides(req: Any) -> list[int] | None:
   return None
 
 
+def _shape(dims: Sequence[int], dtype: str, field: str) -> tuple[int, ...]:
+  return validation.check_shape(dims, dtypes.itemsize(dtype), field)
+
+
+def _check_upload(data: Any, shape: Sequence[int], dtype: str,
+                  strides: list[int] | None, field: str) -> None:
+  """The upload holds the array it is declared to: the worker maps it with
+  these strides, so nothing may point outside its bytes."""
+  validation.check_host_buffer(shape, dtypes.itemsize(dtype), strides,
+                               data.nbytes, field)
+
+
 def _new_array(session: Session, handle: int, islands: tuple[Island, ...],
                dtype: str, shape: Sequence[int], sharding: Sharding) -> Array:
   buffer = session.services.dispatcher.new_buffers(1)[0]
@@ -86,14 +99,17 @@ def make_array_from_host_buffer(session: Session, req: Any,
                            "(protocol versions below 10 are not supported)")
   data = session.take_upload(req.host_buffer_handle)
   dtype = dtypes.name_of(req.dtype)
-  _check_layout(req, len(req.shape.dims))
+  shape = _shape(req.shape.dims, dtype, "MakeArrayFromHostBuffer")
+  _check_upload(data, shape, dtype, _strides(req), "MakeArrayFromHostBuffer")
+  _check_layout(req, len(shape))
   sharding = _sharding(session, req.sharding)
+  sharding.check(len(shape), "MakeArrayFromHostBuffer")
   islands = _islands(session, sharding, "the array")
-  array = _new_array(session, req.array_handle, islands, dtype,
-                     req.shape.dims, sharding)
+  array = _new_array(session, req.array_handle, islands, dtype, shape,
+                     sharding)
   # Every island gets the whole buffer and keeps its own shards.
   payload = payloads.parts({
-      "dtype": dtype, "shape": list(req.shape.dims), "strides": _strides(req),
+      "dtype": dtype, "shape": list(shape), "strides": _strides(req),
       "sharding": sharding.worker_spec(session.services.topology)}, data)
   sizes = array.island_bytes(session.services.topology)
   session.services.dispatcher.submit(
@@ -116,30 +132,37 @@ def make_arrays_from_host_buffer_shards(session: Session, req: Any,
              for spec in req.specs for hb in spec.host_buffers}
   topology = session.services.topology
   gangs = []
-  for handle, spec in zip(req.array_handles, req.specs):
+  for n, (handle, spec) in enumerate(zip(req.array_handles, req.specs)):
+    field = f"MakeArraysFromHostBufferShards: spec {n}"
     asp = spec.array_spec
     sharding = _sharding(session, asp.sharding)
-    islands = _islands(session, sharding, "the array")
     dtype = dtypes.name_of(asp.dtype)
-    array = _new_array(session, handle, islands, dtype, asp.shape.dims,
-                       sharding)
+    shape = _shape(asp.shape.dims, dtype, field)
+    sharding.check(len(shape), field)
+    _check_shard_indices(spec, sharding, field)
+    islands = _islands(session, sharding, "the array")
+    array = _new_array(session, handle, islands, dtype, shape, sharding)
     # Each island gets only the shards that land on it.
     per_island: dict[int, tuple[list[dict[str, Any]], list[Any]]] = {
         i.id: ([], []) for i in islands}
-    for indices, hb in zip(spec.addressable_shard_indices, spec.host_buffers):
+    shard_shape = sharding.shard_shape(shape)
+    for k, (indices, hb) in enumerate(zip(spec.addressable_shard_indices,
+                                          spec.host_buffers)):
       shard = {
           "devices": list(indices.indices),
           "dtype": dtypes.name_of(hb.dtype),
-          "shape": list(hb.shape.dims),
-          "strides": (list(hb.byte_strides.strides)
-                      if hb.HasField("byte_strides") else None),
+          "shape": list(_shape(hb.shape.dims, dtype, f"{field} shard {k}")),
+          "strides": _strides(hb),
       }
+      _check_shard(shard, dtype, shard_shape, f"{field} shard {k}")
       data = uploads[hb.host_buffer_handle]
+      _check_upload(data, shard["shape"], dtype, shard["strides"],
+                    f"{field} shard {k}")
       for island in {topology.island_of_device(sharding.devices[i]).id
                      for i in indices.indices}:
         per_island[island][0].append(shard)
         per_island[island][1].append(data)
-    header = {"dtype": dtype, "shape": list(asp.shape.dims),
+    header = {"dtype": dtype, "shape": list(shape),
               "sharding": sharding.worker_spec(topology)}
     sizes = array.island_bytes(topology)
     gangs.append([IslandOp(island, OpKind.PUT, results=[array.buffer],
@@ -152,9 +175,40 @@ def make_arrays_from_host_buffer_shards(session: Session, req: Any,
   reply.ok(lambda r: r.array_handles.extend(req.array_handles))
 
 
+def _check_shard_indices(spec: Any, sharding: Sharding, field: str) -> None:
+  """One host buffer per shard, each naming devices of the sharding, every
+  device once."""
+  if len(spec.addressable_shard_indices) != len(spec.host_buffers):
+    raise invalid_argument(
+        f"{field}: {len(spec.host_buffers)} host buffers for "
+        f"{len(spec.addressable_shard_indices)} shards")
+  seen: set[int] = set()
+  for indices in spec.addressable_shard_indices:
+    for i in indices.indices:
+      if not 0 <= i < len(sharding.devices) or i in seen:
+        raise invalid_argument(
+            f"{field}: shard device index {i} is out of range or repeated "
+            f"(the sharding has {len(sharding.devices)} devices)")
+      seen.add(i)
+
+
+def _check_shard(shard: dict[str, Any], dtype: str,
+                 shard_shape: Sequence[int], field: str) -> None:
+  """A shard's host buffer has the array's dtype and a shard's shape."""
+  if shard["dtype"] != dtype:
+    raise invalid_argument(f"{field}: dtype {shard['dtype']} in an array of "
+                           f"{dtype}")
+  if tuple(shard["shape"]) != tuple(shard_shape):
+    raise invalid_argument(
+        f"{field}: shape {shard['shape']} is not a shard of this array "
+        f"(its shards are {list(shard_shape)})")
+
+
 @handles("make_error_arrays_request", results=lambda r: list(r.array_handles))
 def make_error_arrays(session: Session, req: Any, reply: Reply) -> None:
-  status = Status(req.error.code or Code.UNKNOWN, req.error.message)
+  # A code outside absl's (or OK) would break whoever reads it back.
+  code = req.error.code if req.error.code in _ERROR_CODES else Code.UNKNOWN
+  status = Status(code, req.error.message)
   for h in req.array_handles:
     session.arrays.put(h, Array.failed(status))
   reply.ok(lambda r: r.array_handles.extend(req.array_handles))
@@ -163,6 +217,8 @@ def make_error_arrays(session: Session, req: Any, reply: Reply) -> None:
 @handles("copy_to_host_buffer_request")
 def copy_to_host_buffer(session: Session, req: Any, reply: Reply) -> None:
   array = _usable(session, req.array_handle)
+  validation.check_dense_strides(array.shape, dtypes.itemsize(array.dtype),
+                                 _strides(req), "CopyToHostBuffer")
   store = session.services.host_buffers
   temporary = None
   if len(array.islands) > 1:
@@ -202,6 +258,7 @@ def copy_arrays(session: Session, req: Any, reply: Reply) -> None:
   kind = req.memory_kind if req.HasField("memory_kind") else None
   for h, result in zip(req.array_handles, req.result_handles):
     src = _usable(session, h)
+    validation.check_distinct(req.device_ids, "CopyArrays")
     sharding = src.sharding.with_devices(
         session.slice.physical(req.device_ids), kind)
     dst = _new_array(session, result, _islands(session, sharding, "the copy"),
@@ -220,9 +277,15 @@ def reshard_arrays(session: Session, req: Any, reply: Reply) -> None:
                              req.result_handles):
     src = _usable(session, h)
     sharding = _sharding(session, spec.sharding)
+    dtype = dtypes.name_of(spec.dtype)
+    if (tuple(spec.shape.dims), dtype) != (src.shape, src.dtype):
+      raise invalid_argument(
+          f"ReshardArrays: spec {list(spec.shape.dims)} {dtype} for an "
+          f"array of {list(src.shape)} {src.dtype}; a reshard keeps both")
+    sharding.check(len(src.shape), "ReshardArrays")
     dst = _new_array(session, result,
                      _islands(session, sharding, "the resharded array"),
-                     dtypes.name_of(spec.dtype), spec.shape.dims, sharding)
+                     dtype, src.shape, sharding)
     moves.move(session.services, src, dst)
   reply.ok(lambda r: r.array_handles.extend(req.result_handles))
 
@@ -288,7 +351,12 @@ def assemble(session: Session, req: Any, reply: Reply) -> None:
   sharding = _sharding(session, req.sharding)
   islands = _islands(session, sharding, "the assembled array")
   dtype = dtypes.name_of(req.dtype) if req.HasField("dtype") else parts[0].dtype
-  shape = tuple(req.shape.dims)
+  shape = _shape(req.shape.dims, dtype, "AssembleArrayFromSingleDeviceArrays")
+  sharding.check(len(shape), "AssembleArrayFromSingleDeviceArrays")
+  if any(p.dtype != dtype for p in parts):
+    raise invalid_argument(
+        f"AssembleArrayFromSingleDeviceArrays: shards of dtypes "
+        f"{sorted({p.dtype for p in parts})} for an array of {dtype}")
   only = parts[0]
   if (len(parts) == 1 and only.sharding is not None and
       only.sharding.devices == sharding.devices and only.shape == shape and

@@ -1,0 +1,163 @@
+"""Validation: the rules a client's values must meet before they touch memory.
+
+The controller applies them to every request field where it enters (the
+edge); the worker applies the host-buffer rules again before it maps a
+payload, because it trusts nothing that arrives on the wire. Every rule
+raises INVALID_ARGUMENT naming the field, the value and the rule.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, AbstractSet, Container, Iterable, Sequence
+
+from jax_pathways.status import invalid_argument
+
+if TYPE_CHECKING:
+  from jax_pathways.controller.arrays import Array
+  from jax_pathways.programs.sharding import Sharding
+
+# The largest array, in bytes, a request may describe: larger sizes are
+# nonsense on any host and would overflow the int64 sizes XLA computes with.
+MAX_ARRAY_BYTES = 1 << 62
+
+
+def check_shape(dims: Sequence[int], itemsize: int, field: str
+                ) -> tuple[int, ...]:
+  """`dims` as a shape: no negative dimension, and a byte size below
+  MAX_ARRAY_BYTES (checked dimension by dimension, so a product that would
+  overflow never gets computed in full; a zero dimension does not excuse
+  the others)."""
+  shape = tuple(int(d) for d in dims)
+  size = itemsize
+  for d in shape:
+    if d < 0:
+      raise invalid_argument(f"{field}: shape {list(shape)} has a negative "
+                             "dimension")
+    size *= max(d, 1)
+    if size > MAX_ARRAY_BYTES:
+      raise invalid_argument(
+          f"{field}: shape {list(shape)} of {itemsize}-byte elements is "
+          f"larger than {MAX_ARRAY_BYTES} bytes")
+  return shape
+
+
+def _byte_span(shape: Sequence[int], itemsize: int, strides: Sequence[int],
+               field: str) -> tuple[int, int]:
+  """(lowest, highest + 1) byte offset the elements of a strided array
+  address, relative to its first element."""
+  if len(strides) != len(shape):
+    raise invalid_argument(
+        f"{field}: byte_strides {list(strides)} has {len(strides)} entries "
+        f"for a shape of rank {len(shape)}")
+  if 0 in shape:
+    return 0, 0
+  low = high = 0
+  for d, s in zip(shape, strides):
+    if s < 0:
+      low += s * (d - 1)
+    else:
+      high += s * (d - 1)
+  return low, high + itemsize
+
+
+def check_host_buffer(shape: Sequence[int], itemsize: int,
+                      strides: Sequence[int] | None, nbytes: int,
+                      field: str) -> None:
+  """A host buffer of `nbytes` holds an array of `shape`: exactly
+  (row-major, no strides), or with every element `strides` address inside
+  it, measured from its first byte."""
+  size = math.prod(shape) * itemsize
+  if strides is None:
+    if size != nbytes:
+      raise invalid_argument(
+          f"{field}: shape {list(shape)} of {itemsize}-byte elements needs "
+          f"{size} bytes but the host buffer has {nbytes}")
+    return
+  low, high = _byte_span(shape, itemsize, strides, field)
+  if low < 0:
+    raise invalid_argument(
+        f"{field}: byte_strides {list(strides)} address {-low} bytes before "
+        f"the start of the {nbytes}-byte host buffer")
+  if high > nbytes:
+    raise invalid_argument(
+        f"{field}: byte_strides {list(strides)} address {high - nbytes} "
+        f"bytes beyond the {nbytes}-byte host buffer")
+
+
+def check_dense_strides(shape: Sequence[int], itemsize: int,
+                        strides: Sequence[int] | None, field: str) -> None:
+  """`strides` lay the array out densely (a permutation of its dimensions,
+  row-major in that order): every byte of a buffer written through them is
+  written exactly once, so no byte of it is left over from earlier use."""
+  if strides is None:
+    return
+  _byte_span(shape, itemsize, strides, field)  # the rank
+  if 0 in shape:
+    return
+  expected = itemsize
+  for s, d in sorted((s, d) for s, d in zip(strides, shape) if d != 1):
+    if s != expected:
+      raise invalid_argument(
+          f"{field}: byte_strides {list(strides)} do not lay out shape "
+          f"{list(shape)} of {itemsize}-byte elements densely (some "
+          "permutation of the dimensions, each stride the product of the "
+          "smaller ones)")
+    expected *= d
+
+
+def check_new_handles(handles: Iterable[int], existing: Container[int],
+                      field: str) -> None:
+  """Handles a request asks to create: distinct, and none already naming
+  something (a request must never silently replace a live object)."""
+  seen: set[int] = set()
+  for h in handles:
+    if h == 0:  # what an unset field reads as; clients count from 1
+      raise invalid_argument(f"{field}: 0 is not a handle")
+    if h in seen:
+      raise invalid_argument(f"{field}: handle {h} is named twice")
+    if h in existing:
+      raise invalid_argument(
+          f"{field}: handle {h} already names an array of this session; "
+          "result handles must be new")
+    seen.add(h)
+
+
+def check_device_count(count: int, available: int, field: str) -> None:
+  """A program or array over `count` devices fits the client's slice."""
+  if not 0 < count <= available:
+    raise invalid_argument(
+        f"{field}: {count} devices asked for, but this client has "
+        f"{available}")
+
+
+def check_distinct(ids: Sequence[int], field: str) -> None:
+  if len(set(ids)) != len(ids):
+    raise invalid_argument(f"{field}: device ids {list(ids)} name a device "
+                           "more than once")
+
+
+def check_argument(i: int, array: Array, devices: AbstractSet[int],
+                   parameter: tuple[tuple[int, ...], str] | None,
+                   sharding: Sharding | None) -> None:
+  """Argument `i` of an Execute is what the program takes: on its devices,
+  of its shape and dtype, in shards of the shape its `sharding` makes
+  (each where known). PJRT trusts what it is given."""
+  if array.sharding is None or frozenset(array.sharding.devices) != devices:
+    got = [] if array.sharding is None else sorted(array.sharding.devices)
+    raise invalid_argument(
+        f"Execute: argument {i} is on devices {got} but the program runs on "
+        f"devices {sorted(devices)}; put it there with jax.device_put first")
+  if parameter is None:
+    return
+  shape, dtype = parameter
+  if (array.shape, array.dtype) != (shape, dtype):
+    raise invalid_argument(
+        f"Execute: argument {i} is {array.dtype}{list(array.shape)} but the "
+        f"program takes {dtype}{list(shape)}")
+  if sharding is None:
+    return
+  got, want = array.sharding.shard_shape(shape), sharding.shard_shape(shape)
+  if got != want:
+    raise invalid_argument(
+        f"Execute: argument {i} comes in shards of {list(got)} but the "
+        f"program takes shards of {list(want)}; reshard it first")

@@ -1,0 +1,451 @@
+"""Every field a client sends is checked before it reaches a worker: a bad
+one gets INVALID_ARGUMENT (or NOT_FOUND) naming it, and nothing else
+changes: the session, its arrays and the cluster keep working. Requests are
+sent raw, as jaxlib's client never would."""
+import time
+
+import grpc
+import jax
+import numpy as np
+import pytest
+from jax._src import compiler, config
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jax_pathways import dtypes, protos
+from jax_pathways.programs import sharding as sharding_lib
+from jax_pathways.programs.sharding import Sharding
+
+pytestmark = pytest.mark.integration
+
+INVALID_ARGUMENT = 3
+NOT_FOUND = 5
+SERVICE = "/xla.ifrt.proxy.GrpcIfrtService/"
+STORE_METADATA = "ifrt-proxy-grpc-host-buffer-store-metadata-bin"
+DATA = np.arange(16, dtype=np.float32)  # a 64-byte upload
+
+
+def _m(name):
+  return protos.msg(f"xla.ifrt.proxy.{name}")
+
+
+class Client:
+  """A RawSession with host-buffer uploads and downloads."""
+
+  def __init__(self, session, address):
+    self.session = session
+    self._channel = grpc.insecure_channel(address.split("://")[1])
+    self._next = 1000
+
+  def handle(self) -> int:
+    self._next += 1
+    return self._next
+
+  def store(self, data: bytes) -> int:
+    handle = self.handle()
+    meta = _m("GrpcHostBufferStoreMetadata")(
+        session_id=self.session.id, handle=handle, buffer_size=len(data))
+    self._channel.stream_unary(
+        SERVICE + "HostBufferStore",
+        request_serializer=_m("GrpcHostBufferStoreRequest").SerializeToString,
+        response_deserializer=_m("GrpcHostBufferStoreResponse").FromString)(
+            iter([_m("GrpcHostBufferStoreRequest")(data=data)]), timeout=10,
+            metadata=[(STORE_METADATA, meta.SerializeToString())])
+    return handle
+
+  def lookup(self, handle: int) -> bytes:
+    call = self._channel.unary_stream(
+        SERVICE + "HostBufferLookup",
+        request_serializer=_m("GrpcHostBufferLookupRequest").SerializeToString,
+        response_deserializer=_m("GrpcHostBufferLookupResponse").FromString)
+    return b"".join(r.data for r in call(_m("GrpcHostBufferLookupRequest")(
+        session_id=self.session.id, handle=handle), timeout=10))
+
+  def upload(self, data: bytes, shape, dtype="float32", strides=None,
+             devices=(0,), op_sharding=None, array_handle=None):
+    """MakeArrayFromHostBuffer; returns (reply, array handle)."""
+    host = self.store(data)
+    array = self.handle() if array_handle is None else array_handle
+
+    def fill(b):
+      b.host_buffer_handle = host
+      b.dtype.kind = _kind(dtype)
+      b.shape.dims.extend(shape)
+      sharding_lib.to_proto(Sharding(tuple(devices), op_sharding), b.sharding)
+      if strides is not None:
+        b.byte_strides.strides.extend(strides)
+      b.array_handle = array
+
+    return self.session.call(make_array_from_host_buffer_request=fill), array
+
+  def fetch(self, array: int, strides=None):
+    """CopyToHostBuffer; returns (reply, bytes or None)."""
+    host = self.handle()
+
+    def fill(b):
+      b.array_handle = array
+      b.host_buffer_handle = host
+      if strides is not None:
+        b.byte_strides.strides.extend(strides)
+
+    reply = self.session.call(copy_to_host_buffer_request=fill)
+    if reply.response_metadata.status.code:
+      return reply, None
+    return reply, self.lookup(host)
+
+  def round_trip(self, data: np.ndarray = DATA) -> None:
+    """The session still uploads and fetches correctly."""
+    reply, array = self.upload(data.tobytes(), data.shape, data.dtype.name)
+    assert reply.response_metadata.status.code == 0, reply
+    reply, got = self.fetch(array)
+    assert reply.response_metadata.status.code == 0, reply
+    assert got == data.tobytes()
+
+  def close(self) -> None:
+    self._channel.close()
+
+
+def _kind(dtype) -> int:
+  if isinstance(dtype, int):
+    return dtype
+  out = protos.msg("xla.ifrt.DTypeProto")()
+  dtypes.to_proto(dtype, out)
+  return out.kind
+
+
+@pytest.fixture
+def client(raw_session, pathways):
+  c = Client(raw_session(), pathways.address)
+  yield c
+  c.close()
+
+
+def _assert_rejected(reply, *words, code=INVALID_ARGUMENT):
+  status = reply.response_metadata.status
+  assert status.code == code, status
+  for w in words:
+    assert w in status.message, status.message
+
+
+@pytest.fixture
+def cluster_works(run_both):
+  """After the test: a real jit on the proxy equals plain CPU JAX."""
+  yield
+  run_both(lambda devices: jax.jit(lambda x: x * 2 + 1)(
+      jax.device_put(np.arange(8.0, dtype=np.float32), devices[1])))
+
+
+def test_upload_strides_must_stay_inside_the_host_buffer(client,
+                                                         cluster_works):
+  # Declared larger than its 64 bytes: it would be a view of the worker's
+  # memory (other clients' data); 1<<40 would crash the worker.
+  cases = [([4, 4], [8, 1 << 40], "beyond the 64-byte host buffer"),
+           ([1024], [4], "beyond the 64-byte host buffer"),
+           ([4, 4], [-16, 4], "before the start"),
+           ([4, 4], [4], "rank 2")]
+  for shape, strides, words in cases:
+    reply, array = client.upload(DATA.tobytes(), shape, strides=strides)
+    _assert_rejected(reply, "MakeArrayFromHostBuffer", "byte_strides", words)
+    _assert_rejected(client.fetch(array)[0])  # the handle holds the error
+  # Legal strides (a transposed upload) still work.
+  reply, array = client.upload(DATA.tobytes(), [4, 4], strides=[4, 16])
+  assert reply.response_metadata.status.code == 0
+  assert client.fetch(array)[1] == DATA.reshape(4, 4).T.tobytes()
+  client.round_trip()
+
+
+def test_upload_byte_count_shape_and_dtype(client, cluster_works):
+  cases = [
+      (dict(shape=[5]), "needs 20 bytes but the host buffer has 64"),
+      (dict(shape=[2]), "needs 8 bytes but the host buffer has 64"),
+      (dict(shape=[-1, 4]), "negative dimension"),
+      (dict(shape=[1 << 40, 1 << 40]), "larger than"),
+      (dict(shape=[0, 1 << 62, 8]), "larger than"),
+      (dict(shape=[16], dtype=9999), "dtype kind 9999"),
+      (dict(shape=[16], dtype=0), "dtype kind 0"),
+  ]
+  for kwargs, words in cases:
+    reply, _ = client.upload(DATA.tobytes(), **kwargs)
+    _assert_rejected(reply, words)
+  client.round_trip()
+
+
+def _upload_shards(client, shards, shape=(16,), devices=(0, 1),
+                   op_sharding=None, dtype="float32"):
+  """MakeArraysFromHostBufferShards of one array; shards are
+  (device indices, bytes, shape, strides). Returns (reply, handle)."""
+  uploads = [client.store(data) for _, data, _, _ in shards]
+  array = client.handle()
+
+  def fill(b):
+    b.array_handles.append(array)
+    spec = b.specs.add()
+    spec.array_spec.dtype.kind = _kind(dtype)
+    spec.array_spec.shape.dims.extend(shape)
+    sharding_lib.to_proto(Sharding(tuple(devices), op_sharding),
+                          spec.array_spec.sharding)
+    for (indices, _, shard_shape, strides), host in zip(shards, uploads):
+      spec.addressable_shard_indices.add().indices.extend(indices)
+      hb = spec.host_buffers.add()
+      hb.host_buffer_handle = host
+      hb.dtype.kind = _kind(dtype)
+      hb.shape.dims.extend(shard_shape)
+      if strides is not None:
+        hb.byte_strides.strides.extend(strides)
+
+  reply = client.session.call(make_arrays_from_host_buffer_shards_request=fill)
+  return reply, array
+
+
+def test_sharded_uploads_are_checked_shard_by_shard(client, cluster_works):
+  tiled = protos.msg("xla.OpSharding")(
+      type=3, tile_assignment_dimensions=[2],
+      tile_assignment_devices=[0, 1]).SerializeToString()
+  half = DATA[:8].tobytes()  # 32 bytes
+  cases = [
+      ([([0], half, [8], [4]), ([1], half, [8], [1 << 40])],
+       "shard 1: byte_strides [1099511627776] address"),
+      ([([0], half, [8], None), ([1], half, [8], [4, 4])], "rank 1"),
+      ([([0], half, [8], None), ([1], half, [9], None)],
+       "shard 1: shape [9] is not a shard"),
+      ([([0], half, [8], None), ([1], DATA[:6].tobytes(), [8], None)],
+       "needs 32 bytes but the host buffer has 24"),
+      ([([0], half, [8], None), ([7], half, [8], None)],
+       "device index 7 is out of range"),
+      ([([0], half, [8], None), ([0], half, [8], None)],
+       "device index 0 is out of range or repeated"),
+      ([([0], half[:16], [4], None), ([1], half[:16], [4], None)],
+       "shard 0: shape [4] is not a shard of this array (its shards are [8])"),
+  ]
+  for shards, words in cases:
+    reply, array = _upload_shards(client, shards, op_sharding=tiled)
+    _assert_rejected(reply, "MakeArraysFromHostBufferShards", words)
+    _assert_rejected(client.fetch(array)[0])
+  reply, array = _upload_shards(
+      client, [([0], half, [8], None), ([1], DATA[8:].tobytes(), [8], None)],
+      op_sharding=tiled)
+  assert reply.response_metadata.status.code == 0, reply
+  assert client.fetch(array)[1] == DATA.tobytes()
+
+
+def test_devices_outside_the_slice(client, cluster_works):
+  reply, _ = client.upload(DATA.tobytes(), [16], devices=(100,))
+  _assert_rejected(reply, "device 100 is not in this client's slice")
+  reply, _ = client.upload(DATA.tobytes(), [16], devices=(1, 1))
+  _assert_rejected(reply, "more than once")
+  tiled = protos.msg("xla.OpSharding")(
+      type=3, tile_assignment_dimensions=[3],
+      tile_assignment_devices=[0, 1, 2]).SerializeToString()
+  reply, _ = client.upload(DATA.tobytes(), [16], devices=(0, 1),
+                           op_sharding=tiled)
+  _assert_rejected(reply, "tile assignment [3]")
+  client.round_trip()
+
+
+def test_copies_and_reshards_keep_the_array(client, cluster_works):
+  reply, array = client.upload(DATA.tobytes(), [16], devices=(0, 1))
+  assert reply.response_metadata.status.code == 0
+
+  def copy(devices):
+    def fill(b):
+      b.array_handles.append(array)
+      b.device_ids.extend(devices)
+      b.result_handles.append(client.handle())
+    return client.session.call(copy_arrays_request=fill)
+
+  _assert_rejected(copy([2, 2]), "CopyArrays", "more than once")
+  _assert_rejected(copy([2, 100]), "device 100 is not in this client's slice")
+
+  def reshard(shape, dtype="float32"):
+    def fill(b):
+      b.array_handles.append(array)
+      spec = b.array_specs.add()
+      spec.dtype.kind = _kind(dtype)
+      spec.shape.dims.extend(shape)
+      sharding_lib.to_proto(Sharding((2, 3)), spec.sharding)
+      b.result_handles.append(client.handle())
+    return client.session.call(reshard_arrays_request=fill)
+
+  _assert_rejected(reshard([1 << 20]), "ReshardArrays", "a reshard keeps")
+  _assert_rejected(reshard([16], "int32"), "ReshardArrays", "a reshard keeps")
+  reply = reshard([16])
+  assert reply.response_metadata.status.code == 0, reply
+  moved = reply.reshard_arrays_response.array_handles[0]
+  assert client.fetch(moved)[1] == DATA.tobytes()
+  assert client.fetch(array)[1] == DATA.tobytes()
+
+
+def test_a_small_slice_names_only_its_devices(raw_session, pathways,
+                                              cluster_works):
+  client = Client(raw_session(devices="2"), pathways.address)
+  try:
+    reply, _ = client.upload(DATA.tobytes(), [16], devices=(2,))
+    _assert_rejected(reply, "device 2 is not in this client's slice")
+    text = jax.jit(lambda x: x + 1).lower(
+        jax.ShapeDtypeStruct((8,), np.float32)).as_text()
+    four = _compile_options(1, 4, [[0, 1, 2, 3]])
+    _assert_rejected(_compile(client, text, four),
+                     "4 devices asked for, but this client has 2")
+    client.round_trip()
+  finally:
+    client.close()
+
+
+def test_download_strides_must_be_dense(client, cluster_works):
+  data = np.arange(6, dtype=np.float32).reshape(2, 3)
+  reply, array = client.upload(data.tobytes(), [2, 3])
+  assert reply.response_metadata.status.code == 0
+  # [0, 0] would leave most of the download uninitialized worker memory;
+  # 1<<40 would crash the worker.
+  for strides in ([0, 0], [1 << 40, 4], [4], [12, 8]):
+    reply, _ = client.fetch(array, strides)
+    _assert_rejected(reply, "CopyToHostBuffer", "byte_strides")
+  reply, got = client.fetch(array, [4, 8])  # column-major: fine
+  assert got == data.T.tobytes()
+  assert client.fetch(array)[1] == data.tobytes()
+
+
+def test_result_handles_are_never_reused(client, cluster_works):
+  reply, array = client.upload(DATA.tobytes(), [16])
+  assert reply.response_metadata.status.code == 0
+  # The same handle again, with other data: refused, the array kept.
+  other = np.ones(16, np.float32).tobytes()
+  reply, _ = client.upload(other, [16], array_handle=array)
+  _assert_rejected(reply, f"handle {array} already names an array")
+  assert client.fetch(array)[1] == DATA.tobytes()
+  # Named twice in one request.
+  twice = client.handle()
+
+  def fill(b):
+    b.array_handles.extend([twice, twice])
+  reply = client.session.call(make_arrays_from_host_buffer_shards_request=fill)
+  _assert_rejected(reply, f"handle {twice} is named twice")
+  # Execute's results, too: the uploaded array survives.
+  reply = client.session.call(loaded_executable_execute_request=lambda b: (
+      setattr(b, "loaded_executable_handle", 12345),
+      b.result_array_handle.append(array)))
+  _assert_rejected(reply, "already names an array")
+  assert client.fetch(array)[1] == DATA.tobytes()
+
+
+def test_error_arrays_carry_valid_codes(client, cluster_works):
+  for code, expected in ((999, 2), (0, 2), (9, 9)):
+    array = client.handle()
+
+    def fill(b, code=code, array=array):
+      b.error.code = code
+      b.error.message = "the client's own failure"
+      b.array_handles.append(array)
+    reply = client.session.call(make_error_arrays_request=fill)
+    assert reply.response_metadata.status.code == 0, reply
+    _assert_rejected(client.fetch(array)[0], "the client's own failure",
+                     code=expected)
+  client.round_trip()
+
+
+def test_arrays_of_other_sessions_are_not_found(client, raw_session,
+                                                pathways, cluster_works):
+  reply, array = client.upload(DATA.tobytes(), [16])
+  assert reply.response_metadata.status.code == 0
+  other = Client(raw_session(), pathways.address)
+  try:
+    _assert_rejected(other.fetch(array)[0], f"unknown array handle: {array}",
+                     code=NOT_FOUND)
+  finally:
+    other.close()
+  assert client.fetch(array)[1] == DATA.tobytes()
+
+
+def _compile_options(replicas, partitions, assignment):
+  options = compiler.get_compile_options(
+      num_replicas=replicas, num_partitions=partitions,
+      device_assignment=assignment)
+  proto = protos.msg("xla.CompileOptionsProto").FromString(
+      options.SerializeAsString())
+  proto.executable_build_options.use_shardy_partitioner = (
+      config.use_shardy_partitioner.value)
+  return proto
+
+
+def _compile(client, text: str, options):
+  def fill(b):
+    b.program.type_name = "xla::ifrt::XlaProgram"
+    b.program.data = text.encode()
+    b.compile_options.type_name = "xla::ifrt::XlaCompileOptions"
+    b.compile_options.data = protos.msg("xla.ifrt.XlaCompileOptionsProto")(
+        compile_options=options).SerializeToString()
+  return client.session.call(compile_request=fill)
+
+
+def _execute(client, exe, args):
+  def fill(b):
+    b.loaded_executable_handle = exe
+    b.args_handles.extend(args)
+  return client.session.call(loaded_executable_execute_request=fill)
+
+
+def test_execute_arguments_must_fit_the_program(client, cpu_devices,
+                                                cluster_works):
+  mesh = Mesh(np.array(cpu_devices[:2]), ("x",))
+  spec = NamedSharding(mesh, P("x"))
+  text = jax.jit(lambda x: x + 1, in_shardings=spec, out_shardings=spec).lower(
+      jax.ShapeDtypeStruct((8,), np.float32)).as_text()
+  reply = _compile(client, text, _compile_options(1, 2, [[0, 1]]))
+  assert reply.response_metadata.status.code == 0, reply
+  exe = reply.compile_response.loaded_executable_handle
+  tiled = protos.msg("xla.OpSharding")(
+      type=3, tile_assignment_dimensions=[2],
+      tile_assignment_devices=[0, 1]).SerializeToString()
+  data = np.arange(8, dtype=np.float32)
+
+  # No arguments for a 2-device program: the worker would crash.
+  _assert_rejected(_execute(client, exe, []), "takes 1 arguments, not 0")
+  # The wrong shape, the wrong dtype, the wrong devices.
+  _, short = client.upload(data[:4].tobytes(), [4], devices=(0, 1),
+                           op_sharding=tiled)
+  _assert_rejected(_execute(client, exe, [short]), "argument 0 is float32[4]")
+  _, ints = client.upload(data.astype(np.int32).tobytes(), [8], "int32",
+                          devices=(0, 1), op_sharding=tiled)
+  _assert_rejected(_execute(client, exe, [ints]), "argument 0 is int32[8]")
+  _, elsewhere = client.upload(data.tobytes(), [8], devices=(2,))
+  _assert_rejected(_execute(client, exe, [elsewhere]), "devices [2]")
+
+  # The program's devices, but not its tiling: each device holds 8, not 4.
+  _, replicated = client.upload(data.tobytes(), [8], devices=(0, 1))
+  _assert_rejected(_execute(client, exe, [replicated]),
+                   "argument 0 comes in shards of [8]", "shards of [4]")
+
+  # The right argument runs, on the same session.
+  reply, x = client.upload(data.tobytes(), [8], devices=(0, 1),
+                           op_sharding=tiled)
+  assert reply.response_metadata.status.code == 0
+  reply = _execute(client, exe, [x])
+  assert reply.response_metadata.status.code == 0, reply
+  out = reply.loaded_executable_execute_response.outputs[0].array_handle
+  assert client.fetch(out)[1] == (data + 1).tobytes()
+
+
+def test_compile_options_are_bounded_by_the_slice(client, cpu_devices,
+                                                  cluster_works):
+  text = jax.jit(lambda x: x + 1).lower(
+      jax.ShapeDtypeStruct((8,), np.float32)).as_text()
+  options = _compile_options(1, 1, [[0]])
+  huge = [("num_partitions", 10**7), ("num_replicas", 10**7)]
+  for name, value in huge:
+    bad = protos.msg("xla.CompileOptionsProto")()
+    bad.CopyFrom(options)
+    bad.executable_build_options.ClearField("device_assignment")
+    setattr(bad.executable_build_options, name, value)
+    start = time.monotonic()
+    reply = _compile(client, text, bad)
+    assert time.monotonic() - start < 1.0
+    _assert_rejected(reply, "compile options", "10000000", "this client has 8")
+  # A device assignment of 2 devices for a 1-partition program, and one
+  # naming a device twice.
+  bad = protos.msg("xla.CompileOptionsProto")()
+  bad.CopyFrom(_compile_options(1, 2, [[0, 1]]))
+  bad.executable_build_options.num_partitions = 1
+  _assert_rejected(_compile(client, text, bad), "does not match")
+  bad.CopyFrom(_compile_options(1, 2, [[3, 3]]))
+  _assert_rejected(_compile(client, text, bad), "more than once")
+  reply = _compile(client, text, options)
+  assert reply.response_metadata.status.code == 0, reply
