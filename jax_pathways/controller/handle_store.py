@@ -36,10 +36,6 @@ class HandleStore(Generic[T]):
                           f"{self.kind} handle {handle} is already in use")
       self._items[handle] = item
 
-  def put_if_absent(self, handle: int, item: T) -> None:
-    with self._lock:
-      self._items.setdefault(handle, item)
-
   def get(self, handle: int) -> T:
     with self._lock:
       item = self._items.get(handle)

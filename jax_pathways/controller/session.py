@@ -294,14 +294,17 @@ class Session:
     on_idle()
 
   def _poison_results(self, kind: str, body: Any, status: Status) -> None:
-    """Leaves the error under the client's result handles (IFRT semantics);
-    handles already in use keep what they name."""
+    """Leaves the error under the client's result handles (IFRT semantics).
+    They were checked to be new before the handler ran, so whatever a
+    failed handler left under them is its own half-made work: let it go."""
     handles = self._result_handles.get(kind)
     if handles is None:
       return
     for h in handles(body):
-      if h:
-        self.arrays.put_if_absent(h, Array.failed(status))
+      made = self.arrays.discard(h)
+      if made is not None:
+        moves.release(self.services, [made])
+      self.arrays.put(h, Array.failed(status))
 
   def describe(self) -> dict[str, Any]:
     """What `jax-pathways status` shows of this client."""
