@@ -368,16 +368,17 @@ void Dispatcher::ReadLoop(Island* island) {
     FrameKind kind;
     Bytes body;
     Status s = channel->Receive(&kind, &body);
-    if (s.ok()) {
+    if (s.ok() && kind == FrameKind::kHeartbeat) {
       std::lock_guard<std::mutex> lock(mu_);
       island->last_heard = std::chrono::steady_clock::now();
+      continue;
     }
-    if (s.ok() && kind == FrameKind::kHeartbeat) continue;
     if (s.ok() && kind == FrameKind::kReadProbeAck) {
       uint32_t can = 0;
       WireReader answer(body.view());
       if (answer.U32(&can)) {
         std::lock_guard<std::mutex> lock(mu_);
+        island->last_heard = std::chrono::steady_clock::now();
         island->reads_locally = can == 1;
         continue;
       }
@@ -435,6 +436,7 @@ void Dispatcher::HandleEvent(Island* island, Event event) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!island->alive) return;
+    island->last_heard = std::chrono::steady_clock::now();
     std::vector<Op> ready;
     std::optional<GangSlot> slot = island->queue.Finish(event.seq, &ready);
     if (!slot) {
