@@ -87,7 +87,8 @@ class Execution:
   donates one (a gradient sum carried from backward to backward) leaves it
   reading as ready at once, while this launch may not have run yet."""
 
-  def __init__(self, token: Any, outputs: Sequence[jax.Array], client: Any):
+  def __init__(self, token: Any, outputs: Sequence[jax.Array],
+               client: Any = None):
     self._token = token
     self._outputs = outputs
     self.client = client  # the PJRT client the program ran on
