@@ -49,7 +49,7 @@ class Controller:
     self.services = Services(
         topology=self.topology, dispatcher=self.dispatcher,
         host_buffers=self.host_buffers, compile_cache=self.compile_cache,
-        resources=ResourceManager(self.topology),
+        resources=ResourceManager(self.topology, self._lost_islands),
         platform_version=f"jax_pathways {jax_pathways.__version__}",
         spmd_across_islands=self.coordinator is not None)
     self.service = GrpcService(server, self.services, token, self.status)
@@ -60,6 +60,9 @@ class Controller:
         self.coordinator.address if self.coordinator else None,
         reduction_order)
     self.worker_address = self._workers.address
+
+  def _lost_islands(self) -> set[int]:
+    return {s["island"] for s in self.dispatcher.stats() if not s["alive"]}
 
   def start(self) -> None:
     self._workers.start()

@@ -159,6 +159,9 @@ def test_lost_worker_ends_programs_spanning_its_island(client, signum):
   island0 = c.read("island0_same", 30)
   assert island0["island0_same"] is True
   assert island0["island0_s"] < 10.0, island0
+  # So does a new client, placed on the island that is left.
+  new = c.read("new_client_same", 150)
+  assert new["new_client_same"] is True, new
   status = {i["island"]: i for i in c.read("status", 10)["status"]}
   assert status[0]["alive"] is True and not status[0]["error"]
   assert status[1]["alive"] is False

@@ -3,10 +3,13 @@ stops island 1's worker.
 
 Prints JSON lines: the cluster's pids, "ready", what the user saw, then
 whether island 0 still computes (against plain JAX on this process's CPU
-backend) and what the controller's status says of each island.
+backend), for this client and for a new one, and what the controller's
+status says of each island.
 """
 import json
 import os
+import subprocess
+import sys
 import time
 
 # Plain JAX's CPU backend next to the proxy one: the reference.
@@ -59,20 +62,44 @@ while time.time() < deadline:
 say(error=error, t=time.time())
 
 
+# A program with collectives within one island; this client and a new one
+# run it (the new one gets the 4 devices of the island that is left).
+ISLAND0_STEP = """
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+
 def island0_step(devs):
-  """A program with collectives within one island."""
   m = Mesh(np.array(devs[:4]), ("j",))
   a = jax.device_put(np.arange(32.0, dtype=np.float32).reshape(4, 8),
                      NamedSharding(m, P("j")))
   f = jax.jit(jax.shard_map(lambda b: jax.numpy.sin(b) + jax.lax.psum(b, "j"),
                             mesh=m, in_specs=P("j"), out_specs=P("j")))
   return np.asarray(f(a))
+"""
+NEW_CLIENT = f"""
+import sys
+import jax_pathways
+jax_pathways.initialize(sys.argv[1], devices=4)
+{ISLAND0_STEP}
+sys.stdout.write(island0_step(jax.devices()).tobytes().hex())
+"""
+exec(ISLAND0_STEP)  # pylint: disable=exec-used
 
-
+expected = island0_step(jax.devices("cpu"))  # noqa: F821
 t = time.time()
-got = island0_step(devices)
-say(island0_s=time.time() - t,
-    island0_same=got.tobytes() == island0_step(jax.devices("cpu")).tobytes())
+got = island0_step(devices)  # noqa: F821
+say(island0_s=time.time() - t, island0_same=got.tobytes() == expected.tobytes())
+env = dict(os.environ, JAX_PATHWAYS_TOKEN=cluster.token)
+env.pop("JAX_PLATFORMS")
+t = time.time()
+new = subprocess.run([sys.executable, "-c", NEW_CLIENT, cluster.address],
+                     env=env, capture_output=True, text=True, timeout=120,
+                     check=False)
+say(new_client_s=time.time() - t,
+    new_client_same=new.stdout == expected.tobytes().hex(),
+    new_client_stderr=new.stderr[-2000:] if new.returncode else "")
 islands = admin.status(cluster.address, cluster.token)["islands"]
 say(status=[{"island": i["island"], "alive": i["alive"], "error": i["error"]}
             for i in islands])
