@@ -54,7 +54,6 @@ Status Dispatcher::AddIsland(IslandId island, int fd, std::string name,
                                         std::move(channel), max_in_flight_,
                                         memory_bytes);
   Island* raw = owned.get();
-  raw->last_heard = std::chrono::steady_clock::now();
   islands_.emplace(island, std::move(owned));
   if (raw->channel->IsLocal()) {
     // The reader thread takes the answer; until then tails are sent.
@@ -414,9 +413,10 @@ void Dispatcher::ExpireSilentIslands(double timeout_s) {
     std::lock_guard<std::mutex> lock(mu_);
     auto now = std::chrono::steady_clock::now();
     for (auto& [id, island] : islands_) {
+      if (!island->alive || !island->last_heard) continue;
       double silent =
-          std::chrono::duration<double>(now - island->last_heard).count();
-      if (!island->alive || silent <= timeout_s) continue;
+          std::chrono::duration<double>(now - *island->last_heard).count();
+      if (silent <= timeout_s) continue;
       char seconds[32];
       snprintf(seconds, sizeof(seconds), "%.1f", silent);
       KillLocked(island.get(),

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -93,8 +94,9 @@ class Dispatcher {
   void Forget(const std::vector<BufferId>& ids);
   // Fails the island as if its connection had dropped.
   void FailIsland(IslandId island, const Status& why);
-  // Fails islands that sent nothing (not even a heartbeat) for `timeout_s`:
-  // a stopped or wedged worker (called periodically).
+  // Fails islands that sent nothing (not even a heartbeat) for `timeout_s`
+  // since their last frame: a stopped or wedged worker (called
+  // periodically).
   void ExpireSilentIslands(double timeout_s);
 
   // While corked, ops are held and then sent together at the last Uncork():
@@ -120,7 +122,9 @@ class Dispatcher {
     uint64_t submitted = 0;
     uint64_t finished = 0;
     std::chrono::steady_clock::time_point last_finish;  // of a launch
-    std::chrono::steady_clock::time_point last_heard;   // any frame
+    // Any frame. Timed from the first: until then the worker is joining the
+    // islands' global client, which waits for every island (and times out).
+    std::optional<std::chrono::steady_clock::time_point> last_heard;
     // Device memory, counted in gang order: results when numbered, freed
     // when their DELETE is numbered (the worker runs both in that order).
     int64_t capacity = 0;
