@@ -124,15 +124,18 @@ class Completions:
     """Reports a failed op, in order with the ops before it."""
     self._queue.put((seq, status, None, None))
 
-  def close(self) -> None:
+  def close(self, wait: bool = True) -> None:
+    """Stops the threads once they have reported what was added (`wait`),
+    or at once."""
     for q in (self._queue, self._sends, self._spanning):
       q.put(None)
-    for thread in self._threads:
-      thread.join(timeout=30)
     with self._lock:
       lost = self._lost is not None
-    if not lost:  # else it may wait for ever on an abandoned program
-      self._spanning_thread.join(timeout=30)
+    if wait:
+      for thread in self._threads:
+        thread.join(timeout=30)
+      if not lost:  # else it may wait for ever on an abandoned program
+        self._spanning_thread.join(timeout=30)
     if self._watchdog is not None:
       self._watchdog.close()
 

@@ -91,6 +91,7 @@ class Worker:
 
   def run(self) -> None:
     """Runs ops until the controller says stop or goes away."""
+    controller_gone = False
     try:
       while True:
         op = self._executor.next(1.0)
@@ -117,8 +118,11 @@ class Worker:
             self._completions.fail(op.seq, status)
     except _core.JaxPathwaysError as e:
       logging.warning("controller is gone (%s); worker exits", e)
+      controller_gone = True
     finally:
-      self._completions.close()
+      # With no one to report to, work still running (perhaps a program
+      # waiting in gloo for a lost island) is not waited for.
+      self._completions.close(wait=not controller_gone)
 
   def _peer_lost(self, op: Any) -> None:
     """Island `op.program` is lost: programs on the global client wait for
