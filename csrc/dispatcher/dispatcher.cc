@@ -515,7 +515,9 @@ void Dispatcher::KillLocked(Island* island, const Status& why,
       g.done = true;
       g.status = why;
       buffers_.Resolve(g.results, why, done);
-      if (g.tag) done->push_back(Completion{g.tag, why, std::move(g.payloads)});
+      if (g.tag) {
+        done->push_back(Completion{g.tag, why, std::move(g.payloads)});
+      }
     }
     FinishSlot(slot, why, {}, done);
   }
