@@ -32,8 +32,9 @@ class NaiveDispatcher(Dispatcher):
   """Islands receive each client's ops in order, clients interleaved at
   random, independently on every island."""
 
-  def __init__(self, max_in_flight: int, memory_wait_s: float):
-    super().__init__(max_in_flight, memory_wait_s)
+  def __init__(self, max_in_flight: int, memory_wait_s: float,
+               worker_timeout_s: float):
+    super().__init__(max_in_flight, memory_wait_s, worker_timeout_s)
     self._mu = threading.Condition()
     # island -> client -> parts waiting, in the client's order
     self._queues: dict[int, dict[int, collections.deque]] = (

@@ -90,6 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   c.add_argument("--memory-wait", type=float, default=None,
                  help="seconds a launch may wait for device memory other "
                  "clients hold before it fails (default 60)")
+  c.add_argument("--worker-timeout", type=float, default=None,
+                 help="seconds of silence (workers send a heartbeat every "
+                 "second) after which a worker is lost: its island's work "
+                 "fails, programs spanning it fail everywhere (default 5)")
   c.add_argument("--reduction-order", choices=("rank", "ring"),
                  default="rank",
                  help="float sums of programs that span islands: 'rank' adds "
@@ -147,6 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    f"1..{config.MAX_SAFE_IN_FLIGHT} (XLA:CPU hangs at 64)")
     if args.memory_wait is not None and not args.memory_wait > 0:
       parser.error(f"--memory-wait={args.memory_wait} must be > 0 seconds")
+    if args.worker_timeout is not None and not args.worker_timeout >= 2:
+      parser.error(f"--worker-timeout={args.worker_timeout} must be >= 2 "
+                   "seconds (workers send a heartbeat every second)")
     return controller_main.run(args.islands or cfg.islands, args.listen,
                                args.worker_listen, args.coordinator_listen,
                                controller_main.token(cfg, args.insecure,
@@ -154,7 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                      args.worker_listen,
                                                      args.coordinator_listen),
                                max_in_flight, args.parent_pid,
-                               args.memory_wait, args.reduction_order)
+                               args.memory_wait, args.reduction_order,
+                               args.worker_timeout)
   if args.command == "worker":
     _setup_logging(cfg.verbosity)
     from jax_pathways.worker import main as worker_main  # pylint: disable=import-outside-toplevel

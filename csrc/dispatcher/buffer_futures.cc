@@ -15,6 +15,9 @@ void BufferFutures::Resolve(const std::vector<BufferId>& ids,
     auto it = entries_.find(id);
     if (it == entries_.end()) continue;  // forgotten while in flight
     Entry& e = it->second;
+    // A failure sticks: a buffer whose island was lost stays lost even if
+    // another island's part of its program reports later.
+    if (e.state == BufferState::kFailed) continue;
     e.state = status.ok() ? BufferState::kReady : BufferState::kFailed;
     e.failure = status;
     for (auto& w : e.waiters) {

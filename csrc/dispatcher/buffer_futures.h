@@ -25,6 +25,7 @@ class BufferFutures {
  public:
   void AddPending(const std::vector<BufferId>& ids);
   // Settles `ids` with `status`; waiters that finish are appended to `out`.
+  // A failed buffer stays failed.
   void Resolve(const std::vector<BufferId>& ids, const Status& status,
                std::vector<Completion>* out);
   // Files a waiter; appends its completion to `out` at once if it is already

@@ -370,11 +370,17 @@ void Dispatcher::ReadLoop(Island* island) {
     FrameKind kind;
     Bytes body;
     Status s = channel->Receive(&kind, &body);
+    if (s.ok() && kind == FrameKind::kHeartbeat) {
+      std::lock_guard<std::mutex> lock(mu_);
+      island->last_heard = std::chrono::steady_clock::now();
+      continue;
+    }
     if (s.ok() && kind == FrameKind::kReadProbeAck) {
       uint32_t can = 0;
       WireReader answer(body.view());
       if (answer.U32(&can)) {
         std::lock_guard<std::mutex> lock(mu_);
+        island->last_heard = std::chrono::steady_clock::now();
         island->reads_locally = can == 1;
         continue;
       }
@@ -392,8 +398,8 @@ void Dispatcher::ReadLoop(Island* island) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         KillLocked(island,
-                   Unavailable("worker " + island->name +
-                               " is unreachable: " + s.message()),
+                   DataLoss("worker " + island->name + " is lost: " +
+                            s.message()),
                    &outbox, &done);
       }
       Flush(std::move(outbox), std::move(done));
@@ -403,12 +409,37 @@ void Dispatcher::ReadLoop(Island* island) {
   }
 }
 
+void Dispatcher::ExpireSilentIslands(double timeout_s) {
+  Outbox outbox;
+  std::vector<Completion> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto now = std::chrono::steady_clock::now();
+    for (auto& [id, island] : islands_) {
+      if (!island->alive || !island->last_heard) continue;
+      double silent =
+          std::chrono::duration<double>(now - *island->last_heard).count();
+      if (silent <= timeout_s) continue;
+      char seconds[32];
+      snprintf(seconds, sizeof(seconds), "%.1f", silent);
+      KillLocked(island.get(),
+                 DataLoss("worker " + island->name + " is lost: it sent "
+                          "nothing, not even a heartbeat, for " + seconds +
+                          " s (stopped or wedged; the controller's "
+                          "--worker-timeout)"),
+                 &outbox, &done);
+    }
+  }
+  Flush(std::move(outbox), std::move(done));
+}
+
 void Dispatcher::HandleEvent(Island* island, Event event) {
   Outbox outbox;
   std::vector<Completion> done;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!island->alive) return;
+    island->last_heard = std::chrono::steady_clock::now();
     std::vector<Op> ready;
     std::optional<GangSlot> slot = island->queue.Finish(event.seq, &ready);
     if (!slot) {
@@ -460,9 +491,12 @@ void Dispatcher::FinishSlot(const GangSlot& slot, const Status& status,
                             Bytes payload,
                             std::vector<Completion>* done) {
   Gang& g = *slot.gang;
+  --g.remaining;
+  if (g.done) return;  // failed already, when one of its islands was lost
   g.payloads[slot.index] = std::move(payload);
   if (!status.ok() && g.status.ok()) g.status = status;
-  if (--g.remaining > 0) return;
+  if (g.remaining > 0) return;
+  g.done = true;
   buffers_.Resolve(g.results, g.status, done);
   if (g.tag) done->push_back(Completion{g.tag, g.status, std::move(g.payloads)});
 }
@@ -477,7 +511,30 @@ void Dispatcher::KillLocked(Island* island, const Status& why,
   for (GangSlot& slot : island->queue.DrainAll()) {
     ++island->finished;
     if (slot.is_launch) fair_.Abandoned(slot.client);
+    Gang& g = *slot.gang;
+    if (!g.done && g.remaining > 1) {
+      // Its ops on other islands (a program spanning this one) cannot
+      // succeed: fail the gang now rather than when they give up.
+      g.done = true;
+      g.status = why;
+      buffers_.Resolve(g.results, why, done);
+      if (g.tag) {
+        done->push_back(Completion{g.tag, why, std::move(g.payloads)});
+      }
+    }
     FinishSlot(slot, why, {}, done);
+  }
+  // What it held is gone, whoever holds the rest of an array.
+  std::vector<BufferId> held;
+  for (const auto& [id, owner] : island->held) held.push_back(id);
+  buffers_.Resolve(held, why, done);
+  for (auto& [id, other] : islands_) {
+    if (!other->alive) continue;
+    Op notice;
+    notice.kind = OpKind::kPeerLost;
+    notice.program = static_cast<uint64_t>(island->id);
+    notice.payload = Bytes::Copy(why.message());
+    outbox->push_back(Outgoing{other->channel, std::move(notice), false});
   }
   AdmitHeld(outbox, done);  // held gangs for this island fail now
 }

@@ -6,8 +6,11 @@
 // is the least served of those that fit; then every op gets its place in each
 // island's gang order and goes to the worker before its inputs exist (workers
 // run ops in order, so an op's inputs are always produced by earlier ops). One reader thread per island turns
-// Events into buffer states and Completions; a dead worker fails everything it
-// held and everything later sent to it.
+// Events into buffer states and Completions. A lost worker (its connection
+// dropped, or silent past the worker timeout) fails with DATA_LOSS the
+// buffers it held, every gang it was part of (on every island, at once) and
+// everything later sent to it; the other islands are told (PEER_LOST), so
+// that their part of programs spanning it fails instead of waiting.
 //
 // Thread safety: every public method may be called from any thread. Blocking
 // methods (Poll, Shutdown) must be called without the GIL.
@@ -19,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -93,6 +97,10 @@ class Dispatcher {
   void Forget(const std::vector<BufferId>& ids);
   // Fails the island as if its connection had dropped.
   void FailIsland(IslandId island, const Status& why);
+  // Fails islands that sent nothing (not even a heartbeat) for `timeout_s`
+  // since their last frame: a stopped or wedged worker (called
+  // periodically).
+  void ExpireSilentIslands(double timeout_s);
 
   // While corked, ops are held and then sent together at the last Uncork():
   // a burst of requests becomes one write per island instead of one per op
@@ -117,6 +125,9 @@ class Dispatcher {
     uint64_t submitted = 0;
     uint64_t finished = 0;
     std::chrono::steady_clock::time_point last_finish;  // of a launch
+    // Any frame. Timed from the first: until then the worker is joining the
+    // islands' global client, which waits for every island (and times out).
+    std::optional<std::chrono::steady_clock::time_point> last_heard;
     // Device memory, counted in gang order: results when numbered, freed
     // when their DELETE is numbered (the worker runs both in that order).
     int64_t capacity = 0;
@@ -171,7 +182,8 @@ class Dispatcher {
   // Requires mu_. Fails a gang that will not be numbered.
   void Refuse(const Gang& gang, const Status& why,
               std::vector<Completion>* done);
-  // Requires mu_. Marks `island` dead and fails everything it held.
+  // Requires mu_. Marks `island` dead, fails everything it held and every
+  // gang it was part of, and tells the other islands.
   void KillLocked(Island* island, const Status& why, Outbox* outbox,
                   std::vector<Completion>* done);
   // Sends `outbox` and publishes `done`; called without mu_.

@@ -23,10 +23,12 @@
 
 namespace jax_pathways {
 
-// The ops of one Submit() call, which finish together.
+// The ops of one Submit() call, which finish together, or at once when one
+// of their islands is lost (`done`: the rest need not finish).
 struct Gang {
   uint64_t tag = 0;
   size_t remaining = 0;
+  bool done = false;
   Status status;
   std::vector<Bytes> payloads;  // per island, in gang order
   std::vector<BufferId> results;      // of every island's op

@@ -17,9 +17,26 @@ Executor::Executor(int controller_fd)
     NameThisThread("jp-ops-in");
     ReadLoop();
   });
+  heartbeat_ = std::thread([this] {
+    NameThisThread("jp-heartbeat");
+    HeartbeatLoop();
+  });
 }
 
 Executor::~Executor() { Shutdown(); }
+
+void Executor::HeartbeatLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_ && closed_.ok()) {
+    lock.unlock();
+    // Only this thread waits if the controller stops reading.
+    Status s = channel_->Send(FrameKind::kHeartbeat, {});
+    lock.lock();
+    if (!s.ok()) return;  // the reader sees the same broken connection
+    cv_.wait_for(lock, kHeartbeatInterval,
+                 [this] { return stopping_ || !closed_.ok(); });
+  }
+}
 
 void Executor::ReadLoop() {
   while (true) {
@@ -40,6 +57,12 @@ void Executor::ReadLoop() {
                    std::to_string(static_cast<uint32_t>(kind)));
     }
     if (s.ok()) s = DecodeOp(body, &op);
+    if (s.ok() && op.kind == OpKind::kPeerLost) {
+      std::lock_guard<std::mutex> lock(mu_);
+      notices_.push_back(std::move(op));
+      cv_.notify_all();
+      continue;
+    }
     if (s.ok() && op.seq < next_seq_) {
       s = DataLoss("controller repeated op " + std::to_string(op.seq));
     }
@@ -103,12 +126,18 @@ Status Executor::ReadLentTails(Bytes* body) {
 StatusOr<std::optional<Op>> Executor::Next(double timeout_s) {
   std::unique_lock<std::mutex> lock(mu_);
   auto has_next = [&] {
-    return (!reorder_.empty() && reorder_.begin()->first == next_seq_) ||
+    return !notices_.empty() ||
+           (!reorder_.empty() && reorder_.begin()->first == next_seq_) ||
            !closed_.ok();
   };
   if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
                     has_next)) {
     return std::optional<Op>();
+  }
+  if (!notices_.empty()) {
+    Op notice = std::move(notices_.front());
+    notices_.pop_front();
+    return std::optional<Op>(std::move(notice));
   }
   if (reorder_.empty() || reorder_.begin()->first != next_seq_) {
     return closed_;
@@ -131,8 +160,14 @@ size_t Executor::backlog() {
 }
 
 void Executor::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+  }
   channel_->Shutdown();
   if (reader_.joinable()) reader_.join();
+  if (heartbeat_.joinable()) heartbeat_.join();
 }
 
 }  // namespace jax_pathways

@@ -3,15 +3,18 @@
 // A reader thread receives Ops without the GIL and files them by sequence
 // number; Next() hands them out strictly in gang order, however the frames
 // arrived. Whatever runs them (the PJRT backend in Python) reports each one
-// with exactly one Complete().
+// with exactly one Complete(). A heartbeat thread tells the controller every
+// kHeartbeatInterval that the process still runs.
 //
 // Thread safety: all methods may be called from any thread; Next() and
 // Shutdown() block and must be called without the GIL.
 #ifndef JAX_PATHWAYS_CSRC_EXECUTOR_EXECUTOR_H_
 #define JAX_PATHWAYS_CSRC_EXECUTOR_EXECUTOR_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -25,6 +28,10 @@
 
 namespace jax_pathways {
 
+// How often a worker says it is alive; the controller's --worker-timeout
+// must be several of these.
+inline constexpr std::chrono::milliseconds kHeartbeatInterval{1000};
+
 class Executor {
  public:
   // Takes ownership of `controller_fd`, connected and authenticated.
@@ -33,8 +40,9 @@ class Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
-  // The next op in gang order; nullopt after `timeout_s` without one. Fails
-  // once the controller is gone and no received op is left to run.
+  // The next op in gang order (a PEER_LOST notice goes before any op);
+  // nullopt after `timeout_s` without one. Fails once the controller is gone
+  // and no received op is left to run.
   StatusOr<std::optional<Op>> Next(double timeout_s);
   Status Complete(uint64_t seq, const Status& status,
                   std::string_view payload);
@@ -45,6 +53,7 @@ class Executor {
 
  private:
   void ReadLoop();
+  void HeartbeatLoop();
   // Tells the controller whether its probe's Location could be read.
   Status AnswerProbe(const Bytes& body);
   // An OpLocal frame -> the Op frame it stands for, its tails read from the
@@ -55,9 +64,12 @@ class Executor {
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<uint64_t, Op> reorder_;
+  std::deque<Op> notices_;  // PEER_LOST, not numbered
+  bool stopping_ = false;   // ends the heartbeat thread
   uint64_t next_seq_ = 1;
   Status closed_;  // why no more ops will come; OK while connected
   std::thread reader_;
+  std::thread heartbeat_;
 };
 
 }  // namespace jax_pathways

@@ -91,6 +91,8 @@ void RegisterDispatcher(py::module_& m) {
       .def("forget_client", &Dispatcher::ForgetClient, py::arg("client"))
       .def("expire_memory_waits", &Dispatcher::ExpireMemoryWaits,
            py::arg("max_wait_s"), py::call_guard<py::gil_scoped_release>())
+      .def("expire_silent_islands", &Dispatcher::ExpireSilentIslands,
+           py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
       .def("shares",
            [](Dispatcher& d) {
              py::list out;

@@ -19,7 +19,8 @@ void RegisterOp(py::module_& m) {
       .value("RECEIVE", OpKind::kReceive)
       .value("COPY", OpKind::kCopy)
       .value("SHUTDOWN", OpKind::kShutdown)
-      .value("TRACE", OpKind::kTrace);
+      .value("TRACE", OpKind::kTrace)
+      .value("PEER_LOST", OpKind::kPeerLost);
 
   py::class_<Op>(m, "Op")
       .def_readonly("kind", &Op::kind)

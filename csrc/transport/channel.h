@@ -55,6 +55,9 @@ enum class FrameKind : uint32_t {
   // learn whether the worker may read the controller's memory
   kReadProbe = 7,
   kReadProbeAck = 8,  // worker -> controller: u32 1 if it could, else 0
+  // worker -> controller, empty, every kHeartbeatInterval: the process still
+  // runs (a stopped or wedged one is told from a slow one by its silence)
+  kHeartbeat = 9,
 };
 
 class Channel {

@@ -21,7 +21,7 @@ using BufferId = uint64_t;
 using IslandId = int32_t;
 
 // Version of the controller <-> worker wire format; bumped on any change.
-inline constexpr uint32_t kWireVersion = 6;
+inline constexpr uint32_t kWireVersion = 7;
 
 enum class OpKind : uint32_t {
   kCompile = 1,   // payload: program + options; program = compile key
@@ -34,6 +34,10 @@ enum class OpKind : uint32_t {
   kCopy = 8,      // on-island copy/reshard of `args` into `results`
   kShutdown = 9,  // worker exits after finishing earlier ops
   kTrace = 10,    // start/stop recording op timings; the event carries them
+  // Out of gang order (seq 0), handed out before any op and never answered:
+  // island `program` is lost (payload: why). Work on the islands' global
+  // client can no longer finish, so the worker fails it instead of waiting.
+  kPeerLost = 11,
 };
 
 // Heads are padded so payloads start 64-byte aligned in a received frame.
@@ -42,7 +46,9 @@ enum class OpKind : uint32_t {
 // soon as it has its place in the order (nothing can wait for it), so the
 // worker sends nothing back: on the hot path every call destructs the
 // previous step's arrays, and an event per deletion would double the traffic.
-inline bool ExpectsEvent(OpKind kind) { return kind != OpKind::kDelete; }
+inline bool ExpectsEvent(OpKind kind) {
+  return kind != OpKind::kDelete && kind != OpKind::kPeerLost;
+}
 
 struct Op {
   OpKind kind = OpKind::kLaunch;

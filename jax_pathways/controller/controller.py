@@ -18,7 +18,8 @@ from jax_pathways.controller.coordination import Coordinator
 from jax_pathways.controller.grpc_service import GrpcService
 from jax_pathways.controller.session import Services
 from jax_pathways.controller.worker_listener import WorkerListener
-from jax_pathways.dispatch.dispatcher import MEMORY_WAIT_S, Dispatcher
+from jax_pathways.dispatch.dispatcher import (MEMORY_WAIT_S, WORKER_TIMEOUT_S,
+                                              Dispatcher)
 from jax_pathways.resources.resource_manager import ResourceManager
 from jax_pathways.resources.topology import Topology
 
@@ -31,12 +32,14 @@ class Controller:
                coordinator_listen: str = "127.0.0.1:0",
                token: str | None = None, max_in_flight: int = 16,
                memory_wait_s: float | None = None,
-               reduction_order: str = "rank"):
+               reduction_order: str = "rank",
+               worker_timeout_s: float | None = None):
     self.started = time.time()
     self.topology = Topology(islands)
     self.dispatcher = Dispatcher(
         max_in_flight,
-        MEMORY_WAIT_S if memory_wait_s is None else memory_wait_s)
+        MEMORY_WAIT_S if memory_wait_s is None else memory_wait_s,
+        WORKER_TIMEOUT_S if worker_timeout_s is None else worker_timeout_s)
     # Programs may span islands once the workers share a global client.
     self.coordinator = (Coordinator(islands, coordinator_listen)
                         if islands > 1 else None)
@@ -46,7 +49,7 @@ class Controller:
     self.services = Services(
         topology=self.topology, dispatcher=self.dispatcher,
         host_buffers=self.host_buffers, compile_cache=self.compile_cache,
-        resources=ResourceManager(self.topology),
+        resources=ResourceManager(self.topology, self._lost_islands),
         platform_version=f"jax_pathways {jax_pathways.__version__}",
         spmd_across_islands=self.coordinator is not None)
     self.service = GrpcService(server, self.services, token, self.status)
@@ -57,6 +60,9 @@ class Controller:
         self.coordinator.address if self.coordinator else None,
         reduction_order)
     self.worker_address = self._workers.address
+
+  def _lost_islands(self) -> set[int]:
+    return {s["island"] for s in self.dispatcher.stats() if not s["alive"]}
 
   def start(self) -> None:
     self._workers.start()

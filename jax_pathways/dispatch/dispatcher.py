@@ -25,6 +25,9 @@ OpKind = _core.OpKind
 OnDone = Callable[[Status, list[bytes]], None]
 # How long a launch may wait for memory other clients hold before it fails.
 MEMORY_WAIT_S = 60.0
+# How long a worker may send nothing (it sends a heartbeat every second)
+# before it is lost: a stopped or wedged process is noticed in bounded time.
+WORKER_TIMEOUT_S = 5.0
 
 
 class IslandOp(NamedTuple):
@@ -44,9 +47,11 @@ class Dispatcher:
   """Submits gangs of ops to islands; one instance per controller."""
 
   def __init__(self, max_in_flight: int,
-               memory_wait_s: float = MEMORY_WAIT_S):
+               memory_wait_s: float = MEMORY_WAIT_S,
+               worker_timeout_s: float = WORKER_TIMEOUT_S):
     self.max_in_flight = max_in_flight
     self.memory_wait_s = memory_wait_s
+    self.worker_timeout_s = worker_timeout_s
     self._core = _core.Dispatcher(max_in_flight)
     self._tags = itertools.count(1)
     self._buffer_ids = itertools.count(1)
@@ -131,6 +136,7 @@ class Dispatcher:
       if not done and self._stopping:
         return
       self._core.expire_memory_waits(self.memory_wait_s)
+      self._core.expire_silent_islands(self.worker_timeout_s)
       for tag, code, message, payloads in done:
         with self._lock:
           callback = self._callbacks.pop(tag, None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import threading
+from typing import Callable
 
 from jax_pathways.resources.island import Island
 from jax_pathways.resources.topology import Topology
@@ -21,8 +22,12 @@ from jax_pathways.status import Code, StatusError, invalid_argument
 class ResourceManager:
   """Slices by owner (a session id); thread-safe."""
 
-  def __init__(self, topology: Topology):
+  def __init__(self, topology: Topology,
+               lost_islands: Callable[[], set[int]] = set):
+    """lost_islands(): the islands whose worker is lost; slices that do
+    not name their devices or island are placed on the others."""
     self._topology = topology
+    self._lost_islands = lost_islands
     self._lock = threading.Lock()
     self._slices: dict[int, VirtualSlice] = {}
 
@@ -74,6 +79,10 @@ class ResourceManager:
       islands = [i for i in islands if i.id == request.island]
     if request.devices is None:
       return [d for i in islands for d in i.device_ids]
+    lost: set[int] = set()
+    if request.island is None:
+      lost = self._lost_islands()
+      islands = [i for i in islands if i.id not in lost]
     n = request.devices
     load = self._holders()
     within = [i for i in islands if i.num_devices >= n]
@@ -88,7 +97,8 @@ class ResourceManager:
     if request.island is not None or n > total:
       where = (f"island {request.island} has {total} devices" if request.island
                is not None else f"the cluster has {total} devices in "
-               f"{len(islands)} islands, so at most {total}")
+               f"{len(islands)} islands, so at most {total}" +
+               (f" (its islands {sorted(lost)} are lost)" if lost else ""))
       raise StatusError(
           Code.RESOURCE_EXHAUSTED,
           f"a slice of {request.describe()} does not fit: {where}"

@@ -7,8 +7,12 @@ island finishes its work roughly in order) and needs no thread per op.
 
 Pushing bytes to other workers can take as long as a launch, so it has a
 thread of its own ("sends", also in issue order): a slow receiver never
-delays the reports of the launches behind a send. Events may therefore reach
-the controller out of order; it matches them by sequence number.
+delays the reports of the launches behind a send. So does work on arrays of
+the islands' global client ("spanning", in issue order): a program spanning
+islands waits for every island, and when one is lost it never finishes
+(nothing can cancel it), so abandon_spanning() reports it failed instead and
+the island's own work goes on. Events may therefore reach the controller out
+of order; it matches them by sequence number.
 """
 from __future__ import annotations
 
@@ -59,17 +63,50 @@ class Completions:
     self._report = report
     self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
     self._sends: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    self._spanning: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    # Spanning ops not reported yet, and why they never will be (once lost).
+    self._lock = threading.Lock()
+    self._unreported: set[int] = set()
+    self._lost: Status | None = None
     self._watchdog = _Watchdog(stuck) if stuck else None
     self._threads = [threads.start(lambda: self._run(self._queue),
                                    "jp-completions"),
                      threads.start(lambda: self._run(self._sends), "jp-sends")]
+    self._spanning_thread = threads.start(
+        lambda: self._run(self._spanning, self._claim), "jp-spanning")
 
   def add(self, seq: int, arrays: Sequence[Any], finish: Finish | None = None,
-          deadline_s: float | None = None) -> None:
+          deadline_s: float | None = None, spanning: bool = False) -> None:
     """Reports `seq` once `arrays` are ready (then runs `finish`). With a
     deadline, waiting longer calls `stuck` (for arrays that depend on
-    another process: a pulled array)."""
-    self._queue.put((seq, arrays, finish, deadline_s))
+    another process: a pulled array). `spanning`: the arrays are the global
+    client's (see abandon_spanning)."""
+    if not spanning:
+      self._queue.put((seq, arrays, finish, deadline_s))
+      return
+    with self._lock:
+      if self._lost is None:
+        self._unreported.add(seq)
+        self._spanning.put((seq, arrays, finish, deadline_s))
+        return
+    self.fail(seq, self._lost)
+
+  def abandon_spanning(self, why: Status) -> None:
+    """Another island is lost: spanning work waiting now, or added later,
+    is reported failed with `why` at once."""
+    with self._lock:
+      self._lost = why
+      abandoned, self._unreported = self._unreported, set()
+    for seq in sorted(abandoned):
+      self.fail(seq, why)
+
+  def _claim(self, seq: int) -> bool:
+    """Whether the spanning thread still reports `seq` (not abandoned)."""
+    with self._lock:
+      if seq not in self._unreported:
+        return False
+      self._unreported.discard(seq)
+      return True
 
   def add_send(self, seq: int | None, arrays: Sequence[Any],
                finish: Finish) -> None:
@@ -87,15 +124,23 @@ class Completions:
     """Reports a failed op, in order with the ops before it."""
     self._queue.put((seq, status, None, None))
 
-  def close(self) -> None:
-    for q in (self._queue, self._sends):
+  def close(self, wait: bool = True) -> None:
+    """Stops the threads once they have reported what was added (`wait`),
+    or at once."""
+    for q in (self._queue, self._sends, self._spanning):
       q.put(None)
-    for thread in self._threads:
-      thread.join(timeout=30)
+    with self._lock:
+      lost = self._lost is not None
+    if wait:
+      for thread in self._threads:
+        thread.join(timeout=30)
+      if not lost:  # else it may wait for ever on an abandoned program
+        self._spanning_thread.join(timeout=30)
     if self._watchdog is not None:
       self._watchdog.close()
 
-  def _run(self, work: queue.SimpleQueue) -> None:
+  def _run(self, work: queue.SimpleQueue,
+           claim: Callable[[int], bool] | None = None) -> None:
     while True:
       item = work.get()
       if item is None:
@@ -115,7 +160,7 @@ class Completions:
         status = Status()
       except Exception as e:  # pylint: disable=broad-except
         payload, status = b"", error_status(e)
-      if seq is not None:
+      if seq is not None and (claim is None or claim(seq)):
         self._send(seq, status, payload, waited)
       elif not status.ok:
         logging.warning("side work failed: %s", status)

@@ -101,9 +101,11 @@ class Execution:
   donates one (a gradient sum carried from backward to backward) leaves it
   reading as ready at once, while this launch may not have run yet."""
 
-  def __init__(self, token: Any, outputs: Sequence[jax.Array]):
+  def __init__(self, token: Any, outputs: Sequence[jax.Array],
+               client: Any = None):
     self._token = token
     self._outputs = outputs
+    self.client = client  # the PJRT client the program ran on
 
   def is_deleted(self) -> bool:
     return False
@@ -327,7 +329,7 @@ class PjrtBackend:
     results = program.executable.execute_sharded(args, with_tokens=True)
     done = results.consume_token()
     outputs = results.consume_with_handlers(program.out_handlers)
-    return outputs, Execution(done, outputs)
+    return outputs, Execution(done, outputs, program.client)
 
   def _signature(self, program: bytes
                  ) -> tuple[list[tuple[tuple[int, ...], str]], list[int],
@@ -471,6 +473,20 @@ class PjrtBackend:
         stats = {}
       limits.append(int(stats.get("bytes_limit", 0)))
     return min(limits) if limits and all(limits) else 0
+
+  def spans(self, arrays: Sequence[Any]) -> bool:
+    """Whether any of `arrays` (or a launch's Execution) is the global
+    client's: it waits for other islands."""
+    if self.global_client is None:
+      return False
+    for a in arrays:
+      if isinstance(a, Execution):
+        if a.client is self.global_client:
+          return True
+      elif (isinstance(a, jax.Array) and
+            a.sharding._device_assignment[0].client is self.global_client):  # pylint: disable=protected-access
+        return True
+    return False
 
   def is_local(self, ref: DeviceRef) -> bool:
     return self.device(ref) in self._local_global

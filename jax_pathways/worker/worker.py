@@ -74,6 +74,8 @@ class Worker:
     # Move kind (shardings, shape, dtype) -> whether it is pulled.
     self._pull_kinds: dict[tuple[Any, ...], bool] = {}
     self._tracer = Tracer()
+    # Why programs spanning islands fail at once (an island was lost).
+    self._spanning_lost: Status | None = None
     self._completions = Completions(self._report, self._stuck)
     self._handlers: dict[Any, Callable[[Any], None]] = {
         OpKind.COMPILE: self._compile,
@@ -89,6 +91,7 @@ class Worker:
 
   def run(self) -> None:
     """Runs ops until the controller says stop or goes away."""
+    controller_gone = False
     try:
       while True:
         op = self._executor.next(1.0)
@@ -97,6 +100,9 @@ class Worker:
         if op.kind == OpKind.SHUTDOWN:
           self._completions.add(op.seq, [])
           return
+        if op.kind == OpKind.PEER_LOST:
+          self._peer_lost(op)
+          continue
         record = (self._tracer.issuing(op.seq, op.kind.name.lower(),
                                        self._name(op))
                   if self._tracer.enabled else None)
@@ -112,8 +118,33 @@ class Worker:
             self._completions.fail(op.seq, status)
     except _core.JaxPathwaysError as e:
       logging.warning("controller is gone (%s); worker exits", e)
+      controller_gone = True
     finally:
-      self._completions.close()
+      # With no one to report to, work still running (perhaps a program
+      # waiting in gloo for a lost island) is not waited for.
+      self._completions.close(wait=not controller_gone)
+
+  def _peer_lost(self, op: Any) -> None:
+    """Island `op.program` is lost: programs on the global client wait for
+    it in gloo for ever (XLA:CPU's gloo timeout is 30 minutes and nothing
+    cancels a launch), so fail them and their arrays now, and every later
+    one at once. Work of this island's own client goes on."""
+    why = bytes(op.payload).decode(errors="replace")
+    status = Status(Code.DATA_LOSS, f"aborted: the program spans islands and "
+                    f"{why}")
+    logging.error("island %d is lost (%s); failing work that spans islands",
+                  op.program, why)
+    self._spanning_lost = status
+    for b, value in list(self._buffers.items()):
+      if (isinstance(value, jax.Array) and self._backend.spans([value]) and
+          not value.is_ready()):
+        self._buffers[b] = status
+    self._completions.abandon_spanning(status)
+
+  def _add(self, seq: int, arrays: list[Any], finish: Any = None) -> None:
+    """Completions.add, on the spanning thread for global-client arrays."""
+    self._completions.add(seq, arrays, finish,
+                          spanning=self._backend.spans(arrays))
 
   def _report(self, seq: int, status: Status, payload: Any,
               waited: bool) -> None:
@@ -167,10 +198,13 @@ class Worker:
     if program is None:
       raise StatusError(Code.FAILED_PRECONDITION,
                         f"program {op.program} was not compiled on this worker")
+    lost = self._spanning_lost
+    if lost is not None and program.client is self._backend.global_client:
+      raise StatusError(lost.code, lost.message)
     args = [self._array(b) for b in op.args]
     outputs, execution = self._backend.execute(program, args)
     self._store(op, outputs)
-    self._completions.add(op.seq, [execution])
+    self._add(op.seq, [execution])
 
   def _put(self, op: Any) -> None:
     header, blobs = payloads.decode(op.payload)
@@ -209,8 +243,7 @@ class Worker:
     header, _ = payloads.decode(op.payload)
     array = self._array(op.args[0])
     strides = header.get("strides")
-    self._completions.add(op.seq, [array],
-                          lambda: self._backend.to_host(array, strides))
+    self._add(op.seq, [array], lambda: self._backend.to_host(array, strides))
 
   def _delete(self, op: Any) -> None:
     # Only drop the reference: arrays made by copies, shards and assembly can
@@ -235,7 +268,7 @@ class Worker:
     else:
       raise StatusError(Code.INVALID_ARGUMENT, f"unknown copy mode {mode!r}")
     self._store(op, outputs)
-    self._completions.add(op.seq, outputs)
+    self._add(op.seq, outputs)
 
   def _trace(self, op: Any) -> None:
     header, _ = payloads.decode(op.payload)

@@ -109,11 +109,72 @@ def test_dead_worker_fails_pending_and_later_ops():
   ex.shutdown()
   done = sorted(_poll_all(d, 2))
   assert [c[0] for c in done] == [1, 2]
-  assert all(c[1] == 14 and "w0" in c[2] for c in done)
+  assert all(c[1] == 15 and "w0" in c[2] for c in done)  # DATA_LOSS
   d.submit([(0, OpKind.LAUNCH, 1, [], [3], b"")], 3)
   (late,) = _poll_all(d, 1)
-  assert late[1] == 14 and "unreachable" in late[2]
+  assert late[1] == 15 and "w0 is lost" in late[2]
   assert d.stats()[0]["alive"] is False
+
+
+def _islands(n, window=4):
+  d = _core.Dispatcher(window)
+  executors = []
+  for island in range(n):
+    a, b = socket.socketpair()
+    d.add_island(island, a.detach(), f"w{island}", 0)
+    executors.append(_core.Executor(b.detach()))
+  return d, executors
+
+
+def test_a_lost_island_fails_its_gangs_everywhere_at_once():
+  d, (ex0, ex1) = _islands(2)
+  d.submit([(1, OpKind.PUT, 0, [], [7], b"")], 0, 0, [[64]])
+  put = ex1.next(2.0)
+  ex1.complete(put.seq, 0, "", b"")
+  d.when_ready([7], 5)
+  assert _poll_all(d, 1) == [(5, 0, "", [])]
+  # A program spanning both islands; island 0's part never finishes.
+  d.submit([(0, OpKind.LAUNCH, 1, [], [1], b""),
+            (1, OpKind.LAUNCH, 1, [], [2], b"")], 1)
+  launch = ex0.next(2.0)
+  assert ex1.next(2.0).kind == OpKind.LAUNCH
+  ex1.shutdown()
+  (c,) = _poll_all(d, 1)
+  assert c[0] == 1 and c[1] == 15 and "w1 is lost" in c[2], c
+  assert d.state(1)[0] == "failed" and d.state(2)[0] == "failed"
+  # What island 1 held is lost too.
+  assert d.state(7) == ("failed", (15, c[2]))
+  # Island 0 is told, before anything else it runs.
+  notice = ex0.next(2.0)
+  assert notice.kind == OpKind.PEER_LOST and notice.program == 1
+  assert "w1 is lost" in bytes(notice.payload).decode()
+  # Its late report changes nothing; its window is free again.
+  ex0.complete(launch.seq, 15, "aborted", b"")
+  d.submit([(0, OpKind.LAUNCH, 1, [], [3], b"")], 3)
+  op = ex0.next(2.0)
+  ex0.complete(op.seq, 0, "", b"")
+  assert _poll_all(d, 1) == [(3, 0, "", [b""])]
+  assert d.state(1)[0] == "failed"
+  assert [s["alive"] for s in d.stats()] == [True, False]
+  ex0.shutdown()
+
+
+def test_a_silent_worker_is_lost_and_a_live_one_is_not():
+  d, (ex0,) = _islands(1)
+  a, b = socket.socketpair()  # island 1: one heartbeat, then silence
+  d.add_island(1, a.detach(), "w1", 0)
+  a2, b2 = socket.socketpair()  # island 2: joining (nothing heard yet)
+  d.add_island(2, a2.detach(), "w2", 0)
+  b.sendall(struct.pack("<IIQ", 0x4a505746, 9, 0))  # channel.h kHeartbeat
+  d.submit([(1, OpKind.LAUNCH, 1, [], [1], b"")], 1)
+  time.sleep(2.5)  # two heartbeats from island 0's executor
+  d.expire_silent_islands(2.0)
+  (c,) = _poll_all(d, 1)
+  assert c[1] == 15 and "w1 is lost" in c[2] and "heartbeat" in c[2], c
+  assert [s["alive"] for s in d.stats()] == [True, False, True]
+  b.close()
+  b2.close()
+  ex0.shutdown()
 
 
 def test_unknown_island_and_malformed_gangs_fail_whole():
@@ -182,7 +243,7 @@ def test_garbage_from_worker_kills_only_that_island():
   d.submit([(0, OpKind.LAUNCH, 1, [], [1], b"")], 1)
   b.sendall(b"this is not a frame header......")
   (c,) = _poll_all(d, 1)
-  assert c[1] == 14 and "bad frame header" in c[2]
+  assert c[1] == 15 and "bad frame header" in c[2]
   b.close()
 
 

@@ -1,6 +1,7 @@
-"""A dead worker or controller: clear errors within seconds, no hang, no
-client abort, no leftover processes. Each test runs its own client process
-with its own embedded cluster."""
+"""A dead, or stopped, worker or controller: clear errors within seconds, no
+hang, no client abort, no leftover processes; a program spanning the lost
+island ends on the others, which keep serving. Each test runs its own client
+process with its own embedded cluster."""
 import json
 import os
 import select
@@ -14,15 +15,19 @@ import pytest
 pytestmark = pytest.mark.integration
 
 VICTIM = os.path.join(os.path.dirname(__file__), "victim.py")
+SPANNING_VICTIM = os.path.join(os.path.dirname(__file__), "spanning_victim.py")
 
 
 class Client:
   """The victim client process and its JSON lines, read with deadlines."""
 
   def __init__(self, what: str):
+    """what: "worker" or "controller" (victim.py's argument), or "spanning"
+    (spanning_victim.py)."""
     env = dict(os.environ)
     env.pop("JAX_PLATFORMS", None)
-    self.proc = subprocess.Popen([sys.executable, VICTIM, what], env=env,
+    args = [SPANNING_VICTIM] if what == "spanning" else [VICTIM, what]
+    self.proc = subprocess.Popen([sys.executable, *args], env=env,
                                  stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
     self._stderr = None
@@ -82,6 +87,9 @@ def client(request):
   pids = c.read("controller", 120)
   yield c, pids
   c.close()
+  for pid in pids["workers"]:  # a stopped worker must see its end
+    if _alive(pid):
+      os.kill(pid, signal.SIGCONT)
   leftovers = _wait_gone([pids["controller"], *pids["workers"]], 15)
   for p in leftovers:
     os.kill(p, signal.SIGKILL)
@@ -129,3 +137,34 @@ def test_controller_death_fails_calls_without_abort(client):
   assert f"the controller (pid {pids['controller']}) exited" in c.stderr()
   # Workers notice their controller is gone and exit on their own.
   assert not _wait_gone(pids["workers"], 10)
+
+
+@pytest.mark.parametrize("client", ["spanning"], indirect=True)
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSTOP],
+                         ids=["killed", "stopped"])
+def test_lost_worker_ends_programs_spanning_its_island(client, signum):
+  c, pids = client
+  c.read("ready", 120)
+  victim = pids["workers"][1]
+  time.sleep(0.5)  # inside the spanning program's all-reduces
+  lost_at = time.time()
+  os.kill(victim, signum)
+  seen = c.read("error", 30)
+  assert seen["error"] is not None
+  assert "DATA_LOSS" in seen["error"], seen
+  assert "island 1" in seen["error"] and f"pid {victim}" in seen["error"]
+  # Killed: the connection drops at once; stopped: 5 s of silence.
+  assert seen["t"] - lost_at < (2.0 if signum == signal.SIGKILL else 10.0), seen
+  # Island 0's worker left the spanning program and serves its own work.
+  island0 = c.read("island0_same", 30)
+  assert island0["island0_same"] is True
+  assert island0["island0_s"] < 10.0, island0
+  # So does a new client, placed on the island that is left.
+  new = c.read("new_client_same", 150)
+  assert new["new_client_same"] is True, new
+  status = {i["island"]: i for i in c.read("status", 10)["status"]}
+  assert status[0]["alive"] is True and not status[0]["error"]
+  assert status[1]["alive"] is False
+  assert f"pid {victim}" in status[1]["error"]
+  c.read("done", 30)
+  assert c.proc.wait(timeout=30) == 0

@@ -10,14 +10,14 @@ from jax_pathways.resources.virtual_slice import SliceRequest
 from jax_pathways.status import StatusError
 
 
-def _cluster(*sizes):
+def _cluster(*sizes, lost=()):
   t = Topology(len(sizes))
   for i, n in enumerate(sizes):
     t.register({"island": i, "num_devices": n, "platform": "cpu",
                 "device_kind": "cpu", "pid": i, "host": "h",
                 "data_address": "x:1"})
     t.connected(i)
-  return ResourceManager(t)
+  return ResourceManager(t, lambda: set(lost))
 
 
 def _ask(devices=None, island=None):
@@ -73,3 +73,14 @@ def test_ids_translate_both_ways():
   with pytest.raises(StatusError, match="device 3 is not in this client's "
                      "slice: it has devices 0..2"):
     s.physical([3])
+
+
+def test_slices_are_placed_on_islands_that_are_not_lost():
+  rm = _cluster(4, 4, lost=[0])
+  assert rm.allocate(1, _ask("4")).physical_ids == (4, 5, 6, 7)
+  with pytest.raises(StatusError, match=r"islands \[0\] are lost"):
+    rm.check(_ask("6"))
+  # Asked for by name, or all devices: placed as asked, and its launches
+  # there fail with the island's error.
+  assert rm.allocate(2, _ask("4", "0")).physical_ids == (0, 1, 2, 3)
+  assert len(rm.allocate(3, _ask()).physical_ids) == 8

@@ -6,7 +6,7 @@ import threading
 import jax
 import numpy as np
 
-from jax_pathways.status import Code
+from jax_pathways.status import Code, Status
 from jax_pathways.worker.completions import Completions
 
 
@@ -73,3 +73,39 @@ def test_a_report_says_whether_its_arrays_were_still_being_computed(
   assert done.wait(10)
   completions.close()
   assert reports == {1: True, 2: False}
+
+
+def test_abandoned_spanning_work_is_reported_once_and_blocks_nothing(
+    cpu_devices):
+  """A program spanning a lost island never finishes: abandoning it reports
+  it (and later spanning work) failed at once, while the island's own work
+  is reported as usual, never behind it."""
+  never, late = threading.Event(), threading.Event()
+  reports: list[tuple[int, int]] = []
+  seen = threading.Condition()
+
+  def report(seq, status, payload, waited):
+    del payload, waited
+    with seen:
+      reports.append((seq, status.code))
+      seen.notify_all()
+
+  def wait_for(n):
+    with seen:
+      assert seen.wait_for(lambda: len(reports) >= n, 10), reports
+
+  completions = Completions(report)
+  completions.add(1, [_Pending(never)], spanning=True)
+  completions.add(2, [_Pending(late)], spanning=True)
+  completions.add(3, [jax.device_put(np.ones(2), cpu_devices[0])])
+  wait_for(1)
+  assert reports == [(3, Code.OK)]
+  completions.abandon_spanning(Status(Code.DATA_LOSS, "island 1 is lost"))
+  completions.add(4, [_Pending(never)], spanning=True)
+  wait_for(4)
+  assert sorted(reports) == [(1, Code.DATA_LOSS), (2, Code.DATA_LOSS),
+                             (3, Code.OK), (4, Code.DATA_LOSS)]
+  late.set()  # finishing after all changes nothing
+  never.set()
+  completions.close()
+  assert len(reports) == 4
