@@ -51,7 +51,7 @@ class Churner:
     env.pop("JAX_PLATFORMS", None)
     self.proc = subprocess.Popen(
         [sys.executable, CHURNER, cluster.address, cluster.token, *args],
-        env=env, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        env=env, cwd="/", stdout=subprocess.PIPE, stderr=open(f"/tmp/churn_{time.monotonic_ns()}.err", "w"),
         text=True, start_new_session=True)
     self.jax = args[0] == "jax"
     self.killed = False
@@ -68,19 +68,25 @@ def _churn(cluster: LocalCluster, raw_sessions: int, jax_sessions: int,
   counts = {"sessions": 0, "killed": 0, "checked": 0}
   kills: dict[str, int] = {}
   running: list[Churner] = []
-  raw_left = -(-raw_sessions // PER_PROCESS)
   jax_left = jax_sessions
   deadline = time.monotonic() + 600
   try:
-    while raw_left or jax_left or running:
+    while True:
       assert time.monotonic() < deadline, "churn did not finish in 600 s"
-      while len(running) < AT_ONCE and (raw_left or jax_left):
-        if jax_left and (not raw_left or rng.random() < 0.2):
+      # Raw churners until enough sessions have started (a killed one ends
+      # the sessions it had left).
+      raw_more = counts["sessions"] + PER_PROCESS * sum(
+          not c.jax for c in running) < raw_sessions + jax_sessions
+      if not running and not raw_more and not jax_left:
+        break
+      while len(running) < AT_ONCE and (raw_more or jax_left):
+        if jax_left and (not raw_more or rng.random() < 0.2):
           running.append(Churner(cluster, "jax"))
           jax_left -= 1
         else:
           running.append(Churner(cluster, "raw", str(PER_PROCESS)))
-          raw_left -= 1
+        raw_more = counts["sessions"] + PER_PROCESS * sum(
+            not c.jax for c in running) < raw_sessions + jax_sessions
       ready, _, _ = select.select([c.proc.stdout for c in running], [], [],
                                   1.0)
       for churner in [c for c in running if c.proc.stdout in ready]:
