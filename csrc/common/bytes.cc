@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <string>
 #include <vector>
 
 namespace jax_pathways {
@@ -60,7 +61,7 @@ class MappingPool {
 
 }  // namespace
 
-Bytes Bytes::Allocate(size_t n, char** writable) {
+StatusOr<Bytes> Bytes::Allocate(size_t n, char** writable) {
   Bytes out;
   out.size_ = n;
   if (n == 0) {
@@ -90,7 +91,12 @@ Bytes Bytes::Allocate(size_t n, char** writable) {
   if (p == nullptr) {
     // 64-byte aligned like the mappings, so aligned payload offsets are
     // aligned addresses too.
-    p = static_cast<char*>(::operator new(n, std::align_val_t{64}));
+    p = static_cast<char*>(
+        ::operator new(n, std::align_val_t{64}, std::nothrow));
+    if (p == nullptr) {
+      return Status(Code::kResourceExhausted,
+                    "no memory for " + std::to_string(n) + " bytes");
+    }
     out.storage_ = std::shared_ptr<const char>(p, [](const char* q) {
       ::operator delete(const_cast<char*>(q), std::align_val_t{64});
     });
@@ -102,9 +108,10 @@ Bytes Bytes::Allocate(size_t n, char** writable) {
 
 Bytes Bytes::Copy(std::string_view s) {
   char* w;
-  Bytes out = Allocate(s.size(), &w);
+  StatusOr<Bytes> out = Allocate(s.size(), &w);
+  if (!out.ok()) throw std::bad_alloc();
   if (!s.empty()) std::memcpy(w, s.data(), s.size());
-  return out;
+  return std::move(out.value());
 }
 
 }  // namespace jax_pathways

@@ -13,14 +13,19 @@
 #include <memory>
 #include <string_view>
 
+#include "common/status.h"
+
 namespace jax_pathways {
 
 class Bytes {
  public:
   Bytes() = default;
 
-  // `n` uninitialized bytes, writable through `*writable` until shared.
-  static Bytes Allocate(size_t n, char** writable);
+  // `n` uninitialized bytes, writable through `*writable` until shared;
+  // ResourceExhausted if there is no room. Never throws: `n` often comes
+  // from a peer.
+  static StatusOr<Bytes> Allocate(size_t n, char** writable);
+  // For the bindings only: throws std::bad_alloc (MemoryError) if no room.
   static Bytes Copy(std::string_view s);
 
   // A view of [offset, offset + n) that keeps the whole buffer alive.

@@ -73,10 +73,16 @@ Status Executor::ReadLentTails(Bytes* body) {
   std::vector<Location> tails;
   if (!DecodeLocations(&frame, &tails)) return DataLoss("malformed op frame");
   size_t size = frame.size();
-  for (const Location& t : tails) size += t.size;
+  for (const Location& t : tails) {
+    // A wrapped sum would allocate less than the reads below write.
+    if (t.size > SIZE_MAX - size) return DataLoss("lent tails overflow");
+    size += t.size;
+  }
   // The op frame, then the tails right after it: one payload, as if sent.
   char* w;
-  Bytes whole = Bytes::Allocate(size, &w);
+  StatusOr<Bytes> allocated = Bytes::Allocate(size, &w);
+  if (!allocated.ok()) return allocated.status();
+  Bytes whole = std::move(allocated.value());
   std::memcpy(w, frame.data(), frame.size());
   w += frame.size();
   for (const Location& t : tails) {

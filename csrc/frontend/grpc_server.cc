@@ -206,15 +206,15 @@ void Call::OnNew(bool ok) {
                       true);
         return;
       }
-      try {
-        upload_ = Bytes::Allocate(expected_, &upload_at_);
-      } catch (const std::bad_alloc&) {
+      StatusOr<Bytes> upload = Bytes::Allocate(expected_, &upload_at_);
+      if (!upload.ok()) {
         RequestFinish(Status(Code::kResourceExhausted,
                              "no memory for a host buffer of " +
                                  std::to_string(expected_) + " bytes"),
                       true);
         return;
       }
+      upload_ = std::move(upload.value());
       StartRead();
       return;
     }

@@ -86,7 +86,9 @@ Status PeerLinks::CopyLocal(const Event& event, Bytes* out) {
     return DataLoss("malformed local transfer");
   }
   char* w;
-  *out = Bytes::Allocate(where.size, &w);
+  StatusOr<Bytes> allocated = Bytes::Allocate(where.size, &w);
+  if (!allocated.ok()) return allocated.status();
+  *out = std::move(allocated.value());
   return ReadLocation(where, w);
 }
 

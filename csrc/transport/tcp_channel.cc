@@ -115,7 +115,9 @@ Status Channel::Receive(FrameKind* kind, Bytes* body) {
     return DataLoss("bad frame header (wrong peer or version?)");
   }
   char* w;
-  *body = Bytes::Allocate(h.length, &w);
+  StatusOr<Bytes> allocated = Bytes::Allocate(h.length, &w);
+  if (!allocated.ok()) return allocated.status();
+  *body = std::move(allocated.value());
   s = ReadFull(fd_, w, h.length);
   if (!s.ok()) return s;
   *kind = static_cast<FrameKind>(h.kind);
