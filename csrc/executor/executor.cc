@@ -39,10 +39,10 @@ void Executor::ReadLoop() {
                    std::to_string(static_cast<uint32_t>(kind)));
     }
     if (s.ok()) s = DecodeOp(body, &op);
+    std::lock_guard<std::mutex> lock(mu_);  // next_seq_ moves in Next()
     if (s.ok() && op.seq < next_seq_) {
       s = DataLoss("controller repeated op " + std::to_string(op.seq));
     }
-    std::lock_guard<std::mutex> lock(mu_);
     if (!s.ok()) {
       closed_ = Unavailable("controller connection lost: " + s.message());
       cv_.notify_all();
