@@ -105,7 +105,9 @@ setup(
     ],
     extras_require={
         "examples": ["optax"],
-        "test": ["optax", "pytest", "pytest-timeout"],
+        # pybind11, setuptools: tests/sanitizers_test.py builds csrc/.
+        "test": ["optax", "pytest", "pytest-timeout", "pybind11>=2.12",
+                 "setuptools>=64"],
     },
     entry_points={
         "console_scripts": ["jax-pathways = jax_pathways.cli:main"],
