@@ -19,6 +19,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ParallelCompile("JAX_PATHWAYS_BUILD_JOBS", default=0).install()
 
 _CXX_FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+_LINK_FLAGS = ["-pthread"]
+
+# JAX_PATHWAYS_SANITIZE=address|thread builds both extensions under that
+# sanitizer (BUILD.md, "Sanitizers", says how to load and run them).
+_SANITIZE = os.environ.get("JAX_PATHWAYS_SANITIZE", "")
+if _SANITIZE:
+  if _SANITIZE not in ("address", "thread"):
+    raise SystemExit(f"jax_pathways: JAX_PATHWAYS_SANITIZE={_SANITIZE!r}; "
+                     f"expected 'address' or 'thread' (or unset)")
+  _SANITIZER_FLAGS = [f"-fsanitize={_SANITIZE}", "-fno-omit-frame-pointer",
+                      "-g"]
+  _CXX_FLAGS = ["-O1"] + _CXX_FLAGS[1:] + _SANITIZER_FLAGS
+  _LINK_FLAGS += _SANITIZER_FLAGS
 
 
 def _sources(*patterns: str) -> list[str]:
@@ -56,7 +69,7 @@ core = Pybind11Extension(
     depends=_HEADERS,
     cxx_std=17,
     extra_compile_args=_CXX_FLAGS,
-    extra_link_args=["-pthread"],
+    extra_link_args=_LINK_FLAGS,
 )
 
 frontend = Pybind11Extension(
@@ -67,7 +80,7 @@ frontend = Pybind11Extension(
     depends=_HEADERS,
     cxx_std=17,
     extra_compile_args=_CXX_FLAGS + _grpc_cflags,
-    extra_link_args=["-pthread"] + _grpc_libs,
+    extra_link_args=_LINK_FLAGS + _grpc_libs,
 )
 
 setup(
@@ -92,7 +105,9 @@ setup(
     ],
     extras_require={
         "examples": ["optax"],
-        "test": ["optax", "pytest", "pytest-timeout"],
+        # pybind11, setuptools: tests/sanitizers_test.py builds csrc/.
+        "test": ["optax", "pytest", "pytest-timeout", "pybind11>=2.12",
+                 "setuptools>=64"],
     },
     entry_points={
         "console_scripts": ["jax-pathways = jax_pathways.cli:main"],

@@ -68,13 +68,7 @@ Status CannotAllocate(size_t n) {
 
 }  // namespace
 
-Bytes Bytes::Allocate(size_t n, char** writable) {
-  StatusOr<Bytes> out = TryAllocate(n, writable);
-  if (!out.ok()) throw std::bad_alloc();
-  return std::move(out.value());
-}
-
-StatusOr<Bytes> Bytes::TryAllocate(size_t n, char** writable) {
+StatusOr<Bytes> Bytes::Allocate(size_t n, char** writable) {
   Bytes out;
   out.size_ = n;
   if (n == 0) {
@@ -123,9 +117,10 @@ StatusOr<Bytes> Bytes::TryAllocate(size_t n, char** writable) {
 
 Bytes Bytes::Copy(std::string_view s) {
   char* w;
-  Bytes out = Allocate(s.size(), &w);
+  StatusOr<Bytes> out = Allocate(s.size(), &w);
+  if (!out.ok()) throw std::bad_alloc();
   if (!s.empty()) std::memcpy(w, s.data(), s.size());
-  return out;
+  return std::move(out.value());
 }
 
 }  // namespace jax_pathways

@@ -21,11 +21,11 @@ class Bytes {
  public:
   Bytes() = default;
 
-  // `n` uninitialized bytes, writable through `*writable` until shared.
-  static Bytes Allocate(size_t n, char** writable);
-  // As Allocate(), but a size this process cannot have (one a peer
-  // announced, say) is ResourceExhausted instead of std::bad_alloc.
-  static StatusOr<Bytes> TryAllocate(size_t n, char** writable);
+  // `n` uninitialized bytes, writable through `*writable` until shared;
+  // ResourceExhausted if there is no room (or `n` cannot be a size). Never
+  // throws: `n` often comes from a peer.
+  static StatusOr<Bytes> Allocate(size_t n, char** writable);
+  // For the bindings only: throws std::bad_alloc (MemoryError) if no room.
   static Bytes Copy(std::string_view s);
 
   // A view of [offset, offset + n) that keeps the whole buffer alive.

@@ -63,10 +63,10 @@ void Executor::ReadLoop() {
       cv_.notify_all();
       continue;
     }
+    std::lock_guard<std::mutex> lock(mu_);  // next_seq_ moves in Next()
     if (s.ok() && op.seq < next_seq_) {
       s = DataLoss("controller repeated op " + std::to_string(op.seq));
     }
-    std::lock_guard<std::mutex> lock(mu_);
     if (!s.ok()) {
       closed_ = Unavailable("controller connection lost: " + s.message());
       cv_.notify_all();
@@ -98,12 +98,13 @@ Status Executor::ReadLentTails(Bytes* body) {
   if (!DecodeLocations(&frame, &tails)) return DataLoss("malformed op frame");
   size_t size = frame.size();
   for (const Location& t : tails) {
-    if (t.size > SIZE_MAX - size) return DataLoss("malformed op frame");
+    // A wrapped sum would allocate less than the reads below write.
+    if (t.size > SIZE_MAX - size) return DataLoss("lent tails overflow");
     size += t.size;
   }
   // The op frame, then the tails right after it: one payload, as if sent.
   char* w;
-  StatusOr<Bytes> buffer = Bytes::TryAllocate(size, &w);
+  StatusOr<Bytes> buffer = Bytes::Allocate(size, &w);
   if (!buffer.ok()) {
     return Status(buffer.status().code(),
                   "an op's uploads: " + buffer.status().message());

@@ -59,6 +59,13 @@ std::string Flatten(const grpc::ByteBuffer& buffer) {
 
 // One RPC of any method: a small state machine driven by the completion
 // queue thread (OnEvent) and by Python (Send/Reply/Finish), under `mu_`.
+//
+// Lifetime: the server's map holds the Call until its last tag is back.
+// Every started op holds a tag, and kDone (the RPC is over) is always one of
+// them, so no op may start once kDone is in: the pending count then only
+// falls, and the OnEvent that takes it to zero is the last touch of this
+// Call by the queue. Python may still hold a reference from Find(); its
+// Send/Finish/Reply then start nothing.
 class Call {
  public:
   enum TagKind { kNew, kRead, kWrite, kFinish, kDone, kNumTags };
@@ -107,6 +114,7 @@ class Call {
   grpc::ByteBuffer write_buf_;
   std::deque<std::string> writes_;
   bool writing_ = false;
+  bool done_ = false;  // kDone is in: the RPC is over, start no op
   bool broken_ = false;
   bool closed_pushed_ = false;
   bool finish_requested_ = false;
@@ -150,6 +158,7 @@ void Call::OnEvent(TagKind kind, bool ok) {
       case kFinish:
         break;
       case kDone:
+        done_ = true;
         if (kind_ == CallKind::kSession && !closed_pushed_) {
           Push(FrontendEvent::kClosed, "");
         }
@@ -197,15 +206,15 @@ void Call::OnNew(bool ok) {
                       true);
         return;
       }
-      try {
-        upload_ = Bytes::Allocate(expected_, &upload_at_);
-      } catch (const std::bad_alloc&) {
+      StatusOr<Bytes> upload = Bytes::Allocate(expected_, &upload_at_);
+      if (!upload.ok()) {
         RequestFinish(Status(Code::kResourceExhausted,
                              "no memory for a host buffer of " +
                                  std::to_string(expected_) + " bytes"),
                       true);
         return;
       }
+      upload_ = std::move(upload.value());
       StartRead();
       return;
     }
@@ -360,14 +369,14 @@ void Call::ServeLookup(const std::string& request) {
 }
 
 void Call::StartRead() {
-  if (finish_requested_) return;
+  if (finish_requested_ || done_) return;
   if (server_->StartOp([&] { stream_.Read(&read_buf_, tag(kRead)); })) {
     ++pending_;
   }
 }
 
 void Call::WriteNext() {
-  if (writing_ || broken_) return;
+  if (writing_ || broken_ || done_) return;
   if (!writes_.empty()) {
     grpc::Slice slice(writes_.front());
     writes_.pop_front();
@@ -409,7 +418,7 @@ void Call::RequestFinish(const Status& status, bool drop_writes) {
 }
 
 void Call::StartFinish() {
-  if (finish_started_ || !writes_.empty() || download_) return;
+  if (finish_started_ || done_ || !writes_.empty() || download_) return;
   finish_started_ = true;
   if (server_->StartOp([&] { stream_.Finish(finish_status_, tag(kFinish)); })) {
     ++pending_;
@@ -435,7 +444,9 @@ void Call::Push(FrontendEvent::Kind kind, std::string data) {
 
 bool Call::Send(std::string data) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (kind_ != CallKind::kSession || finish_requested_ || broken_) return false;
+  if (kind_ != CallKind::kSession || finish_requested_ || broken_ || done_) {
+    return false;
+  }
   writes_.push_back(std::move(data));
   WriteNext();
   return true;

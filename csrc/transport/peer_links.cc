@@ -86,7 +86,7 @@ Status PeerLinks::CopyLocal(const Event& event, Bytes* out) {
     return DataLoss("malformed local transfer");
   }
   char* w;
-  StatusOr<Bytes> buffer = Bytes::TryAllocate(where.size, &w);
+  StatusOr<Bytes> buffer = Bytes::Allocate(where.size, &w);
   if (!buffer.ok()) return buffer.status();
   *out = std::move(buffer.value());
   return ReadLocation(where, w);

@@ -227,7 +227,7 @@ Status Channel::Receive(FrameKind* kind, Bytes* body) {
     return DataLoss("bad frame header (wrong peer or version?)");
   }
   char* w;
-  StatusOr<Bytes> buffer = Bytes::TryAllocate(h.length, &w);
+  StatusOr<Bytes> buffer = Bytes::Allocate(h.length, &w);
   if (!buffer.ok()) {
     return Status(buffer.status().code(),
                   "peer sent a frame of " + std::to_string(h.length) +

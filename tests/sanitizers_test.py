@@ -1,0 +1,106 @@
+"""csrc/ under AddressSanitizer and ThreadSanitizer: builds the extensions
+with JAX_PATHWAYS_SANITIZE (BUILD.md, "Sanitizers") into build/sanitize-*/,
+then runs the C++-level tests and a short session churn against them in a
+subprocess. Any sanitizer report, from any process, fails the test."""
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SUPPRESSIONS = REPO / "tests" / "tsan_suppressions.txt"
+# The tests whose code paths are C++: dispatcher and executor over socket
+# pairs, worker links, the host-buffer side channel, and sessions that end
+# abruptly against a controller with two workers (reduced from 150).
+TESTS = ["tests/dispatch", "tests/transport",
+         "tests/controller/host_buffers_test.py",
+         "tests/controller/session_churn_test.py"]
+# Its bound assumes submitting 80 ops is fast next to serving them; under
+# TSan it is not, and the first op is charged the whole wait.
+TSAN_DESELECT = ("tests/dispatch/dispatcher_core_test.py::"
+                 "test_saturated_island_is_shared_by_weight")
+CHURN_SESSIONS = "40"
+
+
+def _runtime(name: str) -> str:
+  path = subprocess.run(["g++", f"-print-file-name={name}"],
+                        capture_output=True, text=True,
+                        check=True).stdout.strip()
+  if not os.path.isabs(path):
+    pytest.skip(f"g++ has no {name} (install gcc's sanitizer runtimes)")
+  return path
+
+
+def _build(mode: str) -> pathlib.Path:
+  """The package with both extensions built under `mode`, in a tree of
+  its own (incremental: build/ is kept between runs)."""
+  out = REPO / "build" / f"sanitize-{mode}"
+  env = dict(os.environ, JAX_PATHWAYS_SANITIZE=mode)
+  build = subprocess.run(
+      [sys.executable, "setup.py", "-q", "build_ext", "--build-lib",
+       str(out / "lib"), "--build-temp", str(out / "obj")],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+  assert build.returncode == 0, build.stderr[-4000:]
+  tree = out / "tree"
+  shutil.rmtree(tree, ignore_errors=True)
+  shutil.copytree(REPO / "jax_pathways", tree / "jax_pathways",
+                  ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+  for so in (out / "lib" / "jax_pathways").glob("*.so"):
+    shutil.copy2(so, tree / "jax_pathways")
+  return tree
+
+
+def _report(path: pathlib.Path) -> str:
+  """A sanitizer's log, less the one warning that is expected: a refused
+  absurd allocation (host_buffers_test announces 2**62 bytes)."""
+  return "".join(
+      line for line in path.read_text().splitlines(keepends=True)
+      if line.strip() and "AddressSanitizer failed to allocate" not in line)
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("mode", ["address", "thread"])
+def test_cpp_tests_pass_under_sanitizer(mode, tmp_path):
+  runtime = _runtime("libasan.so" if mode == "address" else "libtsan.so")
+  tree = _build(mode)
+  logs = tmp_path / "reports"
+  logs.mkdir()
+  env = dict(os.environ, PYTHONPATH=str(tree),
+             JAX_PATHWAYS_CHURN_SESSIONS=CHURN_SESSIONS,
+             # The runtime must come first; libstdc++ too, or the
+             # sanitizer's __cxa_throw interceptor finds no real one (python
+             # itself does not link libstdc++) and aborts at the first throw.
+             LD_PRELOAD=f"{runtime} {_runtime('libstdc++.so')}")
+  # Allocation failures are data here (ResourceExhausted), not bugs.
+  common = (f"log_path={logs}/report:exitcode=66:halt_on_error=1:"
+            f"allocator_may_return_null=1")
+  # CPython frees little at exit by design: leak reports would be noise.
+  env["ASAN_OPTIONS"] = f"{common}:detect_leaks=0"
+  # Python, jaxlib and grpc are not instrumented: their own hand-offs
+  # (atomics TSan cannot see) would read as races in memcpy/free called
+  # from them. Our code and the grpc++ headers compiled into it still are.
+  # die_after_fork=0: a child that subprocess forks (start_new_session
+  # means fork, not posix_spawn) from a threaded test process starts a
+  # thread before its exec (an atfork handler, not our code).
+  env["TSAN_OPTIONS"] = (f"{common}:ignore_noninstrumented_modules=1:"
+                         f"die_after_fork=0:suppressions={SUPPRESSIONS}")
+  tests = [str(REPO / t) for t in TESTS]
+  if mode == "thread":
+    tests += ["--deselect", str(REPO / TSAN_DESELECT)]
+  # cwd is the tree, so that `-m pytest` imports the sanitized package.
+  run = subprocess.run(
+      [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+       "--rootdir", str(REPO), "-c", str(REPO / "pyproject.toml"),
+       *tests],
+      cwd=tree, env=env, capture_output=True, text=True, timeout=1500)
+  reports = [text for text in (_report(r) for r in sorted(logs.iterdir()))
+             if text]
+  assert not reports, "\n".join(text[:6000] for text in reports)
+  assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
