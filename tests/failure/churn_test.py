@@ -15,6 +15,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -47,14 +48,19 @@ class Churner:
   """A churner.py process; its phases are read with deadlines."""
 
   def __init__(self, cluster: LocalCluster, *args: str):
-    env = dict(os.environ)
-    env.pop("JAX_PLATFORMS", None)
+    self.err = tempfile.TemporaryFile(mode="w+")  # read if it fails
+    # JAX's own CPU backend beside the cluster's: the reference.
+    env = dict(os.environ, JAX_PLATFORMS="proxy,cpu")
     self.proc = subprocess.Popen(
         [sys.executable, CHURNER, cluster.address, cluster.token, *args],
-        env=env, cwd="/", stdout=subprocess.PIPE, stderr=open(f"/tmp/churn_{time.monotonic_ns()}.err", "w"),
+        env=env, cwd="/", stdout=subprocess.PIPE, stderr=self.err,
         text=True, start_new_session=True)
     self.jax = args[0] == "jax"
     self.killed = False
+
+  def stderr(self) -> str:
+    self.err.seek(0)
+    return self.err.read()[-3000:]
 
   def kill(self) -> None:
     if self.proc.poll() is None:
@@ -94,7 +100,7 @@ def _churn(cluster: LocalCluster, raw_sessions: int, jax_sessions: int,
         if not line:  # it ended (killed, done, or failed)
           code = churner.proc.wait(timeout=30)
           assert churner.killed or code == 0, (
-              f"a churner exited with {code} unkilled")
+              f"a churner exited with {code} unkilled:\n{churner.stderr()}")
           running.remove(churner)
           continue
         msg = json.loads(line)
