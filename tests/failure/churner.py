@@ -22,7 +22,7 @@ def say(**kw) -> None:
 def raw(address: str, token: str, sessions: int) -> None:
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..",
                                   "controller"))
-  from conftest import RawSession  # pylint: disable=import-outside-toplevel
+  from raw_client import RawSession  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(os.getpid())
   for _ in range(sessions):
     session = RawSession(address, token, timeout=60)
