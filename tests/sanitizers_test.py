@@ -1,6 +1,6 @@
 """csrc/ under AddressSanitizer and ThreadSanitizer: builds the extensions
 with JAX_PATHWAYS_SANITIZE (BUILD.md, "Sanitizers") into build/sanitize-*/,
-then runs the C++-level tests and a short session churn against them in a
+then runs the C++-level tests and a session churn against them in a
 subprocess. Any sanitizer report, from any process, fails the test."""
 from __future__ import annotations
 
@@ -85,9 +85,9 @@ def test_cpp_tests_pass_under_sanitizer(mode, tmp_path):
   # Python, jaxlib and grpc are not instrumented: their own hand-offs
   # (atomics TSan cannot see) would read as races in memcpy/free called
   # from them. Our code and the grpc++ headers compiled into it still are.
-  # die_after_fork=0: a child that subprocess forks (start_new_session
-  # means fork, not posix_spawn) from a threaded test process starts a
-  # thread before its exec (an atfork handler, not our code).
+  # die_after_fork=0: TSan otherwise kills a child forked from a threaded
+  # process that starts a thread; one does here between subprocess's fork
+  # (start_new_session rules out posix_spawn) and exec. csrc/ never forks.
   env["TSAN_OPTIONS"] = (f"{common}:ignore_noninstrumented_modules=1:"
                          f"die_after_fork=0:suppressions={SUPPRESSIONS}")
   tests = [str(REPO / t) for t in TESTS]
