@@ -1,5 +1,6 @@
 #include "frontend/grpc_server.h"
 
+#include <grpcpp/alarm.h>
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 
@@ -22,6 +23,10 @@ constexpr char kAdminService[] = "/jax_pathways.Admin/";
 constexpr char kStoreMetadata[] =
     "ifrt-proxy-grpc-host-buffer-store-metadata-bin";
 constexpr size_t kChunk = 1 << 20;  // as the reference server streams
+// A unary-style call (GetVersion, admin, host-buffer lookup or delete) that
+// has not sent its one request by then is cut off: an unauthenticated
+// stream must not hold the server's resources for as long as it likes.
+constexpr auto kFirstMessageTimeout = std::chrono::seconds(10);
 
 enum class CallKind { kSession, kUnary, kStore, kLookup, kDelete, kRefused };
 
@@ -68,7 +73,7 @@ std::string Flatten(const grpc::ByteBuffer& buffer) {
 // Send/Finish/Reply then start nothing.
 class Call {
  public:
-  enum TagKind { kNew, kRead, kWrite, kFinish, kDone, kNumTags };
+  enum TagKind { kNew, kRead, kWrite, kFinish, kDone, kAlarm, kNumTags };
   struct Tag {
     Call* call;
     TagKind kind;
@@ -115,6 +120,9 @@ class Call {
   std::deque<std::string> writes_;
   bool writing_ = false;
   bool done_ = false;  // kDone is in: the RPC is over, start no op
+  grpc::Alarm alarm_;  // the first-message deadline (kFirstMessageTimeout)
+  bool alarm_set_ = false;
+  bool first_read_ = false;
   bool broken_ = false;
   bool closed_pushed_ = false;
   bool finish_requested_ = false;
@@ -157,6 +165,10 @@ void Call::OnEvent(TagKind kind, bool ok) {
         break;
       case kFinish:
         break;
+      case kAlarm:
+        // Fired (ok), not cancelled: the request never came.
+        if (ok && !first_read_) ctx_.TryCancel();
+        break;
       case kDone:
         done_ = true;
         if (kind_ == CallKind::kSession && !closed_pushed_) {
@@ -184,6 +196,15 @@ void Call::OnNew(bool ok) {
     case CallKind::kLookup:
     case CallKind::kDelete:
       StartRead();
+      if (server_->StartOp([&] {
+            alarm_.Set(server_->cq_.get(),
+                       std::chrono::system_clock::now() +
+                           kFirstMessageTimeout,
+                       tag(kAlarm));
+          })) {
+        alarm_set_ = true;
+        ++pending_;
+      }
       return;
     case CallKind::kStore: {
       auto md = ctx_.client_metadata().find(kStoreMetadata);
@@ -227,6 +248,10 @@ void Call::OnNew(bool ok) {
 }
 
 void Call::OnRead(bool ok) {
+  if (!first_read_) {
+    first_read_ = true;
+    if (alarm_set_) alarm_.Cancel();  // its tag still comes back, !ok
+  }
   switch (kind_) {
     case CallKind::kSession:
       if (ok) {

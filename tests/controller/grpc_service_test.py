@@ -1,5 +1,8 @@
 """Malformed or hostile requests get clear statuses; the controller keeps
 serving. Spoken raw over gRPC, as a buggy or foreign client would."""
+import threading
+import time
+
 import grpc
 import pytest
 
@@ -129,3 +132,37 @@ def test_garbage_is_answered_and_changes_nothing(pathways, proxy_devices):
   assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
   assert e.value.details() == "jax_pathways: unparsable IfrtRequest"
   test_controller_still_serves_jax(pathways, proxy_devices)
+
+
+def test_a_call_that_never_sends_its_request_is_cut_off(pathways):
+  # At 385bf6b such a call stayed open as long as the client liked.
+  never = threading.Event()
+  target = pathways.address.split("://")[1]
+  ended: dict[str, tuple] = {}
+
+  def silent():
+    never.wait(30)
+    yield b""
+
+  def call(method: str) -> None:
+    start = time.monotonic()
+    with grpc.insecure_channel(target) as channel:
+      stream = channel.stream_stream(
+          f"/xla.ifrt.proxy.GrpcIfrtService/{method}")
+      try:
+        list(stream(silent(), timeout=25))
+        ended[method] = ("answered",)
+      except grpc.RpcError as e:
+        ended[method] = (e.code(), time.monotonic() - start)
+
+  methods = ("GetVersion", "HostBufferLookup", "HostBufferDelete")
+  threads = [threading.Thread(target=call, args=(m,)) for m in methods]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(timeout=40)
+  never.set()
+  for method in methods:
+    code, after = ended[method]
+    assert code == grpc.StatusCode.CANCELLED, (method, code)
+    assert 9 < after < 20, (method, after)
