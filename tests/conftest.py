@@ -46,6 +46,23 @@ def _alive(pid: int) -> bool:
   return True
 
 
+@pytest.fixture(scope="module")
+def tcp_cluster():
+  """A cluster of the test module's own, whose clients connect over
+  loopback TCP as remote ones would (the shared one uses a Unix socket);
+  every process stopped by pid at the end of the module."""
+  from jax_pathways.cluster.local_cluster import LocalCluster  # pylint: disable=import-outside-toplevel
+  cluster = LocalCluster(ISLANDS, DEVICES_PER_ISLAND, 16, tcp=True)
+  cluster.start()
+  pids = cluster.pids
+  try:
+    yield cluster
+  finally:
+    cluster.stop()
+    for pid in pids:
+      assert not _alive(pid), f"process {pid} outlived the cluster"
+
+
 @pytest.fixture(scope="session")
 def proxy_devices(pathways):
   devices = jax.devices("proxy")

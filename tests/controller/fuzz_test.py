@@ -30,20 +30,6 @@ PER_SESSION = 100
 SESSION_END_S = 30.0  # how long a fuzzed session may take to be answered
 
 
-@pytest.fixture(scope="module")
-def cluster():
-  c = LocalCluster(2, 4, 16, tcp=True)
-  c.start()
-  try:
-    yield c
-  finally:
-    pids = c.pids
-    c.stop()
-    for pid in pids:
-      with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
-
-
 class Legitimate(threading.Thread):
   """Uploads, fetches and checks, over and over, until stopped."""
 
@@ -195,11 +181,12 @@ def _fuzz(raw, cluster: LocalCluster, frames: int, seed: int) -> None:
         f"checked {legit.checked} round trips")
 
 
-def test_fuzzed_frames_change_nothing_for_anyone_else(raw, cluster):
-  _fuzz(raw, cluster, FRAMES, seed=1)
+def test_fuzzed_frames_change_nothing_for_anyone_else(raw, tcp_cluster):
+  _fuzz(raw, tcp_cluster, FRAMES, seed=1)
 
 
 @pytest.mark.slow
-def test_fuzzed_frames_many(raw, cluster):
-  _fuzz(raw, cluster, int(os.environ.get("JAX_PATHWAYS_FUZZ_FRAMES_SLOW",
-                                    "100000")), seed=2)
+def test_fuzzed_frames_many(raw, tcp_cluster):
+  _fuzz(raw, tcp_cluster,
+        int(os.environ.get("JAX_PATHWAYS_FUZZ_FRAMES_SLOW", "100000")),
+        seed=2)

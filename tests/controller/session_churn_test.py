@@ -5,14 +5,10 @@ them pending: SIGSEGV in the controller's gRPC thread after 1-200 sessions.)
 tests/sanitizers_test.py runs it under ASan and TSan too."""
 from __future__ import annotations
 
-import json
 import os
 import queue
-import select
-import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 
@@ -26,11 +22,8 @@ pytestmark = pytest.mark.integration
 # Under ASan the old bug showed within 3-37 sessions, once not within 40.
 RAW_SESSIONS = 150
 JAX_SESSIONS = 2
-TOKEN = "session-churn-test-token"
 SESSION = "/xla.ifrt.proxy.GrpcIfrtService/IfrtSession"
 METADATA = "ifrt-proxy-grpc-ifrt-session-metadata-bin"
-# Outside the checkout: `python -m` would import its unbuilt sources.
-CWD = tempfile.gettempdir()
 
 CLIENT = textwrap.dedent("""
     import sys
@@ -39,54 +32,6 @@ CLIENT = textwrap.dedent("""
     import jax, jax.numpy as jnp
     print(float(jax.jit(jnp.sum)(jnp.arange(10.0))))
 """)
-
-
-def _spawn(*args, env):
-  # stderr to a file: a pipe nobody reads could fill and stall the process.
-  err = tempfile.TemporaryFile(mode="w+")
-  proc = subprocess.Popen([sys.executable, "-m", "jax_pathways.cli", *args],
-                          stdout=subprocess.PIPE, stderr=err, env=env,
-                          text=True, start_new_session=True, cwd=CWD)
-  proc.err = err
-  return proc
-
-
-def _tail(proc) -> str:
-  proc.err.seek(0)
-  return proc.err.read()[-4000:]
-
-
-@pytest.fixture
-def cluster():
-  env = dict(os.environ, JAX_PATHWAYS_TOKEN=TOKEN)
-  env.pop("JAX_PLATFORMS", None)
-  procs = []
-  try:
-    controller = _spawn("controller", "--islands", "2", "--listen",
-                        "127.0.0.1:0", "--worker-listen", "127.0.0.1:0",
-                        env=env)
-    procs.append(controller)
-    deadline = time.monotonic() + 60
-    while not select.select([controller.stdout], [], [], 0.2)[0]:
-      assert controller.poll() is None, _tail(controller)
-      assert time.monotonic() < deadline, "controller did not start"
-    ready = json.loads(controller.stdout.readline())
-    for island in (0, 1):
-      procs.append(_spawn("worker", "--controller", ready["worker_address"],
-                          "--island", str(island), "--devices", "2",
-                          env=env))
-    yield controller, ready["address"]
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        os.killpg(p.pid, signal.SIGTERM)
-    for p in procs:
-      try:
-        p.wait(timeout=10)
-      except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait(timeout=5)
-      p.err.close()
 
 
 def _request(op_id: int, **kind):
@@ -98,14 +43,14 @@ def _request(op_id: int, **kind):
   return req
 
 
-def _abrupt_session(address: str, n: int) -> None:
+def _abrupt_session(address: str, token: str, n: int) -> None:
   """Opens a session, sends n requests and cancels the stream without
   waiting for their replies (after a delay that varies with n)."""
   meta = protos.msg("xla.ifrt.proxy.GrpcIfrtSessionMetadata")()
   meta.version.protocol_version = 25
   meta.version.ifrt_serdes_version_number = 3
   meta.initialization_data.attributes[
-      "jax_pathways_token"].string_value = TOKEN.encode()
+      "jax_pathways_token"].string_value = token.encode()
   with grpc.insecure_channel(address) as channel:
     stream = channel.stream_stream(
         SESSION,
@@ -127,31 +72,34 @@ def _abrupt_session(address: str, n: int) -> None:
     requests.put(None)
 
 
-def _jax_client(address: str) -> subprocess.CompletedProcess:
+def _jax_client(cluster) -> subprocess.CompletedProcess:
   env = dict(os.environ)
   env.pop("JAX_PLATFORMS", None)
   env.pop("JAX_PATHWAYS_TOKEN", None)
-  return subprocess.run([sys.executable, "-c", CLIENT, f"grpc://{address}",
-                         TOKEN], env=env, capture_output=True, text=True,
-                        timeout=120, cwd=CWD)
+  # Outside the checkout: `python -c` would import its unbuilt sources.
+  return subprocess.run([sys.executable, "-c", CLIENT, cluster.address,
+                         cluster.token], env=env, capture_output=True,
+                        text=True, timeout=120, cwd="/")
 
 
-def test_controller_survives_sessions_that_end_abruptly(cluster):
-  controller, address = cluster
+def test_controller_survives_sessions_that_end_abruptly(tcp_cluster):
+  controller = tcp_cluster.controller
+  address = tcp_cluster.address.split("://")[1]
   for n in range(RAW_SESSIONS):
     try:
-      _abrupt_session(address, n)
+      _abrupt_session(address, tcp_cluster.token, n)
     except grpc.RpcError:
       # A controller that crashed resets the connection; name the crash.
       time.sleep(1)
       assert controller.poll() is None, (
-          f"controller died (rc {controller.returncode}) in session {n + 1}:"
-          f"\n{_tail(controller)}")
+          f"controller died (rc {controller.returncode}) in session {n + 1}; "
+          f"its log is in {tcp_cluster.log_dir}")
       raise
   # Real clients that exit right after one jit; the last must be served.
   for _ in range(JAX_SESSIONS):
-    out = _jax_client(address)
+    out = _jax_client(tcp_cluster)
     assert controller.poll() is None, (
-        f"controller died (rc {controller.returncode}):\n{_tail(controller)}")
+        f"controller died (rc {controller.returncode}); its log is in "
+        f"{tcp_cluster.log_dir}")
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "45.0"

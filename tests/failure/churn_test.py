@@ -30,20 +30,6 @@ AT_ONCE = 16
 PER_PROCESS = 10  # raw sessions one churner process runs in turn
 
 
-@pytest.fixture(scope="module")
-def cluster():
-  c = LocalCluster(2, 4, 16, tcp=True)
-  c.start()
-  try:
-    yield c
-  finally:
-    pids = c.pids
-    c.stop()
-    for pid in pids:
-      with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
-
-
 class Churner:
   """A churner.py process; its phases are read with deadlines."""
 
@@ -152,11 +138,12 @@ def _run(cluster: LocalCluster, raw_sessions: int, jax_sessions: int,
   print(f"churn: {counts}")
 
 
-def test_churned_sessions_leave_nothing(cluster):
-  _run(cluster, int(os.environ.get("JAX_PATHWAYS_CHURN_SESSIONS", "160")),
+def test_churned_sessions_leave_nothing(tcp_cluster):
+  _run(tcp_cluster,
+       int(os.environ.get("JAX_PATHWAYS_CHURN_SESSIONS", "160")),
        int(os.environ.get("JAX_PATHWAYS_CHURN_JAX", "8")), seed=1)
 
 
 @pytest.mark.slow
-def test_churned_sessions_many(cluster):
-  _run(cluster, 1000, 40, seed=2)
+def test_churned_sessions_many(tcp_cluster):
+  _run(tcp_cluster, 1000, 40, seed=2)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from jax_pathways import _core
+from socket_pairs import tcp_pair
 
 OpKind = _core.OpKind
 MAGIC = 0x4A505746
@@ -61,19 +62,9 @@ def _read_frame(sock):
   return kind, _recv(sock, length)
 
 
-def _tcp_pair():
-  server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-  server.bind(("127.0.0.1", 0))
-  server.listen(1)
-  client = socket.create_connection(server.getsockname())
-  accepted, _ = server.accept()
-  server.close()
-  return client, accepted
-
-
 def _unread_island(pair="unix"):
   """A dispatcher whose worker socket nobody reads (yet)."""
-  a, b = socket.socketpair() if pair == "unix" else _tcp_pair()
+  a, b = socket.socketpair() if pair == "unix" else tcp_pair()
   d = _core.Dispatcher(4)
   d.add_island(0, a.detach(), "frozen")
   return d, b
@@ -110,7 +101,7 @@ def test_sends_to_a_worker_that_does_not_read_return_at_once_in_order():
 @pytest.mark.parametrize("pair", ["unix", "tcp"])
 def test_frames_keep_their_order_while_the_queue_fills_and_drains(pair):
   """A slow reader: sends alternate between the direct write and the queue."""
-  a, worker = socket.socketpair() if pair == "unix" else _tcp_pair()
+  a, worker = socket.socketpair() if pair == "unix" else tcp_pair()
   d = _core.Dispatcher(4)
   d.add_island(0, a.detach(), "slow")
   sizes = [(10, 1000, 100_000, 1_500_000)[i % 4] for i in range(120)]

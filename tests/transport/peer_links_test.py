@@ -7,19 +7,10 @@ import numpy as np
 import pytest
 
 from jax_pathways import _core
+from socket_pairs import tcp_pair
 
 MAGIC = 0x4A505746
 TRANSFER_LOCAL, TRANSFER_ACK = 4, 5
-
-
-def _tcp_pair():
-  server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-  server.bind(("127.0.0.1", 0))
-  server.listen(1)
-  client = socket.create_connection(server.getsockname())
-  accepted, _ = server.accept()
-  server.close()
-  return client, accepted
 
 
 def _links(a, b):
@@ -32,7 +23,7 @@ def _links(a, b):
 @pytest.mark.parametrize("pair", ["unix", "tcp"])
 @pytest.mark.parametrize("size", [4 << 10, 3 << 20])
 def test_bytes_arrive_whole(pair, size):
-  a, b = socket.socketpair() if pair == "unix" else _tcp_pair()
+  a, b = socket.socketpair() if pair == "unix" else tcp_pair()
   sender, out, receiver, into = _links(a, b)
   data = np.random.default_rng(size).integers(0, 255, size, dtype=np.uint8)
   try:
