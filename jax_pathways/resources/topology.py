@@ -75,7 +75,9 @@ class Topology:
     """Calls `callback` once every island has joined (now, if it has)."""
     with self._mu:
       if not self.complete:
-        self._when_complete.append(callback)
+        # Once each: a parked request asks again every time it is retried.
+        if callback not in self._when_complete:
+          self._when_complete.append(callback)
         return
     callback()
 

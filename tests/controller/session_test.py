@@ -97,3 +97,36 @@ def test_a_session_that_ends_cancels_what_waits_and_is_idle_after():
   session.resume()
   assert _answers(sent) == [(1, Code.CANCELLED), (2, Code.CANCELLED)]
   assert idle == [True]
+
+
+def test_a_session_waits_for_the_cluster_without_holding_anyone_else():
+  # At 385bf6b the first request of a client arriving before every worker
+  # had joined blocked the thread serving every session (up to 120 s).
+  from jax_pathways.resources.topology import Topology
+  topology = Topology(1)
+  woken = []
+  slices = []
+
+  class Resources:
+    def allocate(self, session_id, request):
+      slices.append(session_id)
+      return "the slice"
+
+  sent = []
+  services = Services(topology=topology, dispatcher=_Dispatcher(),
+                      host_buffers=_Uploads(), compile_cache=None,
+                      resources=Resources(), platform_version="")
+
+  def init(session, req, reply):
+    assert session.slice == "the slice"
+    reply.ok()
+
+  session = Session(1, 25, services, {"init_request": init}, {}, sent.append,
+                    wake=lambda: woken.append(True))
+  session.handle(_request(1, "init_request"))
+  assert session.waiting and sent == [] and slices == []
+  topology.register({"island": 0, "num_devices": 4})
+  topology.connected(0)
+  assert woken == [True]
+  session.resume()
+  assert _answers(sent) == [(1, 0)] and slices == [1]
