@@ -43,7 +43,8 @@ def initialize(address: str | None = None, *, islands: int | None = None,
                island: int | None = None,
                weight: float | None = None,
                reduction_order: str | None = None,
-               pin_islands: bool | None = None) -> str:
+               pin_islands: bool | None = None,
+               worker_timeout: float | None = None) -> str:
   """Makes JAX in this process run on jax_pathways; returns the address.
 
   Args:
@@ -70,6 +71,10 @@ def initialize(address: str | None = None, *, islands: int | None = None,
       core each, shared round robin, when there are more islands than
       cores); the workers' other threads and the controller run on any
       core (JAX_PATHWAYS_PIN_ISLANDS=1). Default: the OS places everything.
+    worker_timeout: embedded cluster: seconds a worker may send nothing
+      (it sends a heartbeat every second) before the controller declares it
+      lost and fails its island's work (>= 2; default 5;
+      JAX_PATHWAYS_WORKER_TIMEOUT).
   """
   global _cluster, _address, _token
   from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
@@ -105,6 +110,12 @@ def initialize(address: str | None = None, *, islands: int | None = None,
         raise ValueError(f"jax_pathways.initialize: reduction_order="
                          f"{reduction_order!r} must be 'rank' or 'ring'")
       pin = pin_islands if pin_islands is not None else cfg.pin_islands
+      if worker_timeout is not None:
+        try:
+          config.worker_timeout(worker_timeout,
+                                "jax_pathways.initialize: worker_timeout")
+        except StatusError as e:
+          raise ValueError(e.status.message) from None
       n_islands = islands if islands is not None else cfg.islands
       cluster = LocalCluster(
           n_islands,
@@ -114,16 +125,20 @@ def initialize(address: str | None = None, *, islands: int | None = None,
           log_dir=cfg.log_dir, start_timeout=cfg.start_timeout,
           reduction_order=reduction_order or "rank",
           device_cores=(cores.deal(n_islands, cores.available())
-                        if pin else None))
+                        if pin else None),
+          worker_timeout_s=(worker_timeout if worker_timeout is not None
+                            else cfg.worker_timeout))
       cluster.start()
       _cluster = cluster
       address, token = cluster.address, cluster.token
     elif (islands is not None or devices_per_island is not None or
-          reduction_order is not None or pin_islands is not None):
-      raise ValueError("islands=, devices_per_island=, reduction_order= and "
-                       "pin_islands= shape an embedded cluster; a running "
-                       "controller has its own (jax-pathways controller "
-                       "--reduction-order, jax-pathways worker "
+          reduction_order is not None or pin_islands is not None or
+          worker_timeout is not None):
+      raise ValueError("islands=, devices_per_island=, reduction_order=, "
+                       "pin_islands= and worker_timeout= shape an embedded "
+                       "cluster; a running controller has its own "
+                       "(jax-pathways controller --reduction-order "
+                       "--worker-timeout, jax-pathways worker "
                        "--device-cores)")
     _address = _normalize(address)
     _token = token or cfg.token

@@ -93,7 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   c.add_argument("--worker-timeout", type=float, default=None,
                  help="seconds of silence (workers send a heartbeat every "
                  "second) after which a worker is lost: its island's work "
-                 "fails, programs spanning it fail everywhere (default 5)")
+                 "fails, programs spanning it fail everywhere (default "
+                 f"${config.WORKER_TIMEOUT} or "
+                 f"{config.DEFAULT_WORKER_TIMEOUT:g})")
   c.add_argument("--reduction-order", choices=("rank", "ring"),
                  default="rank",
                  help="float sums of programs that span islands: 'rank' adds "
@@ -121,6 +123,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                  help="where other workers send data (HOST:PORT or "
                  "unix:/path; default 127.0.0.1:0)")
   w.add_argument("--connect-timeout", type=float, default=60.0)
+  w.add_argument("--controller-timeout", type=float,
+                 default=config.DEFAULT_CONTROLLER_TIMEOUT,
+                 help="seconds of silence (the controller sends a heartbeat "
+                 "every second) after which the controller is lost (stopped, "
+                 "wedged or cut off) and the worker exits; keep it above the "
+                 "controller's --worker-timeout (default "
+                 f"{config.DEFAULT_CONTROLLER_TIMEOUT:g})")
   w.add_argument("--device-memory", default=None,
                  help="device memory per device, e.g. 16G (default: what "
                  f"the device reports, or ${config.DEVICE_MEMORY}; CPU "
@@ -154,6 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.worker_timeout is not None and not args.worker_timeout >= 2:
       parser.error(f"--worker-timeout={args.worker_timeout} must be >= 2 "
                    "seconds (workers send a heartbeat every second)")
+    worker_timeout = (args.worker_timeout if args.worker_timeout is not None
+                      else cfg.worker_timeout)
     return controller_main.run(args.islands or cfg.islands, args.listen,
                                args.worker_listen, args.coordinator_listen,
                                controller_main.token(cfg, args.insecure,
@@ -162,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                      args.coordinator_listen),
                                max_in_flight, args.parent_pid,
                                args.memory_wait, args.reduction_order,
-                               args.worker_timeout)
+                               worker_timeout)
   if args.command == "worker":
     _setup_logging(cfg.verbosity)
     from jax_pathways.worker import main as worker_main  # pylint: disable=import-outside-toplevel
@@ -173,10 +184,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                       if args.device_cores else None)
     except ValueError as e:
       parser.error(f"--device-cores: {e}")
+    if not args.controller_timeout >= 2:
+      parser.error(f"--controller-timeout={args.controller_timeout} must be "
+                   ">= 2 seconds (the controller sends a heartbeat every "
+                   "second)")
     return worker_main.run(args.controller, args.island,
                            args.devices or cfg.devices_per_island, cfg.token,
                            args.data_listen, args.connect_timeout, memory,
-                           device_cores)
+                           device_cores, args.controller_timeout)
   from jax_pathways import admin  # pylint: disable=import-outside-toplevel
   address = args.address or cfg.address
   if not address:

@@ -22,6 +22,9 @@ ISLAND = "JAX_PATHWAYS_ISLAND"    # ... on this island
 WEIGHT = "JAX_PATHWAYS_WEIGHT"    # this client's share of busy islands
 DEVICE_MEMORY = "JAX_PATHWAYS_DEVICE_MEMORY"  # workers: bytes per device (64M)
 PIN_ISLANDS = "JAX_PATHWAYS_PIN_ISLANDS"  # embedded cluster: 1 = cores per island
+# embedded cluster: seconds of silence after which the controller loses a
+# worker (its --worker-timeout)
+WORKER_TIMEOUT = "JAX_PATHWAYS_WORKER_TIMEOUT"
 
 DEFAULT_ISLANDS = 2
 DEFAULT_DEVICES_PER_ISLAND = 4
@@ -29,6 +32,12 @@ DEFAULT_DEVICES_PER_ISLAND = 4
 DEFAULT_MAX_IN_FLIGHT = 16
 MAX_SAFE_IN_FLIGHT = 63
 DEFAULT_START_TIMEOUT = 120.0
+# Heartbeats go both ways every second. The controller loses a silent worker
+# after DEFAULT_WORKER_TIMEOUT; a worker exits after DEFAULT_CONTROLLER_TIMEOUT
+# of its controller's silence (longer: the controller decides first).
+DEFAULT_WORKER_TIMEOUT = 5.0
+DEFAULT_CONTROLLER_TIMEOUT = 10.0
+MIN_HEARTBEAT_TIMEOUT = 2.0
 
 
 def _int(name: str, default: int, lo: int, hi: int) -> int:
@@ -76,6 +85,7 @@ class Config:
   weight: float | None
   device_memory: int  # 0: ask the device (unlimited if it does not say)
   pin_islands: bool
+  worker_timeout: float | None  # None: the controller's default
 
 
 def from_env() -> Config:
@@ -99,7 +109,19 @@ def from_env() -> Config:
       device_memory=parse_bytes(os.environ.get(DEVICE_MEMORY) or "0",
                                 DEVICE_MEMORY),
       pin_islands=bool(_int(PIN_ISLANDS, 0, 0, 1)),
+      worker_timeout=(worker_timeout(_float(WORKER_TIMEOUT, 0.0),
+                                     WORKER_TIMEOUT)
+                      if os.environ.get(WORKER_TIMEOUT) else None),
   )
+
+
+def worker_timeout(seconds: float, what: str) -> float:
+  """`seconds`, checked as a worker timeout named `what`."""
+  if not MIN_HEARTBEAT_TIMEOUT <= seconds < float("inf"):
+    raise invalid_argument(
+        f"{what}={seconds} must be >= {MIN_HEARTBEAT_TIMEOUT:g} seconds "
+        "(workers send a heartbeat every second)")
+  return seconds
 
 
 def parse_bytes(raw: str, what: str) -> int:

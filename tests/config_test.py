@@ -20,3 +20,14 @@ def test_bad_values_are_echoed(monkeypatch):
   monkeypatch.setenv(config.MAX_IN_FLIGHT, "64")
   with pytest.raises(StatusError, match="out of range 1..63"):
     config.from_env()
+
+
+def test_worker_timeout(monkeypatch):
+  monkeypatch.delenv(config.WORKER_TIMEOUT, raising=False)
+  assert config.from_env().worker_timeout is None  # the controller's 5 s
+  monkeypatch.setenv(config.WORKER_TIMEOUT, "2.5")
+  assert config.from_env().worker_timeout == 2.5
+  monkeypatch.setenv(config.WORKER_TIMEOUT, "1")
+  with pytest.raises(StatusError, match="JAX_PATHWAYS_WORKER_TIMEOUT=1.0 "
+                     "must be >= 2 seconds"):
+    config.from_env()

@@ -154,3 +154,35 @@ def test_device_cores_this_host_lacks():
   assert "ERROR" in out.stdout, out.stderr[-3000:]
   assert "--device-cores: cores" in out.stdout
   assert "are not available to this process" in out.stdout
+
+
+def test_worker_timeout_reaches_the_embedded_controller():
+  """initialize(worker_timeout=...) is the controller's --worker-timeout:
+  a stopped worker is lost after it, not the default 5 s."""
+  out = _run("""
+      import os, signal, time
+      import jax_pathways
+      from jax_pathways import admin
+      try:
+        jax_pathways.initialize(islands=1, worker_timeout=1)
+      except ValueError as e:
+        print("ERROR", e)
+      jax_pathways.initialize(islands=1, devices_per_island=1,
+                              worker_timeout=2)
+      cluster = jax_pathways.local_cluster()
+      (worker,) = cluster.workers
+      os.kill(worker.pid, signal.SIGSTOP)
+      start = time.monotonic()
+      try:
+        while admin.status(cluster.address, cluster.token)["islands"][0][
+            "alive"] and time.monotonic() - start < 20:
+          time.sleep(0.1)
+        print("LOST AFTER", round(time.monotonic() - start, 1))
+      finally:
+        os.kill(worker.pid, signal.SIGCONT)
+        jax_pathways.shutdown()
+  """)
+  assert "ERROR jax_pathways.initialize: worker_timeout=1 must be >= 2" \
+      in out.stdout, out.stdout + out.stderr[-2000:]
+  lost = float(out.stdout.split("LOST AFTER")[1].split()[0])
+  assert 2 <= lost < 4.5, out.stdout

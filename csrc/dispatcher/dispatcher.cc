@@ -37,7 +37,12 @@ std::string Size(int64_t bytes) {
 
 }  // namespace
 
-Dispatcher::Dispatcher(int max_in_flight) : max_in_flight_(max_in_flight) {}
+Dispatcher::Dispatcher(int max_in_flight) : max_in_flight_(max_in_flight) {
+  heartbeat_ = std::thread([this] {
+    NameThisThread("jp-heartbeat");
+    HeartbeatLoop();
+  });
+}
 
 Dispatcher::~Dispatcher() { Shutdown(); }
 
@@ -433,6 +438,28 @@ void Dispatcher::ExpireSilentIslands(double timeout_s) {
   Flush(std::move(outbox), std::move(done));
 }
 
+void Dispatcher::HeartbeatLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!shut_down_) {
+    std::vector<std::shared_ptr<Channel>> channels;
+    for (auto& [id, island] : islands_) {
+      if (island->alive) channels.push_back(island->channel);
+    }
+    lock.unlock();
+    for (const std::shared_ptr<Channel>& channel : channels) {
+      // Never blocks: what the socket does not take waits in the channel's
+      // queue (a frozen worker is lost by its own silence meanwhile).
+      std::vector<Channel::Frame> beat;
+      beat.push_back(Channel::Frame{FrameKind::kHeartbeat, {}, {}});
+      channel->SendMany(std::move(beat), nullptr);
+    }
+    channels.clear();
+    lock.lock();
+    shutting_down_.wait_for(lock, kHeartbeatInterval,
+                            [this] { return shut_down_; });
+  }
+}
+
 void Dispatcher::HandleEvent(Island* island, Event event) {
   Outbox outbox;
   std::vector<Completion> done;
@@ -621,7 +648,9 @@ void Dispatcher::Shutdown() {
       island->channel->Shutdown();
       islands.push_back(island.get());
     }
+    shutting_down_.notify_all();
   }
+  if (heartbeat_.joinable()) heartbeat_.join();
   for (Island* island : islands) {
     if (island->reader.joinable()) island->reader.join();
   }

@@ -10,7 +10,10 @@
 // dropped, or silent past the worker timeout) fails with DATA_LOSS the
 // buffers it held, every gang it was part of (on every island, at once) and
 // everything later sent to it; the other islands are told (PEER_LOST), so
-// that their part of programs spanning it fails instead of waiting.
+// that their part of programs spanning it fails instead of waiting. A
+// heartbeat thread tells every live worker each kHeartbeatInterval that the
+// controller still runs (a worker whose controller falls silent exits);
+// it only queues, so a worker that does not read never holds it up.
 //
 // Thread safety: every public method may be called from any thread. Blocking
 // methods (Poll, Shutdown) must be called without the GIL.
@@ -18,6 +21,7 @@
 #define JAX_PATHWAYS_CSRC_DISPATCHER_DISPATCHER_H_
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -190,6 +194,7 @@ class Dispatcher {
   void Flush(Outbox outbox, std::vector<Completion> done);
 
   void SendNow(Outbox outbox);
+  void HeartbeatLoop();
 
   const int max_in_flight_;
   std::mutex cork_mu_;  // guards corks_ and held_ (never taken with mu_)
@@ -202,6 +207,8 @@ class Dispatcher {
   BufferFutures buffers_;
   CompletionQueue completions_;
   bool shut_down_ = false;
+  std::condition_variable shutting_down_;  // with mu_: wakes the heartbeat
+  std::thread heartbeat_;
 };
 
 }  // namespace jax_pathways

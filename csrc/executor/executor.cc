@@ -5,14 +5,21 @@
 #include "transport/wire.h"
 
 #include <chrono>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace jax_pathways {
 
-Executor::Executor(int controller_fd)
-    : channel_(std::make_unique<Channel>(controller_fd)) {
+Executor::Executor(int controller_fd, std::string controller,
+                   double controller_timeout_s)
+    : channel_(std::make_unique<Channel>(controller_fd)),
+      controller_(controller.empty() ? "the controller"
+                                     : "controller " + controller),
+      controller_timeout_(controller_timeout_s),
+      last_heard_(std::chrono::steady_clock::now()) {
   reader_ = std::thread([this] {
     NameThisThread("jp-ops-in");
     ReadLoop();
@@ -29,12 +36,31 @@ void Executor::HeartbeatLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_ && closed_.ok()) {
     lock.unlock();
-    // Only this thread waits if the controller stops reading.
-    Status s = channel_->Send(FrameKind::kHeartbeat, {});
+    // Queued if the controller stops reading: this thread must keep
+    // watching the controller's own heartbeats meanwhile.
+    std::vector<Channel::Frame> beat;
+    beat.push_back(Channel::Frame{FrameKind::kHeartbeat, {}, {}});
+    Status s = channel_->SendMany(std::move(beat), nullptr);
     lock.lock();
     if (!s.ok()) return;  // the reader sees the same broken connection
     cv_.wait_for(lock, kHeartbeatInterval,
                  [this] { return stopping_ || !closed_.ok(); });
+    if (stopping_ || !closed_.ok() || controller_timeout_.count() <= 0) {
+      continue;
+    }
+    std::chrono::duration<double> silent =
+        std::chrono::steady_clock::now() - last_heard_;
+    if (silent <= controller_timeout_) continue;
+    char seconds[32];
+    snprintf(seconds, sizeof(seconds), "%.1f", silent.count());
+    closed_ = Unavailable(controller_ + " is lost: it sent nothing, not even "
+                          "a heartbeat, for " + seconds + " s (stopped, "
+                          "wedged or cut off; the worker's "
+                          "--controller-timeout)");
+    cv_.notify_all();
+    lock.unlock();
+    channel_->Shutdown();  // nothing more in either direction
+    return;
   }
 }
 
@@ -43,6 +69,11 @@ void Executor::ReadLoop() {
     FrameKind kind;
     Bytes body;
     Status s = channel_->Receive(&kind, &body);
+    if (s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_heard_ = std::chrono::steady_clock::now();
+    }
+    if (s.ok() && kind == FrameKind::kHeartbeat) continue;
     if (s.ok() && kind == FrameKind::kReadProbe) {
       s = AnswerProbe(body);
       if (s.ok()) continue;
@@ -68,7 +99,10 @@ void Executor::ReadLoop() {
       s = DataLoss("controller repeated op " + std::to_string(op.seq));
     }
     if (!s.ok()) {
-      closed_ = Unavailable("controller connection lost: " + s.message());
+      // The heartbeat thread may have said why first.
+      if (closed_.ok()) {
+        closed_ = Unavailable("controller connection lost: " + s.message());
+      }
       cv_.notify_all();
       return;
     }

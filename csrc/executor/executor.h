@@ -4,7 +4,10 @@
 // number; Next() hands them out strictly in gang order, however the frames
 // arrived. Whatever runs them (the PJRT backend in Python) reports each one
 // with exactly one Complete(). A heartbeat thread tells the controller every
-// kHeartbeatInterval that the process still runs.
+// kHeartbeatInterval that the process still runs, and watches the controller
+// in turn: one that sent nothing (not even its own heartbeat) for the
+// controller timeout is lost (stopped, wedged or cut off), and Next() then
+// fails as if the connection had dropped, so the worker exits.
 //
 // Thread safety: all methods may be called from any thread; Next() and
 // Shutdown() block and must be called without the GIL.
@@ -19,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <thread>
 
@@ -28,14 +32,13 @@
 
 namespace jax_pathways {
 
-// How often a worker says it is alive; the controller's --worker-timeout
-// must be several of these.
-inline constexpr std::chrono::milliseconds kHeartbeatInterval{1000};
-
 class Executor {
  public:
   // Takes ownership of `controller_fd`, connected and authenticated.
-  explicit Executor(int controller_fd);
+  // `controller` names it in errors. `controller_timeout_s`: seconds without
+  // a frame from the controller after which it is lost (0: never).
+  explicit Executor(int controller_fd, std::string controller = "",
+                    double controller_timeout_s = 0);
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -61,6 +64,8 @@ class Executor {
   Status ReadLentTails(Bytes* body);
 
   std::unique_ptr<Channel> channel_;
+  const std::string controller_;
+  const std::chrono::duration<double> controller_timeout_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<uint64_t, Op> reorder_;
@@ -68,6 +73,8 @@ class Executor {
   bool stopping_ = false;   // ends the heartbeat thread
   uint64_t next_seq_ = 1;
   Status closed_;  // why no more ops will come; OK while connected
+  // When the controller last sent a frame (or, before any, when we started).
+  std::chrono::steady_clock::time_point last_heard_;
   std::thread reader_;
   std::thread heartbeat_;
 };

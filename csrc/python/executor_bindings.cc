@@ -14,7 +14,8 @@ namespace jax_pathways {
 
 void RegisterExecutor(py::module_& m) {
   py::class_<Executor>(m, "Executor")
-      .def(py::init<int>(), py::arg("controller_fd"))
+      .def(py::init<int, std::string, double>(), py::arg("controller_fd"),
+           py::arg("controller") = "", py::arg("controller_timeout_s") = 0.0)
       .def(
           "next",
           [](Executor& e, double timeout_s) -> std::optional<Op> {

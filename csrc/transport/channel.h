@@ -24,6 +24,7 @@
 #ifndef JAX_PATHWAYS_CSRC_TRANSPORT_CHANNEL_H_
 #define JAX_PATHWAYS_CSRC_TRANSPORT_CHANNEL_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -55,10 +56,15 @@ enum class FrameKind : uint32_t {
   // learn whether the worker may read the controller's memory
   kReadProbe = 7,
   kReadProbeAck = 8,  // worker -> controller: u32 1 if it could, else 0
-  // worker -> controller, empty, every kHeartbeatInterval: the process still
-  // runs (a stopped or wedged one is told from a slow one by its silence)
+  // worker -> controller and controller -> worker, empty, every
+  // kHeartbeatInterval: the process still runs (a stopped or wedged one is
+  // told from a slow one by its silence)
   kHeartbeat = 9,
 };
+
+// How often a worker says it is alive, and the controller to each worker;
+// either side's timeout must be several of these.
+inline constexpr std::chrono::milliseconds kHeartbeatInterval{1000};
 
 class Channel {
  public:

@@ -21,7 +21,7 @@ using BufferId = uint64_t;
 using IslandId = int32_t;
 
 // Version of the controller <-> worker wire format; bumped on any change.
-inline constexpr uint32_t kWireVersion = 7;
+inline constexpr uint32_t kWireVersion = 8;
 
 enum class OpKind : uint32_t {
   kCompile = 1,   // payload: program + options; program = compile key

@@ -50,7 +50,7 @@ class LocalCluster:
                memory_wait_s: float | None = None,
                reduction_order: str = "rank",
                device_cores: list[list[int]] | None = None,
-               tcp: bool = False):
+               tcp: bool = False, worker_timeout_s: float | None = None):
     if device_cores is not None and len(device_cores) != islands:
       raise ValueError(f"device_cores names {len(device_cores)} islands' "
                        f"cores for {islands} islands")
@@ -59,6 +59,7 @@ class LocalCluster:
     self.devices_per_island = devices_per_island
     self.max_in_flight = max_in_flight
     self.memory_wait_s = memory_wait_s
+    self.worker_timeout_s = worker_timeout_s
     self.reduction_order = reduction_order
     self.tcp = tcp  # clients connect over loopback TCP, not a Unix socket
     self.token = secrets.token_hex(16)
@@ -122,7 +123,9 @@ class LocalCluster:
           "--reduction-order", self.reduction_order,
           "--parent-pid", str(os.getpid())] + (
               ["--memory-wait", str(self.memory_wait_s)]
-              if self.memory_wait_s is not None else []))
+              if self.memory_wait_s is not None else []) + (
+              ["--worker-timeout", str(self.worker_timeout_s)]
+              if self.worker_timeout_s is not None else []))
       ready = self._read_ready_line(self.controller, deadline)
       self.controller_address = ready["address"]
       for i in range(self.islands):

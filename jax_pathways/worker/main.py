@@ -1,10 +1,12 @@
 """The worker process: joins a controller and runs its island's ops.
 
     jax-pathways worker --controller HOST:PORT [--island N] [--devices N]
-        [--device-memory 16G] [--device-cores 0-3]
+        [--device-memory 16G] [--device-cores 0-3] [--controller-timeout 10]
 
 The cluster token comes from JAX_PATHWAYS_TOKEN. The worker exits when the
-controller tells it to or when the controller connection is lost.
+controller tells it to, when the controller connection is lost, or when the
+controller sends nothing (not even its heartbeat) for `controller_timeout`
+seconds: a stopped or cut-off controller leaves no orphaned workers.
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from absl import logging
 
 def run(controller: str, island: int | None, devices: int,
         token: str | None, data_listen: str, connect_timeout: float,
-        device_memory: int = 0, device_cores: list[int] | None = None) -> int:
+        device_memory: int = 0, device_cores: list[int] | None = None,
+        controller_timeout: float = 10.0) -> int:
   """Joins `controller` and serves until told to stop; returns an exit code.
   `device_cores`: the CPU cores the devices compute on (cluster/cores.py)."""
   # Configure JAX before anything initializes its backends: this process
@@ -88,7 +91,7 @@ def run(controller: str, island: int | None, devices: int,
                os.getpid(), peers.island, len(backend.devices),
                f" on cores {cores.format_list(device_cores)}"
                if device_cores else "", peers.address)
-  executor = _core.Executor(sock.detach())
+  executor = _core.Executor(sock.detach(), controller, controller_timeout)
   try:
     Worker(executor, backend, peers, transfers).run()
   finally:

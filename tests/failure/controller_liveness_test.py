@@ -1,0 +1,110 @@
+"""A stopped controller: its workers notice its silence and exit by
+themselves, saying why; resumed, the controller reports their islands lost
+instead of hanging. Each test runs its own embedded cluster (no client)."""
+import glob
+import os
+import signal
+import time
+
+import pytest
+
+from jax_pathways import admin
+from jax_pathways.cluster.local_cluster import LocalCluster
+
+pytestmark = pytest.mark.integration
+
+# The workers' --controller-timeout (its default) and what they may take on
+# top of it: one heartbeat interval to notice, then the exit itself.
+CONTROLLER_TIMEOUT_S = 10.0
+MARGIN_S = 5.0
+
+
+@pytest.fixture
+def cluster(tmp_path):
+  c = LocalCluster(2, 1, 4, log_dir=str(tmp_path), start_timeout=120)
+  c.start()
+  yield c
+  if c.controller is not None and c.controller.poll() is None:
+    os.kill(c.controller.pid, signal.SIGCONT)
+  for w in c.workers:  # one that outlived the test must still be stopped
+    if w.poll() is None:
+      os.kill(w.pid, signal.SIGCONT)
+  c.stop()
+
+
+def _logs(cluster):
+  logs = {}
+  for path in sorted(glob.glob(os.path.join(cluster.log_dir, "worker*.log"))):
+    with open(path, errors="replace") as f:
+      logs[path] = f.read()
+  return logs
+
+
+def _wait_joined(cluster, timeout_s=60):
+  """Until every worker serves ops: the controller counts an island once it
+  is admitted, before its worker has joined the islands' global client."""
+  deadline = time.monotonic() + timeout_s
+  while sum("joined as island" in log for log in _logs(cluster).values()
+            ) < len(cluster.workers):
+    assert time.monotonic() < deadline, _logs(cluster)
+    time.sleep(0.1)
+
+
+def _wait_exit(procs, timeout_s):
+  """{pid: seconds until it exited} for each of `procs` that did."""
+  start = time.monotonic()
+  exited = {}
+  while time.monotonic() - start < timeout_s and len(exited) < len(procs):
+    for p in procs:
+      if p.pid not in exited and p.poll() is not None:
+        exited[p.pid] = time.monotonic() - start
+    time.sleep(0.05)
+  return exited
+
+
+def test_workers_of_a_stopped_controller_exit_and_say_why(cluster):
+  controller = cluster.controller.pid
+  _wait_joined(cluster)
+  os.kill(controller, signal.SIGSTOP)
+  exited = _wait_exit(cluster.workers, CONTROLLER_TIMEOUT_S + MARGIN_S)
+  print("workers exited after (s):", exited)
+  assert len(exited) == len(cluster.workers), (
+      f"workers {[w.pid for w in cluster.workers if w.pid not in exited]} "
+      f"still run {CONTROLLER_TIMEOUT_S + MARGIN_S} s after their "
+      "controller stopped")
+  # Not before the timeout: the controller was merely silent.
+  assert min(exited.values()) >= CONTROLLER_TIMEOUT_S - 0.5, exited
+  for w in cluster.workers:
+    assert w.returncode == 0, (w.pid, w.returncode)
+  logs = _logs(cluster)
+  assert len(logs) == 2
+  for path, log in logs.items():
+    assert ("is lost: it sent nothing, not even a heartbeat, for" in log and
+            "workers.sock" in log and "--controller-timeout" in log), (
+                path, log[-2000:])
+
+  # Resumed, the controller answers at once and has lost both islands.
+  os.kill(controller, signal.SIGCONT)
+  deadline = time.monotonic() + 10
+  while True:
+    islands = admin.status(cluster.address, cluster.token,
+                           timeout=5.0)["islands"]
+    if not any(i["alive"] for i in islands) or time.monotonic() > deadline:
+      break
+    time.sleep(0.2)
+  assert [i["alive"] for i in islands] == [False, False], islands
+  assert all("is lost" in i["error"] for i in islands), islands
+
+
+def test_a_live_controller_keeps_its_idle_workers():
+  """Heartbeats, not work, keep workers up: an idle cluster outlives the
+  controller timeout."""
+  c = LocalCluster(1, 1, 4, start_timeout=120)
+  c.start()
+  try:
+    _wait_joined(c)
+    assert not _wait_exit(c.workers, CONTROLLER_TIMEOUT_S + 2)
+    islands = admin.status(c.address, c.token)["islands"]
+    assert [i["alive"] for i in islands] == [True]
+  finally:
+    c.stop()
