@@ -24,6 +24,8 @@ _lock = threading.Lock()
 _cluster: LocalCluster | None = None
 _address: str | None = None
 _token: str | None = None
+_shut_down = False  # shutdown() ran in this process
+_at_exit_registered = False
 
 
 def _normalize(address: str) -> str:
@@ -76,7 +78,7 @@ def initialize(address: str | None = None, *, islands: int | None = None,
       lost and fails its island's work (>= 2; default 5;
       JAX_PATHWAYS_WORKER_TIMEOUT).
   """
-  global _cluster, _address, _token
+  global _cluster, _address, _token, _at_exit_registered
   from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
   with _lock:
@@ -85,7 +87,13 @@ def initialize(address: str | None = None, *, islands: int | None = None,
         return _address
       raise RuntimeError(
           f"jax_pathways is already initialized with {_address}; call "
-          "jax_pathways.shutdown() first (in a fresh process)")
+          "jax_pathways.shutdown() first")
+    if xla_bridge.backends_are_initialized() and _shut_down:
+      raise RuntimeError(
+          "jax_pathways.initialize() after jax_pathways.shutdown() must run "
+          "before JAX initializes a backend again, but this process used JAX "
+          "in between (e.g. jax.devices() on another platform). Call "
+          "initialize() right after shutdown(), or restart the process.")
     if xla_bridge.backends_are_initialized():
       raise RuntimeError(
           "jax_pathways.initialize() must run before JAX initializes its "
@@ -148,7 +156,9 @@ def initialize(address: str | None = None, *, islands: int | None = None,
     platforms = jax.config.jax_platforms or ""
     if plugin.BACKEND_NAME not in platforms.split(","):
       jax.config.update("jax_platforms", plugin.BACKEND_NAME)
-    atexit.register(_at_exit)
+    if not _at_exit_registered:
+      atexit.register(_at_exit)
+      _at_exit_registered = True
     logging.info("jax_pathways: JAX runs on the controller at %s", _address)
     return _address
 
@@ -174,24 +184,44 @@ def _slice_request(devices: int | str | Sequence[int] | None,
 
 
 def shutdown() -> None:
-  """Stops what initialize() started. JAX cannot be used in this process
-  afterwards: its backend is gone."""
-  global _cluster, _address
+  """Stops what initialize() started. Arrays of the old backend are deleted
+  (using one raises JAX's "Array has been deleted"); initialize() may then
+  start over in this process, with a new cluster or controller."""
+  global _cluster, _address, _shut_down
   with _lock:
     cluster, _cluster = _cluster, None
     if _address is None:
       return
     _address = None
+    _shut_down = True
   plugin.close()
   # Let JAX drop its client first, so it disconnects while the controller is
-  # still there (arrays the program still holds keep it alive regardless).
+  # still there.
   import jax  # pylint: disable=import-outside-toplevel
   from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
+  _delete_arrays(xla_bridge)
   jax.clear_caches()
   xla_bridge._clear_backends()  # pylint: disable=protected-access
   gc.collect()
   if cluster is not None:
     cluster.stop()
+
+
+def _delete_arrays(xla_bridge) -> None:
+  """Deletes the proxy backend's live arrays. A client numbers its arrays
+  from the same start each time, so an old array passed to the next
+  backend's programs would silently name one of the new session's arrays."""
+  if not xla_bridge.backends_are_initialized():
+    return
+  backend = xla_bridge.backends().get(plugin.BACKEND_NAME)
+  if backend is None:
+    return
+  for array in backend.live_arrays():
+    try:
+      array.delete()
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("jax_pathways.shutdown: could not delete an array: %s",
+                      e)
 
 
 def _at_exit() -> None:

@@ -186,3 +186,44 @@ def test_worker_timeout_reaches_the_embedded_controller():
       in out.stdout, out.stdout + out.stderr[-2000:]
   lost = float(out.stdout.split("LOST AFTER")[1].split()[0])
   assert 2 <= lost < 4.5, out.stdout
+
+
+def test_initialize_after_shutdown_starts_over():
+  """shutdown() then initialize(): a second embedded cluster (another shape)
+  in the same process computes what plain JAX does; an array of the first
+  is deleted, not taken for one of the second's (they number arrays
+  alike)."""
+  out = _run("""
+      import os
+      os.environ["JAX_PLATFORMS"] = "proxy,cpu"
+      import jax, jax.numpy as jnp, numpy as np
+      import jax_pathways
+      x = np.arange(64, dtype=np.float32).reshape(8, 8) / 64
+      f = jax.jit(lambda x: jnp.tanh(x @ x.T).sum(axis=0) * 3)
+      old = None
+      for islands, per in ((1, 2), (2, 1)):
+        jax_pathways.initialize(islands=islands, devices_per_island=per)
+        pids = jax_pathways.local_cluster().pids
+        want = np.asarray(f(jax.device_put(x, jax.devices("cpu")[0])))
+        print("DEVICES", len(jax.devices("proxy")))
+        for d in jax.devices("proxy"):
+          got = np.asarray(f(jax.device_put(x, d)))
+          print("SAME", np.array_equal(got, want))
+        if old is not None:
+          new = [jnp.full(4, 100.0) for _ in range(20)]
+          try:
+            print("OLD", np.asarray(old + 1))
+          except RuntimeError as e:
+            print("OLD ERROR", "deleted" in str(e))
+        old = jnp.ones(4) * 3
+        old.block_until_ready()
+        jax_pathways.shutdown()
+        print("STOPPED", not any(os.path.exists(f"/proc/{p}/status") and
+                                 "zombie" not in open(f"/proc/{p}/status").read()
+                                 for p in pids))
+  """)
+  assert out.stdout.count("DEVICES 2") == 2, out.stdout + out.stderr[-3000:]
+  assert out.stdout.count("SAME True") == 4, out.stdout + out.stderr[-3000:]
+  assert "OLD ERROR True" in out.stdout, out.stdout + out.stderr[-3000:]
+  assert out.stdout.count("STOPPED True") == 2, out.stdout
+  assert out.returncode == 0, out.stderr[-3000:]
