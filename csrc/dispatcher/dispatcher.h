@@ -129,8 +129,8 @@ class Dispatcher {
     uint64_t submitted = 0;
     uint64_t finished = 0;
     std::chrono::steady_clock::time_point last_finish;  // of a launch
-    // Any frame. Timed from the first: until then the worker is joining the
-    // islands' global client, which waits for every island (and times out).
+    // Any frame. Timed from the first (a worker heartbeats from its
+    // handshake on, also while it joins the islands' global client).
     std::optional<std::chrono::steady_clock::time_point> last_heard;
     // Device memory, counted in gang order: results when numbered, freed
     // when their DELETE is numbered (the worker runs both in that order).

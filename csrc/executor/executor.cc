@@ -194,6 +194,11 @@ size_t Executor::backlog() {
   return reorder_.size();
 }
 
+Status Executor::closed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_;
+}
+
 void Executor::Shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -52,6 +52,9 @@ class Executor {
   // Ops received but not yet handed out (including ones waiting for an
   // earlier sequence number).
   size_t backlog();
+  // Why no more ops will come (the controller is gone or silent); OK while
+  // connected. Does not wait.
+  Status closed();
   void Shutdown();
 
  private:

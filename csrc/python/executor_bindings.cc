@@ -42,6 +42,8 @@ void RegisterExecutor(py::module_& m) {
           py::arg("seq"), py::arg("code"), py::arg("message"),
           py::arg("payload"))
       .def("backlog", &Executor::backlog)
+      .def("lost",
+           [](Executor& e) -> std::string { return e.closed().message(); })
       .def("shutdown", &Executor::Shutdown,
            py::call_guard<py::gil_scoped_release>());
 }

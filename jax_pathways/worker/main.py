@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
+from typing import Any, Callable
 
 from absl import logging
 
@@ -77,25 +79,56 @@ def run(controller: str, island: int | None, devices: int,
     return 2
   sock.settimeout(None)
   peers.island = int(welcome["island"])
-  if welcome.get("coordinator"):
-    # Every island's worker does this at once; it returns when all have.
-    gloo_host = ("127.0.0.1" if addresses.is_loopback(data_listen)
-                 else data_listen.rpartition(":")[0].strip("[]"))
-    if gloo_host in ("0.0.0.0", "::"):
-      gloo_host = socket.gethostname()
-    with cores.pinned(device_cores):
-      backend.join_global(peers.island, int(welcome["islands"]),
-                          welcome["coordinator"], gloo_host)
-    backend.rank_order_reductions = welcome.get("reduction_order") == "rank"
-  logging.info("worker pid %d joined as island %d (%d devices%s); data at %s",
-               os.getpid(), peers.island, len(backend.devices),
-               f" on cores {cores.format_list(device_cores)}"
-               if device_cores else "", peers.address)
+  # From here on the worker heartbeats and watches the controller's, also
+  # while it joins the other islands.
   executor = _core.Executor(sock.detach(), controller, controller_timeout)
   try:
+    if welcome.get("coordinator"):
+      # Every island's worker does this at once; it returns when all have.
+      gloo_host = ("127.0.0.1" if addresses.is_loopback(data_listen)
+                   else data_listen.rpartition(":")[0].strip("[]"))
+      if gloo_host in ("0.0.0.0", "::"):
+        gloo_host = socket.gethostname()
+
+      def join() -> None:
+        with cores.pinned(device_cores):
+          backend.join_global(peers.island, int(welcome["islands"]),
+                              welcome["coordinator"], gloo_host)
+
+      _join_watching(join, executor)
+      backend.rank_order_reductions = welcome.get("reduction_order") == "rank"
+    logging.info("worker pid %d joined as island %d (%d devices%s); data at %s",
+                 os.getpid(), peers.island, len(backend.devices),
+                 f" on cores {cores.format_list(device_cores)}"
+                 if device_cores else "", peers.address)
     Worker(executor, backend, peers, transfers).run()
   finally:
     executor.shutdown()
     peers.close()
   return 0
 
+
+def _join_watching(join: Callable[[], None], executor: Any) -> None:
+  """Runs `join` (which waits for every island, through the controller's
+  coordination service) unless the controller is lost first: then the
+  worker exits at once, since the join cannot be interrupted."""
+  failure: list[BaseException] = []
+
+  def run() -> None:
+    try:
+      join()
+    except BaseException as e:  # pylint: disable=broad-except
+      failure.append(e)
+
+  joiner = threading.Thread(target=run, name="jp-join", daemon=True)
+  joiner.start()
+  while joiner.is_alive():
+    joiner.join(0.2)
+    lost = executor.lost()
+    if lost and joiner.is_alive():
+      logging.warning("controller is gone (%s) while joining the other "
+                      "islands; worker exits", lost)
+      sys.stderr.flush()
+      os._exit(1)  # pylint: disable=protected-access
+  if failure:
+    raise failure[0]

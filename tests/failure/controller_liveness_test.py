@@ -2,8 +2,12 @@
 themselves, saying why; resumed, the controller reports their islands lost
 instead of hanging. Each test runs its own embedded cluster (no client)."""
 import glob
+import json
 import os
+import secrets
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -108,3 +112,46 @@ def test_a_live_controller_keeps_its_idle_workers():
     assert [i["alive"] for i in islands] == [True]
   finally:
     c.stop()
+
+
+def test_a_worker_joining_the_islands_leaves_a_stopped_controller(tmp_path):
+  """A worker waits for the other islands through its controller's
+  coordination service; stopped meanwhile, the controller is still noticed
+  (the join cannot be interrupted: exit code 1)."""
+  env = dict(os.environ, JAX_PATHWAYS_TOKEN=secrets.token_hex(16))
+  env.pop("JAX_PLATFORMS", None)
+  cli = [sys.executable, "-m", "jax_pathways.cli"]
+  log = open(tmp_path / "worker.log", "wb")
+  controller = subprocess.Popen(
+      cli + ["controller", "--islands", "2"], env=env, cwd=tmp_path,
+      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+  worker = None
+  try:
+    ready = json.loads(controller.stdout.readline())
+    worker = subprocess.Popen(
+        cli + ["worker", "--controller", ready["worker_address"],
+               "--devices", "1"], env=env, cwd=tmp_path, stdout=log,
+        stderr=log)
+    deadline = time.monotonic() + 60
+    while not admin.status(ready["address"], env["JAX_PATHWAYS_TOKEN"]
+                           )["islands"]:
+      assert time.monotonic() < deadline and worker.poll() is None
+      time.sleep(0.1)
+    time.sleep(1)  # in the join, which waits for island 1
+    os.kill(controller.pid, signal.SIGSTOP)
+    start = time.monotonic()
+    assert worker.wait(CONTROLLER_TIMEOUT_S + MARGIN_S) == 1
+    took = time.monotonic() - start
+    print("worker exited after (s):", took)
+    assert took >= CONTROLLER_TIMEOUT_S - 0.5
+    text = (tmp_path / "worker.log").read_text(errors="replace")
+    assert "while joining the other islands" in text, text[-2000:]
+    assert "is lost: it sent nothing, not even a heartbeat" in text
+  finally:
+    os.kill(controller.pid, signal.SIGCONT)
+    for p in (worker, controller):
+      if p is not None and p.poll() is None:
+        p.kill()
+      if p is not None:
+        p.wait(10)
+    log.close()
