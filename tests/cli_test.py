@@ -55,3 +55,12 @@ def test_status_needs_the_token(pathways):
   out = _cli(pathways, token=False)
   assert out.returncode == 1
   assert "UNAUTHENTICATED" in out.stderr
+
+
+def test_worker_controller_timeout_is_checked():
+  out = subprocess.run(
+      [sys.executable, "-m", "jax_pathways.cli", "worker", "--controller",
+       "127.0.0.1:1", "--controller-timeout", "1"], capture_output=True,
+      text=True, timeout=60, cwd=CWD)
+  assert out.returncode == 2, out.stderr
+  assert "--controller-timeout=1.0 must be >= 2 seconds" in out.stderr
