@@ -52,6 +52,12 @@ struct IslandStats {
   std::string name;
   bool alive = true;
   std::string error;
+  // Workers that took the island's place after it was lost (its generation).
+  int restarts = 0;
+  // Why and when (seconds since the epoch) the island was last lost; kept
+  // across restarts. Empty / 0: never.
+  std::string last_lost;
+  double last_lost_at = 0;
   size_t queued = 0;     // held back by the window
   int in_flight = 0;     // launches sent, not finished
   size_t unfinished = 0; // all ops sent, not finished
@@ -75,7 +81,10 @@ class Dispatcher {
 
   // Takes ownership of `fd`, a connected and authenticated worker socket.
   // `memory_bytes`: the island's device memory (0: unlimited); gangs whose
-  // results would not fit wait until deletions make room.
+  // results would not fit wait until deletions make room. An island that was
+  // lost may be added again (a new worker, its next generation): the new
+  // worker starts a gang order of its own, nothing sent to the old one
+  // reaches it, and the old one's buffers stay failed.
   Status AddIsland(IslandId island, int fd, std::string name,
                    int64_t memory_bytes = 0);
   // Enqueues every op of the gang atomically (see GangOrder). Completes under
@@ -122,6 +131,9 @@ class Dispatcher {
     LaunchQueue queue;
     bool alive = true;
     Status death;
+    int restarts = 0;
+    std::string last_lost;  // of this island id, kept across restarts
+    double last_lost_at = 0;
     uint64_t submitted = 0;
     uint64_t finished = 0;
     std::chrono::steady_clock::time_point last_finish;  // of a launch

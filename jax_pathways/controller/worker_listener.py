@@ -3,6 +3,13 @@
 A worker connects, authenticates with the cluster token (cluster/handshake),
 says how many devices it has and where its data port is, and gets its island
 id. Its socket then goes to the C++ dispatcher, which owns it from there on.
+
+A worker may take the place of a lost island's worker (same `--island`,
+same number of devices): it becomes the island's next generation and serves
+the island's own programs. It does not join the islands' global client:
+jaxlib's coordination service and gloo cannot take a process back into a
+group whose other members are stuck in the lost one's collectives
+(docs/limitations.md), so programs spanning a rejoined island are refused.
 """
 from __future__ import annotations
 
@@ -65,7 +72,9 @@ class WorkerListener:
       admitted.append(island)
       return {"island": int(island.id),
               "islands": self._topology.expected_islands,
-              "coordinator": self._coordinator,
+              # A rejoining worker stays island-only (see above).
+              "coordinator": (self._coordinator if island.generation == 0
+                              else None),
               # Every worker must rewrite programs alike (or gloo hangs).
               "reduction_order": self._reduction_order}
 
@@ -77,7 +86,19 @@ class WorkerListener:
       return
     island = admitted[0]
     sock.settimeout(None)
-    self._dispatcher.add_island(island.id, sock, island.name,
-                                island.memory_bytes)
+    try:
+      self._dispatcher.add_island(island.id, sock, island.name,
+                                  island.memory_bytes)
+    except Exception as e:  # pylint: disable=broad-except
+      # Shutting down, or another worker took the place first.
+      logging.warning("refused %s: %s", island.name, e)
+      sock.close()
+      return
     self._topology.connected(island.id)
-    logging.info("%s joined with %d devices", island.name, island.num_devices)
+    if island.generation:
+      logging.info("%s took the lost island's place (generation %d) with "
+                   "%d devices; programs spanning islands stay refused on it",
+                   island.name, island.generation, island.num_devices)
+    else:
+      logging.info("%s joined with %d devices", island.name,
+                   island.num_devices)

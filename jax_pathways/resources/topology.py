@@ -3,6 +3,10 @@
 Workers register in any order; once the expected number has joined, devices
 get global ids in island order (island 0's devices first), so the ids a
 client sees do not depend on who started first.
+
+An island whose worker was lost (the dispatcher knows: `lost`) may be
+registered again by a new worker with as many devices: it becomes the
+island's next generation, with the same global device ids.
 """
 from __future__ import annotations
 
@@ -16,8 +20,12 @@ from jax_pathways.status import Code, StatusError, invalid_argument
 class Topology:
   """Islands by id, device ids by island; thread-safe."""
 
-  def __init__(self, expected_islands: int):
+  def __init__(self, expected_islands: int,
+               lost: Callable[[], set[int]] = set):
+    """lost: the islands whose worker is lost now (the dispatcher's record,
+    the one source of truth); their ids may be registered again."""
     self.expected_islands = expected_islands
+    self._lost = lost
     self._mu = threading.Lock()
     self._islands: dict[IslandId, Island] = {}
     self._connected: set[IslandId] = set()
@@ -25,32 +33,43 @@ class Topology:
 
   def register(self, hello: dict[str, Any]) -> Island:
     """Admits a worker's hello; raises ValueError with the reason to refuse."""
+    lost = self._lost()  # not under _mu: it asks the dispatcher
     with self._mu:
-      if len(self._islands) == self.expected_islands:
-        raise ValueError(
-            f"the cluster already has its {self.expected_islands} islands")
       wanted = hello.get("island")
+      free = set(range(self.expected_islands)) - set(self._islands)
       if wanted is None:
-        wanted = min(set(range(self.expected_islands)) - set(self._islands))
+        if not free and not lost:
+          raise ValueError(
+              f"the cluster already has its {self.expected_islands} islands")
+        wanted = min(free or lost)
       if not isinstance(wanted, int) or not 0 <= wanted < self.expected_islands:
         raise ValueError(f"island {wanted!r} is not in 0..{self.expected_islands - 1}")
-      if wanted in self._islands:
+      before = self._islands.get(IslandId(wanted))
+      if before is not None and wanted not in lost:
         raise ValueError(f"island {wanted} already has a worker: "
-                         f"{self._islands[IslandId(wanted)].name}")
+                         f"{before.name}")
       num = hello.get("num_devices")
       if not isinstance(num, int) or num < 1:
         raise ValueError(f"worker reports {num!r} devices")
+      if before is not None and num != before.num_devices:
+        raise ValueError(
+            f"island {wanted} had {before.num_devices} devices and its new "
+            f"worker reports {num}: a worker taking a lost island's place "
+            "must have as many (--devices)")
       island = Island(IslandId(wanted), num, str(hello.get("platform", "")),
                       str(hello.get("device_kind", "")),
                       int(hello.get("pid", 0)), str(hello.get("host", "")),
                       str(hello.get("data_address", "")))
+      if before is not None:
+        island.generation = before.generation + 1
+        island.first_device = before.first_device
       memory = hello.get("memory_bytes", 0)
       if not isinstance(memory, int) or memory < 0:
         raise ValueError(f"worker reports {memory!r} bytes of memory")
       island.memory_bytes = memory
       island.transfer_address = str(hello.get("transfer_address") or "")
       self._islands[island.id] = island
-      if len(self._islands) == self.expected_islands:
+      if before is None and len(self._islands) == self.expected_islands:
         first = 0
         for i in sorted(self._islands):
           self._islands[i].first_device = DeviceId(first)
