@@ -43,7 +43,8 @@ def initialize(address: str | None = None, *, islands: int | None = None,
                island: int | None = None,
                weight: float | None = None,
                reduction_order: str | None = None,
-               pin_islands: bool | None = None) -> str:
+               pin_islands: bool | None = None,
+               restart_workers: bool | None = None) -> str:
   """Makes JAX in this process run on jax_pathways; returns the address.
 
   Args:
@@ -70,6 +71,10 @@ def initialize(address: str | None = None, *, islands: int | None = None,
       core each, shared round robin, when there are more islands than
       cores); the workers' other threads and the controller run on any
       core (JAX_PATHWAYS_PIN_ISLANDS=1). Default: the OS places everything.
+    restart_workers: embedded cluster: start a worker that dies again, in
+      its island's place (default True): the island's programs run on it
+      again, its old arrays stay failed (DATA_LOSS). A worker that keeps
+      dying right after it starts is given up on after a few tries.
   """
   global _cluster, _address, _token
   from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
@@ -114,14 +119,17 @@ def initialize(address: str | None = None, *, islands: int | None = None,
           log_dir=cfg.log_dir, start_timeout=cfg.start_timeout,
           reduction_order=reduction_order or "rank",
           device_cores=(cores.deal(n_islands, cores.available())
-                        if pin else None))
+                        if pin else None),
+          restart_workers=restart_workers is not False)
       cluster.start()
       _cluster = cluster
       address, token = cluster.address, cluster.token
     elif (islands is not None or devices_per_island is not None or
-          reduction_order is not None or pin_islands is not None):
-      raise ValueError("islands=, devices_per_island=, reduction_order= and "
-                       "pin_islands= shape an embedded cluster; a running "
+          reduction_order is not None or pin_islands is not None or
+          restart_workers is not None):
+      raise ValueError("islands=, devices_per_island=, reduction_order=, "
+                       "pin_islands= and restart_workers= shape an embedded "
+                       "cluster; a running "
                        "controller has its own (jax-pathways controller "
                        "--reduction-order, jax-pathways worker "
                        "--device-cores)")

@@ -215,7 +215,86 @@ def test_new_worker_takes_a_lost_islands_place():
     print(f"kill -> rejoined {joined_at - killed_at:.2f} s (worker start "
           f"included), rejoined -> first island-1 jits read back "
           f"{first_ok_at - joined_at:.2f} s")
-    ask_quit = "quit\n"
-    client.stdin.write(ask_quit)
+    client.stdin.write("quit\n")
     client.stdin.flush()
     assert client.wait(timeout=30) == 0, _stderr(client)[-3000:]
+
+
+RESTART_VICTIM = os.path.join(os.path.dirname(__file__), "restart_victim.py")
+
+
+@pytest.mark.parametrize("restart", [True, False], ids=["restart", "off"])
+def test_embedded_cluster_restarts_a_dead_worker(restart):
+  env = dict(os.environ)
+  env.pop("JAX_PLATFORMS", None)
+  client = subprocess.Popen(
+      [sys.executable, RESTART_VICTIM, "restart" if restart else "no-restart"],
+      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True, start_new_session=True)
+  pids = []
+  try:
+    start = _line(client, 120)
+    pids = [start["controller"], *start["workers"]]
+
+    def ask(cmd):
+      client.stdin.write(cmd + "\n")
+      client.stdin.flush()
+      return _line(client, 60)
+
+    victim = start["workers"][1]
+    killed_at = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    if restart:
+      def back():
+        s = ask("status")
+        island = s["islands"][1]
+        if island["alive"] and island["pid"] != victim:
+          return s
+        return None
+      status = _wait_for("the supervisor restarted island 1", back, 60)
+      rejoined_at = time.monotonic()
+      new = status["workers"][1]
+      pids.append(new)
+      assert new != victim and status["restarts"] == [0, 1], status
+      assert status["islands"][1]["pid"] == new
+      assert status["islands"][1]["restarts"] == 1
+      assert f"pid {victim}" in status["islands"][1]["last_lost"]
+      assert ask("compute") == {"same": True}
+      print(f"kill -> restarted and rejoined {rejoined_at - killed_at:.2f} s,"
+            f" -> first jit read back {time.monotonic() - rejoined_at:.2f} s")
+    else:
+      time.sleep(3)  # what a restart would take
+      status = ask("status")
+      assert status["workers"][1] == victim and status["restarts"] == [0, 0]
+      assert not status["islands"][1]["alive"], status
+      got = ask("compute")
+      assert "DATA_LOSS" in got["error"] and f"pid {victim}" in got["error"]
+    pids = status["pids"]
+    client.stdin.write("quit\n")
+    client.stdin.flush()
+    assert _line(client, 30) == {"done": True}
+    assert client.wait(timeout=30) == 0, client.stderr.read()[-3000:]
+    # Every process the cluster started, restarted ones too, ends with it.
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+      time.sleep(0.1)
+    assert not [p for p in pids if _alive(p)], pids
+  finally:
+    if client.poll() is None:
+      client.kill()
+      client.wait(timeout=10)
+    for p in pids:
+      if _alive(p):
+        os.kill(p, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  try:  # a zombie of an exited child is not alive
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().split()[2] != "Z"
+  except OSError:
+    return False
