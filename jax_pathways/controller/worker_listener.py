@@ -83,6 +83,8 @@ class WorkerListener:
     except handshake.HandshakeError as e:
       logging.warning("refused worker from %s: %s", addr, e)
       sock.close()
+      if admitted:  # registered, then the handshake broke: free its place
+        self._topology.abandon(admitted[0])
       return
     island = admitted[0]
     sock.settimeout(None)
@@ -90,9 +92,9 @@ class WorkerListener:
       self._dispatcher.add_island(island.id, sock, island.name,
                                   island.memory_bytes)
     except Exception as e:  # pylint: disable=broad-except
-      # Shutting down, or another worker took the place first.
-      logging.warning("refused %s: %s", island.name, e)
+      logging.warning("refused %s: %s", island.name, e)  # shutting down
       sock.close()
+      self._topology.abandon(island)
       return
     self._topology.connected(island.id)
     if island.generation:

@@ -29,6 +29,9 @@ class Topology:
     self._mu = threading.Lock()
     self._islands: dict[IslandId, Island] = {}
     self._connected: set[IslandId] = set()
+    # Lost islands a new worker is taking, until it is connected (or
+    # abandoned): island -> the lost worker's Island.
+    self._rejoining: dict[IslandId, Island] = {}
     self._when_complete: list[Callable[[], None]] = []
 
   def register(self, hello: dict[str, Any]) -> Island:
@@ -45,7 +48,8 @@ class Topology:
       if not isinstance(wanted, int) or not 0 <= wanted < self.expected_islands:
         raise ValueError(f"island {wanted!r} is not in 0..{self.expected_islands - 1}")
       before = self._islands.get(IslandId(wanted))
-      if before is not None and wanted not in lost:
+      if before is not None and (wanted not in lost or
+                                 wanted in self._rejoining):
         raise ValueError(f"island {wanted} already has a worker: "
                          f"{before.name}")
       num = hello.get("num_devices")
@@ -63,6 +67,7 @@ class Topology:
       if before is not None:
         island.generation = before.generation + 1
         island.first_device = before.first_device
+        self._rejoining[island.id] = before
       memory = hello.get("memory_bytes", 0)
       if not isinstance(memory, int) or memory < 0:
         raise ValueError(f"worker reports {memory!r} bytes of memory")
@@ -80,11 +85,24 @@ class Topology:
     """The island's worker is reachable through the dispatcher."""
     with self._mu:
       self._connected.add(island)
+      self._rejoining.pop(IslandId(island), None)
       callbacks = self._when_complete if self.complete else []
       if callbacks:
         self._when_complete = []
     for callback in callbacks:
       callback()
+
+  def abandon(self, island: Island) -> None:
+    """`island`'s worker was registered but did not connect: its id is free
+    again (a lost island's place goes back to the lost worker's record)."""
+    with self._mu:
+      if self._islands.get(island.id) is not island:
+        return
+      before = self._rejoining.pop(island.id, None)
+      if before is not None:
+        self._islands[island.id] = before
+      elif island.id not in self._connected:
+        del self._islands[island.id]
 
   @property
   def complete(self) -> bool:

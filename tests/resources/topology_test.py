@@ -81,3 +81,19 @@ def test_a_lost_island_is_registered_again_as_its_next_generation():
   # Global device ids do not change.
   assert list(again.device_ids) == list(first.device_ids) == [2, 3, 4]
   assert t.island(1) is again
+
+
+def test_one_new_worker_at_a_time_takes_a_lost_island():
+  t = Topology(2, lambda: {1})
+  t.register(_hello(0, 2))
+  first = t.register(_hello(1, 2, pid=5))
+  t.connected(0)
+  t.connected(1)
+  taking = t.register(_hello(1, 2, pid=6))
+  with pytest.raises(ValueError, match="already has a worker"):
+    t.register(_hello(1, 2, pid=7))  # while pid 6 is joining
+  t.abandon(taking)  # its connection failed: the place is free again
+  assert t.island(1) is first
+  again = t.register(_hello(1, 2, pid=7))
+  t.connected(1)
+  assert (again.generation, again.worker_pid) == (1, 7)
