@@ -246,6 +246,7 @@ void Dispatcher::CountMemory(Island* island, ClientId client,
                              const IslandOp& io) {
   if (io.op.kind == OpKind::kDelete) {
     for (BufferId b : io.op.args) {
+      island->made.erase(b);
       auto it = island->held.find(b);
       if (it == island->held.end()) continue;
       island->used -= it->second.second;
@@ -254,6 +255,7 @@ void Dispatcher::CountMemory(Island* island, ClientId client,
     }
     return;
   }
+  island->made.insert(io.op.results.begin(), io.op.results.end());
   for (size_t k = 0; k < io.result_bytes.size() && k < io.op.results.size();
        ++k) {
     auto [it, fresh] = island->held.emplace(
@@ -552,9 +554,13 @@ void Dispatcher::KillLocked(Island* island, const Status& why,
     }
     FinishSlot(slot, why, {}, done);
   }
-  // What it held is gone, whoever holds the rest of an array.
-  std::vector<BufferId> held;
-  for (const auto& [id, owner] : island->held) held.push_back(id);
+  // What it held is gone, whoever holds the rest of an array; so are views
+  // of it (shards, assembled arrays), which a new worker for the island
+  // would not know.
+  std::vector<BufferId> held(island->made.begin(), island->made.end());
+  for (const auto& [id, owner] : island->held) {
+    if (!island->made.count(id)) held.push_back(id);
+  }
   buffers_.Resolve(held, why, done);
   for (auto& [id, other] : islands_) {
     if (!other->alive) continue;

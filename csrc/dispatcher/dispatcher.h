@@ -26,6 +26,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -145,6 +146,9 @@ class Dispatcher {
     int64_t capacity = 0;
     int64_t used = 0;
     std::unordered_map<BufferId, std::pair<ClientId, int64_t>> held;
+    // Every buffer numbered to be made here and not deleted, views (which
+    // take no memory of their own) too: what a loss fails.
+    std::unordered_set<BufferId> made;
     std::map<ClientId, int64_t> used_by;
     // The worker shares this host and may read our memory (it answered the
     // probe AddIsland sent): large payload tails are lent, not sent.

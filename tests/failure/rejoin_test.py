@@ -46,8 +46,18 @@ CLIENT = textwrap.dedent(f"""
       except Exception as e:  # what the user would see
         return {{"error": str(e)}}
 
+    def spanning():  # a program over both islands
+      mesh = Mesh(np.array(devices), ("i",))
+      x = jax.device_put(np.ones((4, 8), np.float32),
+                         NamedSharding(mesh, P("i")))
+      return jax.jit(lambda x: x * 2)(x)
+
     old = jax.device_put(a, devices[2])           # island 1, old worker
     before = f(old)                               # not read before the loss
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    # A view (a shard of an island-1 array): no memory of its own.
+    view = jax.device_put(a, NamedSharding(Mesh(np.array(devices[2:4]), ("i",)),
+                                           P("i"))).addressable_shards[0].data
     f(jax.device_put(a, devices[0])).block_until_ready()  # island 0
     say(ready=True)
     for line in sys.stdin:
@@ -62,7 +72,9 @@ CLIENT = textwrap.dedent(f"""
             new_jit=attempt(lambda: jax.jit(lambda x: x * 3 - 1)(new)),
             read_old=attempt(lambda: before),
             use_old=attempt(lambda: f(old)),
-            island0=attempt(lambda: f(jax.device_put(a, devices[0]))))
+            use_view=attempt(lambda: f(view)),
+            island0=attempt(lambda: f(jax.device_put(a, devices[0]))),
+            spanning=attempt(spanning))
       elif cmd == "quit":
         break
 """)
@@ -198,10 +210,13 @@ def test_new_worker_takes_a_lost_islands_place():
     # new worker, and a program compiled after: bit for bit as plain JAX.
     assert after["same_jit"] == {"value": want_f}, after
     assert after["new_jit"] == {"value": want_g}, after
-    for key in ("read_old", "use_old"):
+    for key in ("read_old", "use_old", "use_view"):
       assert "DATA_LOSS" in after[key]["error"], after
       assert f"pid {old_worker.pid}" in after[key]["error"], after
     assert after["island0"] == {"value": want_f}, after
+    # The new worker is island-only, and says so.
+    assert "FAILED_PRECONDITION" in after["spanning"]["error"], after
+    assert "global client" in after["spanning"]["error"], after
 
     assert joined["restarts"] == 1 and joined["generation"] == 1, joined
     assert f"pid {old_worker.pid}" in joined["last_lost"], joined
