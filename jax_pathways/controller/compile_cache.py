@@ -146,10 +146,10 @@ def spanning_refused(islands: Sequence[Island]) -> StatusError:
   return failed_precondition(
       f"the program spans islands {[int(i.id) for i in islands]}, but {names} "
       "lost its worker and a new one took its place: a worker that rejoins "
-      "is not part of the islands' global client (jaxlib's coordination "
-      "service and gloo cannot take it back in), so programs spanning "
-      "islands cannot run on it until the cluster is restarted; programs "
-      "within one island run")
+      "is not part of the islands' global client (the other workers' "
+      "gloo collectives may still be stuck in the lost worker's programs), "
+      "so programs spanning islands cannot run on it until the cluster is "
+      "restarted; programs within one island run")
 
 
 class CompileCache:

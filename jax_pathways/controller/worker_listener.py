@@ -6,9 +6,11 @@ id. Its socket then goes to the C++ dispatcher, which owns it from there on.
 
 A worker may take the place of a lost island's worker (same `--island`,
 same number of devices): it becomes the island's next generation and serves
-the island's own programs. It does not join the islands' global client:
-jaxlib's coordination service and gloo cannot take a process back into a
-group whose other members are stuck in the lost one's collectives
+the island's own programs. It is not sent to the islands' global client:
+jaxlib 0.10.2 would let it reconnect (the coordination service is
+recoverable and a new process for a lost task gets its client at once),
+but the survivors' gloo threads may still be stuck in the lost worker's
+collectives and nothing shows that their gloo groups take a new process
 (docs/limitations.md), so programs spanning a rejoined island are refused.
 """
 from __future__ import annotations
