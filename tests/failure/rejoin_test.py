@@ -59,6 +59,9 @@ CLIENT = textwrap.dedent(f"""
     view = jax.device_put(a, NamedSharding(Mesh(np.array(devices[2:4]), ("i",)),
                                            P("i"))).addressable_shards[0].data
     f(jax.device_put(a, devices[0])).block_until_ready()  # island 0
+    # Links between the workers, both ways, before the loss.
+    jax.device_put(jax.device_put(jax.device_put(a, devices[0]), devices[2]),
+                   devices[1]).block_until_ready()
     say(ready=True)
     for line in sys.stdin:
       cmd = line.strip()
@@ -73,6 +76,9 @@ CLIENT = textwrap.dedent(f"""
             read_old=attempt(lambda: before),
             use_old=attempt(lambda: f(old)),
             use_view=attempt(lambda: f(view)),
+            # Moves between the new worker and an old one, both ways.
+            moved=attempt(lambda: jax.device_put(
+                jax.device_put(f(new), devices[0]), devices[3])),
             island0=attempt(lambda: f(jax.device_put(a, devices[0]))),
             spanning=attempt(spanning))
       elif cmd == "quit":
@@ -210,6 +216,7 @@ def test_new_worker_takes_a_lost_islands_place():
     # new worker, and a program compiled after: bit for bit as plain JAX.
     assert after["same_jit"] == {"value": want_f}, after
     assert after["new_jit"] == {"value": want_g}, after
+    assert after["moved"] == {"value": want_f}, after
     for key in ("read_old", "use_old", "use_view"):
       assert "DATA_LOSS" in after[key]["error"], after
       assert f"pid {old_worker.pid}" in after[key]["error"], after
