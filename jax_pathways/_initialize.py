@@ -46,7 +46,8 @@ def initialize(address: str | None = None, *, islands: int | None = None,
                weight: float | None = None,
                reduction_order: str | None = None,
                pin_islands: bool | None = None,
-               worker_timeout: float | None = None) -> str:
+               worker_timeout: float | None = None,
+               restart_workers: bool | None = None) -> str:
   """Makes JAX in this process run on jax_pathways; returns the address.
 
   Args:
@@ -77,6 +78,10 @@ def initialize(address: str | None = None, *, islands: int | None = None,
       (it sends a heartbeat every second) before the controller declares it
       lost and fails its island's work (>= 2; default 5;
       JAX_PATHWAYS_WORKER_TIMEOUT).
+    restart_workers: embedded cluster: start a worker that dies again, in
+      its island's place (default True): the island's programs run on it
+      again, its old arrays stay failed (DATA_LOSS). A worker that keeps
+      dying right after it starts is given up on after a few tries.
   """
   global _cluster, _address, _token, _at_exit_registered
   from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
@@ -135,17 +140,18 @@ def initialize(address: str | None = None, *, islands: int | None = None,
           device_cores=(cores.deal(n_islands, cores.available())
                         if pin else None),
           worker_timeout_s=(worker_timeout if worker_timeout is not None
-                            else cfg.worker_timeout))
+                            else cfg.worker_timeout),
+          restart_workers=restart_workers is not False)
       cluster.start()
       _cluster = cluster
       address, token = cluster.address, cluster.token
     elif (islands is not None or devices_per_island is not None or
           reduction_order is not None or pin_islands is not None or
-          worker_timeout is not None):
+          worker_timeout is not None or restart_workers is not None):
       raise ValueError("islands=, devices_per_island=, reduction_order=, "
-                       "pin_islands= and worker_timeout= shape an embedded "
-                       "cluster; a running controller has its own "
-                       "(jax-pathways controller --reduction-order "
+                       "pin_islands=, worker_timeout= and restart_workers= "
+                       "shape an embedded cluster; a running controller has "
+                       "its own (jax-pathways controller --reduction-order "
                        "--worker-timeout, jax-pathways worker "
                        "--device-cores)")
     _address = _normalize(address)

@@ -15,6 +15,7 @@ import argparse
 import faulthandler
 import json
 import sys
+import time
 from typing import Any, Sequence
 
 from absl import flags
@@ -52,6 +53,13 @@ def _print_status(s: dict[str, Any]) -> None:
           (f"  {i['send_backlog_bytes'] / 2**20:.1f} MiB not yet read by the "
            "worker" if i.get("send_backlog_bytes") else "") +
           (f"  ERROR: {i['error']}" if i["error"] else ""))
+    if i.get("last_lost_at"):
+      when = time.strftime("%Y-%m-%d %H:%M:%S UTC",
+                           time.gmtime(i["last_lost_at"]))
+      print(f"{'':>8}restarts {i.get('restarts', 0)}, last lost {when}: "
+            f"{i['last_lost']}" +
+            ("" if i.get("global_client", True) else
+             "; island-only (no programs spanning islands)"))
   print(f"clients: {len(s['clients'])}")
   for c in s["clients"]:
     devices = c["devices"]

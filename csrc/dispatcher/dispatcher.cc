@@ -49,28 +49,53 @@ Dispatcher::~Dispatcher() { Shutdown(); }
 Status Dispatcher::AddIsland(IslandId island, int fd, std::string name,
                              int64_t memory_bytes) {
   auto channel = std::make_shared<Channel>(fd);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (shut_down_) return Unavailable("dispatcher is shut down");
-  if (islands_.count(island)) {
-    return Status(Code::kAlreadyExists,
-                  "island " + std::to_string(island) + " already has a worker");
+  // A lost island's last worker: its reader thread has ended or is ending
+  // (KillLocked shut its channel down) and is joined outside mu_, which it
+  // may be waiting for.
+  std::unique_ptr<Island> lost;
+  Island* raw = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) {
+      channel->Shutdown();
+      return Unavailable("dispatcher is shut down");
+    }
+    auto it = islands_.find(island);
+    if (it != islands_.end() && it->second->alive) {
+      channel->Shutdown();
+      return Status(Code::kAlreadyExists,
+                    "island " + std::to_string(island) + " already has a worker");
+    }
+    auto owned = std::make_unique<Island>(island, std::move(name),
+                                          std::move(channel), max_in_flight_,
+                                          memory_bytes);
+    raw = owned.get();
+    if (it != islands_.end()) {
+      // Its next generation. Everything numbered for the old worker has
+      // finished (failed) in KillLocked, and gangs naming a dead island were
+      // refused, so nothing carries over but the record of the loss.
+      lost = std::move(it->second);
+      raw->restarts = lost->restarts + 1;
+      raw->last_lost = lost->last_lost;
+      raw->last_lost_at = lost->last_lost_at;
+      it->second = std::move(owned);
+      order_.Restart(island);
+    } else {
+      islands_.emplace(island, std::move(owned));
+    }
+    if (raw->channel->IsLocal()) {
+      // The reader thread takes the answer; until then tails are sent.
+      std::vector<Channel::Frame> probe;
+      probe.push_back(Channel::Frame{FrameKind::kReadProbe,
+                                     EncodeLocation(kReadProbePattern), {}});
+      raw->channel->SendMany(std::move(probe), nullptr);
+    }
+    raw->reader = std::thread([this, raw] {
+      NameThisThread("jp-island" + std::to_string(raw->id));
+      ReadLoop(raw);
+    });
   }
-  auto owned = std::make_unique<Island>(island, std::move(name),
-                                        std::move(channel), max_in_flight_,
-                                        memory_bytes);
-  Island* raw = owned.get();
-  islands_.emplace(island, std::move(owned));
-  if (raw->channel->IsLocal()) {
-    // The reader thread takes the answer; until then tails are sent.
-    std::vector<Channel::Frame> probe;
-    probe.push_back(Channel::Frame{FrameKind::kReadProbe,
-                                   EncodeLocation(kReadProbePattern), {}});
-    raw->channel->SendMany(std::move(probe), nullptr);
-  }
-  raw->reader = std::thread([this, raw] {
-    NameThisThread("jp-island" + std::to_string(raw->id));
-    ReadLoop(raw);
-  });
+  if (lost && lost->reader.joinable()) lost->reader.join();
   return Status::Ok();
 }
 
@@ -226,6 +251,7 @@ void Dispatcher::CountMemory(Island* island, ClientId client,
                              const IslandOp& io) {
   if (io.op.kind == OpKind::kDelete) {
     for (BufferId b : io.op.args) {
+      island->made.erase(b);
       auto it = island->held.find(b);
       if (it == island->held.end()) continue;
       island->used -= it->second.second;
@@ -234,6 +260,7 @@ void Dispatcher::CountMemory(Island* island, ClientId client,
     }
     return;
   }
+  island->made.insert(io.op.results.begin(), io.op.results.end());
   for (size_t k = 0; k < io.result_bytes.size() && k < io.op.results.size();
        ++k) {
     auto [it, fresh] = island->held.emplace(
@@ -533,6 +560,9 @@ void Dispatcher::KillLocked(Island* island, const Status& why,
   if (!island->alive) return;
   island->alive = false;
   island->death = why;
+  island->last_lost = why.message();
+  island->last_lost_at = std::chrono::duration<double>(
+      std::chrono::system_clock::now().time_since_epoch()).count();
   island->channel->Shutdown();
   island->lent.clear();
   for (GangSlot& slot : island->queue.DrainAll()) {
@@ -551,9 +581,13 @@ void Dispatcher::KillLocked(Island* island, const Status& why,
     }
     FinishSlot(slot, why, {}, done);
   }
-  // What it held is gone, whoever holds the rest of an array.
-  std::vector<BufferId> held;
-  for (const auto& [id, owner] : island->held) held.push_back(id);
+  // What it held is gone, whoever holds the rest of an array; so are views
+  // of it (shards, assembled arrays), which a new worker for the island
+  // would not know.
+  std::vector<BufferId> held(island->made.begin(), island->made.end());
+  for (const auto& [id, owner] : island->held) {
+    if (!island->made.count(id)) held.push_back(id);
+  }
   buffers_.Resolve(held, why, done);
   for (auto& [id, other] : islands_) {
     if (!other->alive) continue;
@@ -618,6 +652,9 @@ std::vector<IslandStats> Dispatcher::Stats() {
     s.name = island->name;
     s.alive = island->alive;
     s.error = island->death.message();
+    s.restarts = island->restarts;
+    s.last_lost = island->last_lost;
+    s.last_lost_at = island->last_lost_at;
     s.queued = island->queue.queued() + held[id];
     s.memory_used = island->used;
     s.memory_capacity = island->capacity;

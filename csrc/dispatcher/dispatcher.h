@@ -30,6 +30,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -56,6 +57,12 @@ struct IslandStats {
   std::string name;
   bool alive = true;
   std::string error;
+  // Workers that took the island's place after it was lost (its generation).
+  int restarts = 0;
+  // Why and when (seconds since the epoch) the island was last lost; kept
+  // across restarts. Empty / 0: never.
+  std::string last_lost;
+  double last_lost_at = 0;
   size_t queued = 0;     // held back by the window
   int in_flight = 0;     // launches sent, not finished
   size_t unfinished = 0; // all ops sent, not finished
@@ -79,7 +86,10 @@ class Dispatcher {
 
   // Takes ownership of `fd`, a connected and authenticated worker socket.
   // `memory_bytes`: the island's device memory (0: unlimited); gangs whose
-  // results would not fit wait until deletions make room.
+  // results would not fit wait until deletions make room. An island that was
+  // lost may be added again (a new worker, its next generation): the new
+  // worker starts a gang order of its own, nothing sent to the old one
+  // reaches it, and the old one's buffers stay failed.
   Status AddIsland(IslandId island, int fd, std::string name,
                    int64_t memory_bytes = 0);
   // Enqueues every op of the gang atomically (see GangOrder). Completes under
@@ -126,6 +136,9 @@ class Dispatcher {
     LaunchQueue queue;
     bool alive = true;
     Status death;
+    int restarts = 0;
+    std::string last_lost;  // of this island id, kept across restarts
+    double last_lost_at = 0;
     uint64_t submitted = 0;
     uint64_t finished = 0;
     std::chrono::steady_clock::time_point last_finish;  // of a launch
@@ -137,6 +150,9 @@ class Dispatcher {
     int64_t capacity = 0;
     int64_t used = 0;
     std::unordered_map<BufferId, std::pair<ClientId, int64_t>> held;
+    // Every buffer numbered to be made here and not deleted, views (which
+    // take no memory of their own) too: what a loss fails.
+    std::unordered_set<BufferId> made;
     std::map<ClientId, int64_t> used_by;
     // The worker shares this host and may read our memory (it answered the
     // probe AddIsland sent): large payload tails are lent, not sent.

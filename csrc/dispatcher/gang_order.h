@@ -21,6 +21,8 @@ class GangOrder {
  public:
   // Sequence numbers start at 1 on every island; 0 means "none".
   uint64_t Next(IslandId island) { return ++last_[island]; }
+  // A new worker took the island's place: its numbers start at 1 again.
+  void Restart(IslandId island) { last_.erase(island); }
   uint64_t Last(IslandId island) const {
     auto it = last_.find(island);
     return it == last_.end() ? 0 : it->second;

@@ -156,6 +156,9 @@ void RegisterDispatcher(py::module_& m) {
                row["name"] = s.name;
                row["alive"] = s.alive;
                row["error"] = s.error;
+               row["restarts"] = s.restarts;
+               row["last_lost"] = s.last_lost;
+               row["last_lost_at"] = s.last_lost_at;
                row["queued"] = s.queued;
                row["in_flight"] = s.in_flight;
                row["unfinished"] = s.unfinished;

@@ -5,6 +5,12 @@ sockets in a private directory, with a fresh random token. The cluster knows eve
 the controller also stops by itself if this process dies, and workers stop
 when their controller goes away. Logs go to files under `log_dir`; a failed
 start raises with the tail of the log that explains it.
+
+Supervision (`restart_workers`, on by default): a worker that dies is
+started again with the same arguments, and its new process takes the lost
+island's place (its next generation, see resources/topology.py). A worker
+that keeps dying soon after it starts is restarted after growing delays and
+given up on after `MAX_QUICK_RESTARTS`, with a log line saying so.
 """
 from __future__ import annotations
 
@@ -27,6 +33,13 @@ from jax_pathways import config
 from jax_pathways.cluster import cores
 
 _STOP_GRACE_S = 5.0
+# A worker that lived less than this died "quickly": restarts of quickly
+# dying workers wait RESTART_DELAYS_S[k] (the last one from then on) and
+# stop after MAX_QUICK_RESTARTS in a row.
+QUICK_DEATH_S = 60.0
+RESTART_DELAYS_S = (0.0, 1.0, 2.0, 4.0, 8.0)
+MAX_QUICK_RESTARTS = 5
+_SUPERVISE_POLL_S = 0.1
 
 
 class ClusterError(RuntimeError):
@@ -50,7 +63,8 @@ class LocalCluster:
                memory_wait_s: float | None = None,
                reduction_order: str = "rank",
                device_cores: list[list[int]] | None = None,
-               tcp: bool = False, worker_timeout_s: float | None = None):
+               tcp: bool = False, worker_timeout_s: float | None = None,
+               restart_workers: bool = True):
     if device_cores is not None and len(device_cores) != islands:
       raise ValueError(f"device_cores names {len(device_cores)} islands' "
                        f"cores for {islands} islands")
@@ -68,7 +82,17 @@ class LocalCluster:
     self.log_dir = log_dir or self.socket_dir
     self.start_timeout = start_timeout
     self.controller: subprocess.Popen | None = None
-    self.workers: list[subprocess.Popen] = []
+    self.workers: list[subprocess.Popen] = []  # island i's current worker
+    self.restart_workers = restart_workers
+    # Every process ever started (stop() stops them all, by pid).
+    self._started: list[subprocess.Popen] = []
+    self._worker_args: list[list[str]] = []
+    self.restarts = [0] * islands  # per island
+    self._quick_deaths = [0] * islands  # in a row
+    self._given_up: set[int] = set()
+    self._supervisor: threading.Thread | None = None
+    self._controller_gone = threading.Event()
+    self._restart_lock = threading.Lock()
     self.controller_address = ""
     self._logs: dict[int, str] = {}
     self._stopping = threading.Event()
@@ -107,6 +131,7 @@ class LocalCluster:
           # found there (without its compiled core) instead of the install.
           cwd=self.log_dir, env=env, start_new_session=True)
     self._logs[proc.pid] = log_path
+    self._started.append(proc)
     return proc
 
   def start(self) -> None:
@@ -129,12 +154,13 @@ class LocalCluster:
       ready = self._read_ready_line(self.controller, deadline)
       self.controller_address = ready["address"]
       for i in range(self.islands):
-        self.workers.append(self._spawn(f"worker{i}", [
+        self._worker_args.append([
             "worker", "--controller", ready["worker_address"],
             "--island", str(i), "--devices", str(self.devices_per_island),
             "--data-listen", f"unix:{sockets}/data{i}.sock"] + (
                 ["--device-cores", cores.format_list(self.device_cores[i])]
-                if self.device_cores else [])))
+                if self.device_cores else []))
+        self.workers.append(self._spawn(f"worker{i}", self._worker_args[i]))
       self._wait_complete(deadline)
     except BaseException:
       self.stop()
@@ -149,11 +175,63 @@ class LocalCluster:
                                      args=(self.controller,),
                                      name="jax-pathways-watch", daemon=True)
     self._watcher.start()
+    if self.restart_workers:
+      self._supervisor = threading.Thread(target=self._supervise,
+                                          name="jax-pathways-supervise",
+                                          daemon=True)
+      self._supervisor.start()
 
   def _watch(self, controller: subprocess.Popen) -> None:
     while not self._stopping.is_set():
       if self._report_if_dead(controller, wait_s=0.1):
+        self._controller_gone.set()
         return
+
+  def _supervise(self) -> None:
+    """Starts a dead worker again (the only thread polling workers until
+    stop()): at once the first time, later after RESTART_DELAYS_S."""
+    started = [time.monotonic()] * self.islands
+    due: dict[int, float] = {}  # island -> when to start its worker
+    while not self._stopping.wait(_SUPERVISE_POLL_S):
+      if self._controller_gone.is_set():
+        return  # workers end with their controller; nothing to rejoin
+      now = time.monotonic()
+      for i, worker in enumerate(self.workers):
+        if i in self._given_up or i in due or worker.poll() is None:
+          continue
+        lived = now - started[i]
+        self._quick_deaths[i] = (self._quick_deaths[i] + 1
+                                 if lived < QUICK_DEATH_S else 1)
+        if self._quick_deaths[i] > MAX_QUICK_RESTARTS:
+          self._given_up.add(i)
+          logging.error(
+              "jax_pathways local cluster: the worker of island %d (pid %d) "
+              "exited with code %s, the %d-th time in a row within %.0f s "
+              "of starting; not restarting it again: island %d stays lost "
+              "(its log: %s)", i, worker.pid, worker.returncode,
+              self._quick_deaths[i], QUICK_DEATH_S, i,
+              self._logs.get(worker.pid, ""))
+          continue
+        delay = RESTART_DELAYS_S[min(self._quick_deaths[i] - 1,
+                                     len(RESTART_DELAYS_S) - 1)]
+        logging.warning(
+            "jax_pathways local cluster: the worker of island %d (pid %d) "
+            "exited with code %s after %.1f s; restarting it in %.0f s",
+            i, worker.pid, worker.returncode, lived, delay)
+        due[i] = now + delay
+      for i, when in list(due.items()):
+        if when > now:
+          continue
+        del due[i]
+        with self._restart_lock:  # stop() sees every process started
+          if self._stopping.is_set():
+            return
+          self.workers[i] = self._spawn(f"worker{i}", self._worker_args[i])
+        self.restarts[i] += 1
+        started[i] = time.monotonic()
+        logging.warning("jax_pathways local cluster: island %d's worker "
+                        "started again (pid %d, restart %d)", i,
+                        self.workers[i].pid, self.restarts[i])
 
   def _report_if_dead(self, controller: subprocess.Popen | None,
                       wait_s: float = 0.0) -> bool:
@@ -234,14 +312,18 @@ class LocalCluster:
   def _stop_watching(self) -> None:
     # Popen.poll() from two threads can return None for a dead child (the
     # other holds the wait lock), so only one thread polls at a time.
-    self._stopping.set()
+    with self._restart_lock:
+      self._stopping.set()
     if self._watcher is not None:
       self._watcher.join(timeout=2)
+    if self._supervisor is not None:
+      self._supervisor.join(timeout=2)
 
   def stop(self) -> None:
     """Stops every process this cluster started; idempotent."""
     self._stop_watching()
-    procs = [p for p in [self.controller, *self.workers] if p is not None]
+    # Every process ever started: workers restarted under supervision too.
+    procs = list(self._started)
     for p in procs:
       if p.poll() is None:
         try:
@@ -259,6 +341,7 @@ class LocalCluster:
         p.stdout.close()
     self.controller = None
     self.workers = []
+    self._started = []
     if self.socket_dir == self.log_dir:  # keep the logs, drop the sockets
       for name in os.listdir(self.socket_dir):
         if name.endswith(".sock"):

@@ -5,6 +5,13 @@ sends a COMPILE op to the worker of each island the program runs on (one
 gang); later ones (a re-jit, another client) reuse the result or wait for
 the compile already running. Failures are not cached, so a retry compiles
 again.
+
+When a lost island's place is taken by a new worker (its next generation),
+the programs compiled for the old one are compiled again on the new one
+when they are next launched: a COMPILE op ahead of the LAUNCH in the
+island's order, so neither the client nor the launch waits for it. Programs
+spanning islands cannot run on a rejoined island (its worker is not in the
+islands' global client) and fail with FAILED_PRECONDITION saying so.
 """
 from __future__ import annotations
 
@@ -22,7 +29,8 @@ from jax_pathways.programs import sharding as sharding_lib
 from jax_pathways.programs.xla_program import PlacedProgram
 from jax_pathways.resources.island import Island
 from jax_pathways.resources.topology import Topology
-from jax_pathways.status import Code, Status, invalid_argument
+from jax_pathways.status import (Code, Status, StatusError,
+                                 failed_precondition, invalid_argument)
 
 if TYPE_CHECKING:
   from jax_pathways.controller.session import Services
@@ -35,8 +43,12 @@ class CompiledProgram:
   """
 
   def __init__(self, program_id: int, islands: tuple[Island, ...],
-               devices: tuple[int, ...], metadata: dict[str, Any]):
+               devices: tuple[int, ...], metadata: dict[str, Any],
+               compile_payload: Any = None):
     self.program_id = program_id
+    # The COMPILE op's payload, sent again to an island's next worker.
+    self._compile_payload = compile_payload
+    self._lock = threading.Lock()
     self.islands = islands
     self.devices = devices
     self.metadata = metadata
@@ -67,8 +79,32 @@ class CompiledProgram:
         else [None] * self.num_parameters)
     self._output_bytes: dict[int, list[int]] | None = None
 
+  def ensure_current(self, services: Services) -> None:
+    """Makes the program runnable on its islands' current workers: compiles
+    it on a worker that took a lost one's place (a COMPILE op numbered ahead
+    of whatever is launched next, so nobody waits). Raises
+    FAILED_PRECONDITION for a program spanning a rejoined island. An island
+    that is lost and not back yet is left alone: launches fail there with
+    the loss."""
+    topology = services.topology
+    with self._lock:
+      current = tuple(topology.island(i.id) for i in self.islands)
+      stale = [c for c, old in zip(current, self.islands)
+               if c.generation != old.generation]
+      if not stale:
+        return
+      if len(self.islands) > 1 or self._compile_payload is None:
+        raise spanning_refused(current)
+      services.dispatcher.submit(
+          [IslandOp(c.id, OpKind.COMPILE, self.program_id,
+                    payload=self._compile_payload) for c in stale])
+      self.islands = current
+      self.output_islands = [current] * len(self.outputs)
+
   def check_argument(self, i: int, array: Array) -> None:
-    if array.islands != self.islands:
+    # By id: an array of an island's older generation is failed already
+    # (DATA_LOSS naming its worker), which is what its user should read.
+    if [x.id for x in array.islands] != [x.id for x in self.islands]:
       raise invalid_argument(
           f"argument {i} lives on islands {[x.id for x in array.islands]} "
           f"but the program runs on islands {[x.id for x in self.islands]}; "
@@ -79,6 +115,7 @@ class CompiledProgram:
   def launch(self, services: Services, args: Sequence[Array],
              results: Sequence[int], on_done: OnDone | None) -> None:
     """One LAUNCH gang over the program's islands: `args` -> `results`."""
+    self.ensure_current(services)
     buffers = [a.buffer for a in args]
     sizes = self.output_bytes(services.topology)
     services.dispatcher.submit(
@@ -101,6 +138,20 @@ class CompiledProgram:
 OnCompiled = Callable[[Status, "CompiledProgram | None"], None]
 
 
+def spanning_refused(islands: Sequence[Island]) -> StatusError:
+  """Why a program spanning a rejoined island cannot run."""
+  rejoined = [i for i in islands if i.generation > 0]
+  names = ", ".join(f"island {i.id} (generation {i.generation})"
+                    for i in rejoined)
+  return failed_precondition(
+      f"the program spans islands {[int(i.id) for i in islands]}, but {names} "
+      "lost its worker and a new one took its place: a worker that rejoins "
+      "is not part of the islands' global client (the other workers' "
+      "gloo collectives may still be stuck in the lost worker's programs), "
+      "so programs spanning islands cannot run on it until the cluster is "
+      "restarted; programs within one island run")
+
+
 class CompileCache:
   """Thread-safe; one per controller."""
 
@@ -112,6 +163,10 @@ class CompileCache:
     self._waiting: dict[str, list[OnCompiled]] = {}
 
   def compile(self, program: PlacedProgram, on_done: OnCompiled) -> None:
+    if (len(program.islands) > 1 and
+        any(i.generation > 0 for i in program.islands)):
+      on_done(spanning_refused(program.islands).status, None)
+      return
     key = program.key
     with self._lock:
       compiled = self._done.get(key)
@@ -134,7 +189,8 @@ class CompileCache:
         try:
           compiled = CompiledProgram(program_id, program.islands,
                                      program.devices,
-                                     json.loads(bytes(results[0])))
+                                     json.loads(bytes(results[0])),
+                                     payload)
         except ValueError as e:
           status = Status(Code.INTERNAL, f"malformed compile result: {e}")
       with self._lock:

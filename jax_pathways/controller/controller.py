@@ -35,7 +35,9 @@ class Controller:
                reduction_order: str = "rank",
                worker_timeout_s: float | None = None):
     self.started = time.time()
-    self.topology = Topology(islands)
+    # Which islands are lost is the dispatcher's record (it notices);
+    # the topology admits a new worker in a lost island's place.
+    self.topology = Topology(islands, self._lost_islands)
     self.dispatcher = Dispatcher(
         max_in_flight,
         MEMORY_WAIT_S if memory_wait_s is None else memory_wait_s,
@@ -93,6 +95,12 @@ class Controller:
           "devices": list(island.device_ids),
           "alive": s.get("alive", False),
           "error": s.get("error", ""),
+          # Workers that took a lost worker's place, and the last loss.
+          "generation": island.generation,
+          "restarts": s.get("restarts", 0),
+          "last_lost": s.get("last_lost", ""),
+          "last_lost_at": s.get("last_lost_at", 0.0),
+          "global_client": island.generation == 0,
           "queued": s.get("queued", 0),
           "in_flight": s.get("in_flight", 0),
           "submitted": s.get("submitted", 0),

@@ -41,7 +41,8 @@ def plan(services: Services, src: Array, dst: Array, pull: bool = False
   quicker pushed."""
   topology = services.topology
   sizes = dst.island_bytes(topology)
-  if src.islands == dst.islands and len(src.islands) == 1:
+  if ([i.id for i in src.islands] == [i.id for i in dst.islands] and
+      len(src.islands) == 1):
     return [IslandOp(src.islands[0].id, OpKind.COPY, args=[src.buffer],
                      results=[dst.buffer],
                      payload=payloads.encode({

@@ -3,6 +3,15 @@
 A worker connects, authenticates with the cluster token (cluster/handshake),
 says how many devices it has and where its data port is, and gets its island
 id. Its socket then goes to the C++ dispatcher, which owns it from there on.
+
+A worker may take the place of a lost island's worker (same `--island`,
+same number of devices): it becomes the island's next generation and serves
+the island's own programs. It is not sent to the islands' global client:
+jaxlib 0.10.2 would let it reconnect (the coordination service is
+recoverable and a new process for a lost task gets its client at once),
+but the survivors' gloo threads may still be stuck in the lost worker's
+collectives and nothing shows that their gloo groups take a new process
+(docs/limitations.md), so programs spanning a rejoined island are refused.
 """
 from __future__ import annotations
 
@@ -65,7 +74,9 @@ class WorkerListener:
       admitted.append(island)
       return {"island": int(island.id),
               "islands": self._topology.expected_islands,
-              "coordinator": self._coordinator,
+              # A rejoining worker stays island-only (see above).
+              "coordinator": (self._coordinator if island.generation == 0
+                              else None),
               # Every worker must rewrite programs alike (or gloo hangs).
               "reduction_order": self._reduction_order}
 
@@ -74,10 +85,24 @@ class WorkerListener:
     except handshake.HandshakeError as e:
       logging.warning("refused worker from %s: %s", addr, e)
       sock.close()
+      if admitted:  # registered, then the handshake broke: free its place
+        self._topology.abandon(admitted[0])
       return
     island = admitted[0]
     sock.settimeout(None)
-    self._dispatcher.add_island(island.id, sock, island.name,
-                                island.memory_bytes)
+    try:
+      self._dispatcher.add_island(island.id, sock, island.name,
+                                  island.memory_bytes)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("refused %s: %s", island.name, e)  # shutting down
+      sock.close()
+      self._topology.abandon(island)
+      return
     self._topology.connected(island.id)
-    logging.info("%s joined with %d devices", island.name, island.num_devices)
+    if island.generation:
+      logging.info("%s took the lost island's place (generation %d) with "
+                   "%d devices; programs spanning islands stay refused on it",
+                   island.name, island.generation, island.num_devices)
+    else:
+      logging.info("%s joined with %d devices", island.name,
+                   island.num_devices)

@@ -25,6 +25,9 @@ class Island:
   first_device: DeviceId = DeviceId(-1)  # set when the topology is complete
   memory_bytes: int = 0  # device memory of the whole island; 0: untracked
   transfer_address: str = ""  # its transfer server; "": pushes only
+  # 0 for the island's first worker; each worker that takes the place of a
+  # lost one adds 1. Nothing of an older generation is used again.
+  generation: int = 0
 
   @property
   def name(self) -> str:

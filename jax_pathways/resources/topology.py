@@ -3,6 +3,10 @@
 Workers register in any order; once the expected number has joined, devices
 get global ids in island order (island 0's devices first), so the ids a
 client sees do not depend on who started first.
+
+An island whose worker was lost (the dispatcher knows: `lost`) may be
+registered again by a new worker with as many devices: it becomes the
+island's next generation, with the same global device ids.
 """
 from __future__ import annotations
 
@@ -16,41 +20,61 @@ from jax_pathways.status import Code, StatusError, invalid_argument
 class Topology:
   """Islands by id, device ids by island; thread-safe."""
 
-  def __init__(self, expected_islands: int):
+  def __init__(self, expected_islands: int,
+               lost: Callable[[], set[int]] = set):
+    """lost: the islands whose worker is lost now (the dispatcher's record,
+    the one source of truth); their ids may be registered again."""
     self.expected_islands = expected_islands
+    self._lost = lost
     self._mu = threading.Lock()
     self._islands: dict[IslandId, Island] = {}
     self._connected: set[IslandId] = set()
+    # Lost islands a new worker is taking, until it is connected (or
+    # abandoned): island -> the lost worker's Island.
+    self._rejoining: dict[IslandId, Island] = {}
     self._when_complete: list[Callable[[], None]] = []
 
   def register(self, hello: dict[str, Any]) -> Island:
     """Admits a worker's hello; raises ValueError with the reason to refuse."""
+    lost = self._lost()  # not under _mu: it asks the dispatcher
     with self._mu:
-      if len(self._islands) == self.expected_islands:
-        raise ValueError(
-            f"the cluster already has its {self.expected_islands} islands")
       wanted = hello.get("island")
+      free = set(range(self.expected_islands)) - set(self._islands)
       if wanted is None:
-        wanted = min(set(range(self.expected_islands)) - set(self._islands))
+        if not free and not lost:
+          raise ValueError(
+              f"the cluster already has its {self.expected_islands} islands")
+        wanted = min(free or lost)
       if not isinstance(wanted, int) or not 0 <= wanted < self.expected_islands:
         raise ValueError(f"island {wanted!r} is not in 0..{self.expected_islands - 1}")
-      if wanted in self._islands:
+      before = self._islands.get(IslandId(wanted))
+      if before is not None and (wanted not in lost or
+                                 wanted in self._rejoining):
         raise ValueError(f"island {wanted} already has a worker: "
-                         f"{self._islands[IslandId(wanted)].name}")
+                         f"{before.name}")
       num = hello.get("num_devices")
       if not isinstance(num, int) or num < 1:
         raise ValueError(f"worker reports {num!r} devices")
+      if before is not None and num != before.num_devices:
+        raise ValueError(
+            f"island {wanted} had {before.num_devices} devices and its new "
+            f"worker reports {num}: a worker taking a lost island's place "
+            "must have as many (--devices)")
       island = Island(IslandId(wanted), num, str(hello.get("platform", "")),
                       str(hello.get("device_kind", "")),
                       int(hello.get("pid", 0)), str(hello.get("host", "")),
                       str(hello.get("data_address", "")))
+      if before is not None:
+        island.generation = before.generation + 1
+        island.first_device = before.first_device
+        self._rejoining[island.id] = before
       memory = hello.get("memory_bytes", 0)
       if not isinstance(memory, int) or memory < 0:
         raise ValueError(f"worker reports {memory!r} bytes of memory")
       island.memory_bytes = memory
       island.transfer_address = str(hello.get("transfer_address") or "")
       self._islands[island.id] = island
-      if len(self._islands) == self.expected_islands:
+      if before is None and len(self._islands) == self.expected_islands:
         first = 0
         for i in sorted(self._islands):
           self._islands[i].first_device = DeviceId(first)
@@ -61,11 +85,24 @@ class Topology:
     """The island's worker is reachable through the dispatcher."""
     with self._mu:
       self._connected.add(island)
+      self._rejoining.pop(IslandId(island), None)
       callbacks = self._when_complete if self.complete else []
       if callbacks:
         self._when_complete = []
     for callback in callbacks:
       callback()
+
+  def abandon(self, island: Island) -> None:
+    """`island`'s worker was registered but did not connect: its id is free
+    again (a lost island's place goes back to the lost worker's record)."""
+    with self._mu:
+      if self._islands.get(island.id) is not island:
+        return
+      before = self._rejoining.pop(island.id, None)
+      if before is not None:
+        self._islands[island.id] = before
+      elif island.id not in self._connected:
+        del self._islands[island.id]
 
   @property
   def complete(self) -> bool:

@@ -64,6 +64,13 @@ class Peers:
         raise ConnectionError("worker is shutting down")
       return self._incoming[island]
 
+  def forget(self, island: int) -> None:
+    """`island`'s worker is lost: its links are dead, and a worker that
+    takes its place connects (and is connected to) anew."""
+    with self._mu:
+      self._outgoing.pop(island, None)
+      self._incoming.pop(island, None)
+
   def close(self) -> None:
     with self._mu:
       self._closed = True

@@ -134,6 +134,7 @@ class Worker:
                     f"{why}")
     logging.error("island %d is lost (%s); failing work that spans islands",
                   op.program, why)
+    self._peers.forget(op.program)  # a new worker may take its place
     self._spanning_lost = status
     for b, value in list(self._buffers.items()):
       if (isinstance(value, jax.Array) and self._backend.spans([value]) and

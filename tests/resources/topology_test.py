@@ -63,3 +63,37 @@ def test_incomplete_cluster_says_what_is_missing_and_calls_back_once_complete():
   assert called == ["early"]
   t.when_complete(lambda: called.append("late"))
   assert called == ["early", "late"]
+
+
+def test_a_lost_island_is_registered_again_as_its_next_generation():
+  lost: set[int] = set()
+  t = Topology(2, lambda: set(lost))
+  t.register(_hello(0, 2))
+  first = t.register(_hello(1, 3, pid=5))
+  with pytest.raises(ValueError, match="already has a worker"):
+    t.register(_hello(1, 3, pid=6))  # not lost: refused
+  lost.add(1)
+  with pytest.raises(ValueError, match="had 3 devices .* reports 2"):
+    t.register(_hello(1, 2, pid=6))
+  again = t.register(_hello(None, 3, pid=6))  # takes the lost island
+  assert (again.id, again.generation, again.worker_pid) == (1, 1, 6)
+  assert first.generation == 0
+  # Global device ids do not change.
+  assert list(again.device_ids) == list(first.device_ids) == [2, 3, 4]
+  assert t.island(1) is again
+
+
+def test_one_new_worker_at_a_time_takes_a_lost_island():
+  t = Topology(2, lambda: {1})
+  t.register(_hello(0, 2))
+  first = t.register(_hello(1, 2, pid=5))
+  t.connected(0)
+  t.connected(1)
+  taking = t.register(_hello(1, 2, pid=6))
+  with pytest.raises(ValueError, match="already has a worker"):
+    t.register(_hello(1, 2, pid=7))  # while pid 6 is joining
+  t.abandon(taking)  # its connection failed: the place is free again
+  assert t.island(1) is first
+  again = t.register(_hello(1, 2, pid=7))
+  t.connected(1)
+  assert (again.generation, again.worker_pid) == (1, 7)

@@ -93,7 +93,13 @@ def execute(session: Session, req: Any, reply: Reply) -> None:
     status_handle = session.server_handles.new()
 
   failure = None
-  if exe.num_parameters is not None and len(args) != exe.num_parameters:
+  if isinstance(exe, CompiledProgram):
+    try:  # its island's worker may be a new one (a lost island rejoined)
+      exe.ensure_current(session.services)
+    except StatusError as e:
+      failure = e.status
+  if (failure is None and exe.num_parameters is not None and
+      len(args) != exe.num_parameters):
     failure = invalid_argument(f"the program takes {exe.num_parameters} "
                                f"arguments, not {len(args)}").status
   for i, a in enumerate(args):
