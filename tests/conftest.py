@@ -9,6 +9,7 @@ in subprocesses.
 from __future__ import annotations
 
 import os
+import sys
 
 # Before JAX initializes: the reference CPU backend gets as many devices as
 # the cluster, and both backends exist in this process.
@@ -19,6 +20,10 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import jax_pathways  # noqa: E402
+
+# Shared helpers of the tests (processes.py) import as top-level modules.
+sys.path.insert(0, os.path.dirname(__file__))
+import processes  # noqa: E402  pylint: disable=wrong-import-position
 
 ISLANDS = 2
 DEVICES_PER_ISLAND = 4
@@ -35,15 +40,7 @@ def pathways():
   yield cluster
   jax_pathways.shutdown()
   for pid in cluster.pids:
-    assert not _alive(pid), f"process {pid} outlived the cluster"
-
-
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  return True
+    assert not processes.alive(pid), f"process {pid} outlived the cluster"
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +57,7 @@ def tcp_cluster():
   finally:
     cluster.stop()
     for pid in pids:
-      assert not _alive(pid), f"process {pid} outlived the cluster"
+      assert not processes.alive(pid), f"process {pid} outlived the cluster"
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,6 @@ import contextlib
 import json
 import os
 import select
-import signal
 import subprocess
 import sys
 import tempfile
@@ -15,6 +14,8 @@ import grpc
 import pytest
 
 from jax_pathways import admin
+
+import processes  # tests/conftest.py puts tests/ on sys.path
 
 pytestmark = pytest.mark.integration
 
@@ -56,15 +57,7 @@ def _started(env, *controller_args, islands=2):
                           "--island", str(island), "--devices", "2", env=env))
     yield ready
   finally:
-    for p in procs:
-      if p.poll() is None:
-        os.killpg(p.pid, signal.SIGTERM)
-    for p in procs:
-      try:
-        p.wait(timeout=10)
-      except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait(timeout=5)
+    processes.stop(procs)
 
 
 @pytest.fixture

@@ -11,19 +11,9 @@ import pytest
 from jax_pathways.cluster import local_cluster
 from jax_pathways.cluster.local_cluster import LocalCluster
 
+import processes  # tests/conftest.py puts tests/ on sys.path
+
 pytestmark = pytest.mark.integration
-
-
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  try:  # a zombie of an exited child is not alive
-    with open(f"/proc/{pid}/stat") as f:
-      return f.read().split()[2] != "Z"
-  except OSError:
-    return False
 
 
 def test_a_worker_that_keeps_dying_is_given_up_on(monkeypatch, caplog):
@@ -51,4 +41,4 @@ def test_a_worker_that_keeps_dying_is_given_up_on(monkeypatch, caplog):
     assert len(started) == 1 + 1 + 3  # controller, first worker, restarts
   finally:
     cluster.stop()
-  assert not [p for p in started if _alive(p)]
+  assert not [p for p in started if processes.alive(p)]

@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+import processes  # tests/conftest.py puts tests/ on sys.path
+
 pytestmark = pytest.mark.integration
 
 VICTIM = os.path.join(os.path.dirname(__file__), "victim.py")
@@ -59,26 +61,14 @@ class Client:
     self.proc.wait(timeout=10)
 
 
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  try:  # a zombie of an exited child is not alive
-    with open(f"/proc/{pid}/stat") as f:
-      return f.read().split()[2] != "Z"
-  except OSError:
-    return False
-
-
 def _wait_gone(pids, timeout: float) -> list[int]:
   deadline = time.monotonic() + timeout
   while time.monotonic() < deadline:
-    alive = [p for p in pids if _alive(p)]
+    alive = [p for p in pids if processes.alive(p)]
     if not alive:
       return []
     time.sleep(0.1)
-  return [p for p in pids if _alive(p)]
+  return [p for p in pids if processes.alive(p)]
 
 
 @pytest.fixture
@@ -88,7 +78,7 @@ def client(request):
   yield c, pids
   c.close()
   for pid in pids["workers"]:  # a stopped worker must see its end
-    if _alive(pid):
+    if processes.alive(pid):
       os.kill(pid, signal.SIGCONT)
   leftovers = _wait_gone([pids["controller"], *pids["workers"]], 15)
   for p in leftovers:

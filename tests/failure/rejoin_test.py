@@ -18,6 +18,8 @@ import pytest
 
 from jax_pathways import admin
 
+import processes  # tests/conftest.py puts tests/ on sys.path
+
 pytestmark = pytest.mark.integration
 
 # Outside the checkout: `-m` / `-c` would import its unbuilt sources.
@@ -125,15 +127,7 @@ def _stopped_at_end():
   try:
     yield procs
   finally:
-    for p in procs:
-      if p.poll() is None:
-        os.killpg(p.pid, signal.SIGTERM)
-    for p in procs:
-      try:
-        p.wait(timeout=10)
-      except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait(timeout=5)
+    processes.stop(procs)
 
 
 def _island(address, number):
@@ -298,25 +292,13 @@ def test_embedded_cluster_restarts_a_dead_worker(restart):
     assert client.wait(timeout=30) == 0, client.stderr.read()[-3000:]
     # Every process the cluster started, restarted ones too, ends with it.
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(processes.alive(p) for p in pids):
       time.sleep(0.1)
-    assert not [p for p in pids if _alive(p)], pids
+    assert not [p for p in pids if processes.alive(p)], pids
   finally:
     if client.poll() is None:
       client.kill()
       client.wait(timeout=10)
     for p in pids:
-      if _alive(p):
+      if processes.alive(p):
         os.kill(p, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  try:  # a zombie of an exited child is not alive
-    with open(f"/proc/{pid}/stat") as f:
-      return f.read().split()[2] != "Z"
-  except OSError:
-    return False
