@@ -16,18 +16,37 @@ pytestmark = pytest.mark.integration
 
 
 def _settled(pathways, key: str, want: int, timeout: float = 20.0) -> dict:
-  """Status once status[key] == want (deletions travel asynchronously)."""
+  """Status once status[key] <= want (deletions travel asynchronously)."""
   deadline = time.monotonic() + timeout
   while True:
     status = admin.status(pathways.address, pathways.token)
-    if status[key] == want or time.monotonic() > deadline:
+    if status[key] <= want or time.monotonic() > deadline:
       return status
     time.sleep(0.05)
 
 
-def test_deleted_arrays_leave_the_books(pathways, proxy_devices):
+def _quiet(pathways, hold: float = 0.5, timeout: float = 20.0) -> dict:
+  """Status once live_buffers has held still for `hold` seconds.
+
+  JAX's proxy client batches DestructArray: arrays that earlier tests
+  dropped may still be leaving the books when a test starts."""
   gc.collect()
-  before = admin.status(pathways.address, pathways.token)["live_buffers"]
+  deadline = time.monotonic() + timeout
+  status = admin.status(pathways.address, pathways.token)
+  still_since = time.monotonic()
+  while time.monotonic() < deadline:
+    time.sleep(0.05)
+    now = admin.status(pathways.address, pathways.token)
+    if now["live_buffers"] != status["live_buffers"]:
+      still_since = time.monotonic()
+    elif time.monotonic() - still_since >= hold:
+      return now
+    status = now
+  return status
+
+
+def test_deleted_arrays_leave_the_books(pathways, proxy_devices):
+  before = _quiet(pathways)["live_buffers"]
   f = jax.jit(lambda a: a * 2 + 1)
   for k in range(100):
     x = jax.device_put(np.full(16, k, np.float32), proxy_devices[k % 8])
@@ -36,11 +55,13 @@ def test_deleted_arrays_leave_the_books(pathways, proxy_devices):
     x.delete()  # DeleteArray, then DestructArray when x goes
     del x, y
   gc.collect()
-  assert _settled(pathways, "live_buffers", before)["live_buffers"] == before
+  # A leak would be one buffer per deleted array: 100 more, which buffers
+  # of earlier tests still leaving cannot hide.
+  assert _settled(pathways, "live_buffers", before)["live_buffers"] <= before
 
 
 def test_a_client_that_goes_leaves_nothing(raw_session, pathways):
-  before = admin.status(pathways.address, pathways.token)
+  before = _quiet(pathways)
   session = raw_session()
   values = np.arange(4, dtype=np.float32)
   for h in range(1, 41):
