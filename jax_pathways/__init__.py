@@ -6,6 +6,7 @@
 
 From then on unchanged JAX code runs through the single controller.
 """
+from jax_pathways._initialize import connection
 from jax_pathways._initialize import initialize
 from jax_pathways._initialize import local_cluster
 from jax_pathways._initialize import shutdown
@@ -13,5 +14,5 @@ from jax_pathways.tracing import trace
 
 __version__ = "0.1.0"
 
-__all__ = ["initialize", "local_cluster", "shutdown", "trace",
+__all__ = ["connection", "initialize", "local_cluster", "shutdown", "trace",
            "__version__"]

@@ -1,0 +1,53 @@
+"""Islands: which of a cluster's islands can run work now, and their devices.
+
+The controller's status is the source of truth: an island is up while its
+worker is alive; a lost island is up again once a new worker has taken its
+place (its generation grows by one).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable
+
+import jax
+from absl import logging
+
+from jax_pathways import _initialize, admin
+
+# Seconds between looks at the controller while waiting for islands.
+POLL_S = 0.05
+
+
+def up() -> frozenset[int]:
+  """The islands whose worker is alive now (as the controller sees it)."""
+  address, token = _initialize.connection()
+  try:
+    status = admin.status(address, token, timeout=5.0)
+  except admin.AdminError as e:
+    logging.warning("elastic: cannot ask the controller which islands are "
+                    "up (%s)", e)
+    return frozenset()
+  return frozenset(int(i["island"]) for i in status["islands"] if i["alive"])
+
+
+def wait(enough: Callable[[frozenset[int]], bool],
+         timeout: float) -> frozenset[int]:
+  """The up islands once `enough` of them are, or when `timeout` has
+  passed."""
+  deadline = time.monotonic() + timeout
+  while True:
+    alive = up()
+    if enough(alive) or time.monotonic() >= deadline:
+      return alive
+    time.sleep(POLL_S)
+
+
+def devices(islands: Iterable[int]) -> list[jax.Device]:
+  """The devices of `islands`, island by island, in JAX's device order."""
+  keep = frozenset(islands)
+  return [d for d in jax.devices() if d.slice_index in keep]
+
+
+def all_islands() -> tuple[int, ...]:
+  """Every island of the cluster, as JAX's devices name them."""
+  return tuple(sorted({d.slice_index for d in jax.devices()}))

@@ -1,0 +1,115 @@
+"""jax_pathways.elastic: training goes on through a SIGKILLed worker and a
+SIGSTOPped one, on an embedded cluster and on a CLI cluster over TCP.
+
+With the islands back (the embedded supervisor, or the CLI cluster's
+restart policy, starts new workers) the final parameters are bit-identical
+to a run of the same steps without faults; with fewer islands training goes
+on, resharded, and the loss keeps falling. Each run is a client subprocess
+(tests/elastic/training_run.py) with a cluster of its own."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+import cli_cluster
+import processes
+
+pytestmark = pytest.mark.integration
+
+RUN = os.path.join(os.path.dirname(__file__), "training_run.py")
+WORKER_TIMEOUT = 2.0  # seconds of silence before a worker is lost
+
+
+def _train(settings: dict, timeout: float = 240.0) -> dict:
+  """Runs training_run.py; its result. Every pid it hurt is gone after."""
+  proc = subprocess.Popen(
+      [sys.executable, RUN, json.dumps(settings)], stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True, start_new_session=True,
+      cwd=tempfile.gettempdir())
+  try:
+    out, err = proc.communicate(timeout=timeout)
+  finally:
+    processes.stop([proc])
+  assert proc.returncode == 0, err[-4000:]
+  result = json.loads(out.strip().splitlines()[-1])
+  for h in result["hurt"]:
+    if processes.alive(h["pid"]):
+      os.kill(h["pid"], 9)
+  return result
+
+
+def _losses_fall(result: dict, fault_step: int) -> None:
+  """The loss keeps falling on fewer islands: the mean over the last steps
+  is below the mean over the steps before the fault (batches differ from
+  step to step, so single losses are noisy)."""
+  losses = dict(result["losses"])  # a step run again: its last loss
+  before = [losses[s] for s in range(fault_step - 3, fault_step + 1)]
+  tail = [losses[s] for s in sorted(losses)[-4:]]
+  assert sum(tail) / 4 < sum(before) / 4, (before, tail)
+
+
+def _check_lost(event: dict, island: int, commit_every: int) -> None:
+  assert event["kind"] == "lost"
+  assert island in event["lost"], event
+  assert "DATA_LOSS" in event["error"], event
+  # Resumed from the last commit: no committed step lost.
+  assert event["resumed_step"] % commit_every == 0, event
+  assert 0 <= event["failed_step"] - event["resumed_step"] <= (
+      commit_every + 16), event  # 16: launches in flight before the error
+
+
+REJOIN = {"steps": 30, "commit_every": 5, "rejoin_timeout": 60.0,
+          "faults": [[8, "kill", 1], [19, "stop", 0]], "reference": True}
+
+SHRINK = {"steps": 36, "commit_every": 4, "rejoin_timeout": 0.5,
+          "faults": [[8, "kill", 2], [20, "stop", 1]], "grow": False}
+
+
+def _check_rejoined(result: dict) -> None:
+  assert result["islands"] == [0, 1]
+  events = result["events"]
+  assert [e["kind"] for e in events] == ["lost", "lost"], events
+  _check_lost(events[0], 1, REJOIN["commit_every"])
+  _check_lost(events[1], 0, REJOIN["commit_every"])
+  assert all(e["islands"] == [0, 1] for e in events), events
+  assert result["params"] == result["reference"]
+
+
+def _check_shrunk(result: dict) -> None:
+  events = result["events"]
+  assert [e["islands"] for e in events] == [[0, 1], [0]], events
+  _check_lost(events[0], 2, SHRINK["commit_every"])
+  _check_lost(events[1], 1, SHRINK["commit_every"])
+  _losses_fall(result, 8)
+  _losses_fall(result, 20)
+
+
+def test_embedded_cluster_islands_rejoin_bit_identical():
+  _check_rejoined(_train(dict(REJOIN, islands=2, devices=2,
+                              worker_timeout=WORKER_TIMEOUT)))
+
+
+def test_embedded_cluster_goes_on_with_fewer_islands():
+  _check_shrunk(_train(dict(SHRINK, islands=3, devices=2,
+                            worker_timeout=WORKER_TIMEOUT,
+                            restart_workers=False)))
+
+
+def test_cli_cluster_islands_rejoin_bit_identical():
+  with cli_cluster.started(2, 2, WORKER_TIMEOUT) as cluster:
+    result = _train(dict(REJOIN, address=cluster.address,
+                         token=cli_cluster.TOKEN))
+    assert cluster.restarts == 2
+  _check_rejoined(result)
+
+
+def test_cli_cluster_goes_on_with_fewer_islands():
+  with cli_cluster.started(3, 2, WORKER_TIMEOUT, restart=False) as cluster:
+    result = _train(dict(SHRINK, address=cluster.address,
+                         token=cli_cluster.TOKEN))
+  _check_shrunk(result)

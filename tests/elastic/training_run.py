@@ -1,0 +1,142 @@
+"""A client that trains with jax_pathways.elastic while hurting its cluster.
+
+argv[1]: JSON settings:
+  address, token:     a running controller; absent: an embedded cluster of
+                      `islands` x `devices` (worker_timeout, restart_workers)
+  steps, commit_every, rejoin_timeout, min_islands
+  faults:             [[after step, "kill" | "stop", island], ...]: the
+                      island's current worker gets SIGKILL / SIGSTOP
+  reference:          also run the same steps without faults on the final
+                      islands and report its parameters
+
+Prints one JSON line: the final parameters (hex), the loss of every step
+run (steps run again after a loss appear again), the events and the pids
+it stopped (the caller kills those that are left).
+
+The model: an MLP trained with optax's adam, data parallel over a mesh of
+every device in use; batch i is a function of i alone, so a step run again
+from the same state gives the same bits.
+"""
+import json
+import os
+import signal
+import sys
+import time
+
+settings = json.loads(sys.argv[1])
+
+import jax_pathways  # noqa: E402
+
+if "address" in settings:
+  jax_pathways.initialize(settings["address"], token=settings["token"])
+else:
+  jax_pathways.initialize(
+      islands=settings["islands"], devices_per_island=settings["devices"],
+      worker_timeout=settings.get("worker_timeout"),
+      restart_workers=settings.get("restart_workers", True))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+from jax_pathways import admin, elastic  # noqa: E402
+
+BATCH = 48  # divides 8, 6, 4 and 2 devices
+optimizer = optax.adam(3e-2)
+
+
+def batch(i: int) -> tuple[np.ndarray, np.ndarray]:
+  rng = np.random.default_rng(i)
+  x = rng.standard_normal((BATCH, 8)).astype(np.float32)
+  y = np.tanh(x @ np.linspace(-1, 1, 8, dtype=np.float32))[:, None]
+  return x, y.astype(np.float32)
+
+
+def loss_fn(params, x, y):
+  h = jnp.tanh(x @ params["w1"] + params["b1"])
+  return jnp.mean((h @ params["w2"] - y) ** 2)
+
+
+def setup(devices):
+  mesh = Mesh(np.array(devices), ("data",))
+  replicated = NamedSharding(mesh, P())
+  rows = NamedSharding(mesh, P("data"))
+
+  @jax.jit
+  def train(state, x, y):
+    params, opt_state = state
+    loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), loss
+
+  def step(state, i):
+    x, y = batch(i)
+    return train(state, jax.device_put(x, rows), jax.device_put(y, rows))
+
+  return elastic.Plan(replicated, step)
+
+
+def initial_state():
+  rng = np.random.default_rng(0)
+  params = {"w1": rng.standard_normal((8, 16)).astype(np.float32) * 0.5,
+            "b1": np.zeros(16, np.float32),
+            "w2": rng.standard_normal((16, 1)).astype(np.float32) * 0.5}
+  return params, jax.tree.map(np.asarray, optimizer.init(params))
+
+
+address, token = jax_pathways.connection()
+faults = {int(s): (what, int(island))
+          for s, what, island in settings.get("faults", [])}
+losses: list[tuple[int, float]] = []
+hurt: list[dict] = []
+
+
+def on_step(i: int, loss) -> None:
+  losses.append((i, float(loss)))
+  if i in faults and i not in {h["step"] for h in hurt}:
+    what, island = faults[i]
+    pid = next(x["pid"] for x in admin.status(address, token)["islands"]
+               if x["island"] == island)
+    os.kill(pid, signal.SIGKILL if what == "kill" else signal.SIGSTOP)
+    hurt.append({"step": i, "what": what, "island": island, "pid": pid,
+                 "at": time.monotonic()})
+
+
+events = []
+
+
+def on_event(e: elastic.Event) -> None:
+  events.append({"kind": e.kind, "lost": list(e.lost),
+                 "failed_step": e.failed_step,
+                 "resumed_step": e.resumed_step, "islands": list(e.islands),
+                 "error": e.error.splitlines()[0] if e.error else "",
+                 "detected_at": e.detected_at, "islands_at": e.islands_at,
+                 "placed_at": e.placed_at, "resumed_at": e.resumed_at})
+
+
+result = elastic.run(setup, initial_state(), settings["steps"],
+                     commit_every=settings["commit_every"],
+                     rejoin_timeout=settings["rejoin_timeout"],
+                     min_islands=settings.get("min_islands", 1),
+                     grow=settings.get("grow", True),
+                     on_step=on_step, on_event=on_event)
+out = {"params": jax.tree.map(lambda a: np.asarray(a).tobytes().hex(),
+                              result.state[0]),
+       "islands": list(result.islands), "losses": losses, "events": events,
+       "hurt": hurt}
+if settings.get("reference"):
+  again = elastic.run(setup, initial_state(), settings["steps"],
+                      islands=result.islands,
+                      commit_every=settings["commit_every"])
+  assert not again.events, again.events
+  out["reference"] = jax.tree.map(lambda a: np.asarray(a).tobytes().hex(),
+                                  again.state[0])
+print(json.dumps(out), flush=True)
+for h in hurt:  # a stopped worker nobody replaced must not linger
+  if h["what"] == "stop":
+    try:
+      os.kill(h["pid"], signal.SIGKILL)
+    except ProcessLookupError:
+      pass
