@@ -158,7 +158,8 @@ def test_device_cores_this_host_lacks():
 
 def test_worker_timeout_reaches_the_embedded_controller():
   """initialize(worker_timeout=...) is the controller's --worker-timeout:
-  a stopped worker is lost after it, not the default 5 s."""
+  a stopped worker is lost after it, not the default 5 s (no supervisor:
+  it would kill the stopped worker once lost, racing the SIGCONT below)."""
   out = _run("""
       import os, signal, time
       import jax_pathways
@@ -168,7 +169,7 @@ def test_worker_timeout_reaches_the_embedded_controller():
       except ValueError as e:
         print("ERROR", e)
       jax_pathways.initialize(islands=1, devices_per_island=1,
-                              worker_timeout=2)
+                              worker_timeout=2, restart_workers=False)
       cluster = jax_pathways.local_cluster()
       (worker,) = cluster.workers
       os.kill(worker.pid, signal.SIGSTOP)

@@ -10,6 +10,10 @@ Supervision (`restart_workers`, on by default): a worker that dies (one
 that exits cleanly, because its controller went silent or away, is left
 gone) is started again with the same arguments, and its new process takes the lost
 island's place (its next generation, see resources/topology.py). A worker
+the controller has declared lost while its process lives (stopped or
+wedged past the controller's --worker-timeout; the supervisor asks the
+controller's status about once a second) is SIGKILLed first, so it can
+never come back, and then restarted the same way. A worker
 that keeps dying soon after it starts is restarted after growing delays and
 given up on after `MAX_QUICK_RESTARTS`, with a log line saying so.
 """
@@ -41,6 +45,10 @@ QUICK_DEATH_S = 60.0
 RESTART_DELAYS_S = (0.0, 1.0, 2.0, 4.0, 8.0)
 MAX_QUICK_RESTARTS = 5
 _SUPERVISE_POLL_S = 0.1
+# How often the supervisor asks the controller which islands it has lost,
+# and for how long at most (a stopped controller must not hold it up).
+_LOSS_POLL_S = 1.0
+_LOSS_POLL_TIMEOUT_S = 1.0
 
 
 class ClusterError(RuntimeError):
@@ -190,13 +198,18 @@ class LocalCluster:
 
   def _supervise(self) -> None:
     """Starts a dead worker again (the only thread polling workers until
-    stop()): at once the first time, later after RESTART_DELAYS_S."""
+    stop()): at once the first time, later after RESTART_DELAYS_S. A worker
+    the controller has declared lost is killed first (_kill_lost)."""
     started = [time.monotonic()] * self.islands
     due: dict[int, float] = {}  # island -> when to start its worker
+    next_loss_poll = time.monotonic() + _LOSS_POLL_S
     while not self._stopping.wait(_SUPERVISE_POLL_S):
       if self._controller_gone.is_set():
         return  # workers end with their controller; nothing to rejoin
       now = time.monotonic()
+      if now >= next_loss_poll:
+        self._kill_lost()
+        next_loss_poll = time.monotonic() + _LOSS_POLL_S
       for i, worker in enumerate(self.workers):
         if i in self._given_up or i in due or worker.poll() is None:
           continue
@@ -242,6 +255,37 @@ class LocalCluster:
         logging.warning("jax_pathways local cluster: island %d's worker "
                         "started again (pid %d, restart %d)", i,
                         self.workers[i].pid, self.restarts[i])
+
+  def _kill_lost(self) -> None:
+    """SIGKILLs each worker the controller has declared lost (silent past its
+    --worker-timeout: stopped or wedged) while its process lives: stopped,
+    it never exits, so its island would stay lost; resumed, it must not
+    touch shared state. _supervise then restarts it as any dead worker."""
+    from jax_pathways import admin  # pylint: disable=import-outside-toplevel
+    try:
+      islands = admin.status(self.address, self.token,
+                             timeout=_LOSS_POLL_TIMEOUT_S)["islands"]
+    except Exception as e:  # pylint: disable=broad-except
+      logging.log_every_n_seconds(
+          logging.WARNING, "jax_pathways local cluster: could not ask the "
+          "controller which workers it lost: %s", 60, e)
+      return
+    if self._stopping.is_set():  # stop() is taking the workers
+      return
+    for island in islands:
+      if island["alive"] or island["joining"]:
+        continue
+      i = island["island"]
+      worker = self.workers[i]
+      # The pid tells the lost worker from one already started in its place
+      # (and not yet registered: "joining" covers it once it is).
+      if island["pid"] != worker.pid or worker.poll() is not None:
+        continue
+      logging.warning(
+          "jax_pathways local cluster: the controller declared the worker of "
+          "island %d (pid %d) lost, but its process lives (stopped or "
+          "wedged): killing it (%s)", i, worker.pid, island["last_lost"])
+      worker.kill()
 
   def _report_if_dead(self, controller: subprocess.Popen | None,
                       wait_s: float = 0.0) -> bool:

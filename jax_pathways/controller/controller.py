@@ -84,6 +84,7 @@ class Controller:
   def status(self) -> dict[str, Any]:
     """What `jax-pathways status` shows."""
     stats = {s["island"]: s for s in self.dispatcher.stats()}
+    joining = self.topology.joining()
     islands = []
     for island in self.topology.islands():
       s = stats.get(island.id, {})
@@ -94,6 +95,9 @@ class Controller:
           "host": island.worker_host,
           "devices": list(island.device_ids),
           "alive": s.get("alive", False),
+          # A new worker is taking the lost island's place: `pid` is already
+          # its, `alive` and `error` still the lost worker's.
+          "joining": island.id in joining,
           "error": s.get("error", ""),
           # Workers that took a lost worker's place, and the last loss.
           "generation": island.generation,

@@ -12,6 +12,10 @@ recoverable and a new process for a lost task gets its client at once),
 but the survivors' gloo threads may still be stuck in the lost worker's
 collectives and nothing shows that their gloo groups take a new process
 (docs/limitations.md), so programs spanning a rejoined island are refused.
+
+A worker whose connection ended also connects here, as a "probe", to learn
+whether the controller is still up and why it dropped the worker (see
+worker/main.py): the answer decides the worker's exit code.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from jax_pathways.cluster import addresses
 from jax_pathways.cluster import handshake
 from jax_pathways.dispatch.dispatcher import Dispatcher
 from jax_pathways.resources.topology import Topology
+from jax_pathways.status import StatusError
 
 HANDSHAKE_TIMEOUT_S = 30.0
 
@@ -61,6 +66,8 @@ class WorkerListener:
     admitted = []
 
     def decide(hello: dict[str, Any]) -> dict[str, Any]:
+      if hello.get("role") == "probe":
+        return self._probe(hello)
       if hello.get("role") != "worker":
         raise handshake.HandshakeError("only workers connect here")
       if hello.get("wire_version") != _core.WIRE_VERSION:
@@ -88,6 +95,9 @@ class WorkerListener:
       if admitted:  # registered, then the handshake broke: free its place
         self._topology.abandon(admitted[0])
       return
+    if not admitted:  # a probe, answered
+      sock.close()
+      return
     island = admitted[0]
     sock.settimeout(None)
     try:
@@ -106,3 +116,26 @@ class WorkerListener:
     else:
       logging.info("%s joined with %d devices", island.name,
                    island.num_devices)
+
+  def _probe(self, hello: dict[str, Any]) -> dict[str, Any]:
+    """Answers a worker whose connection ended: why it is no longer its
+    island's worker (its loss, or who took its place)."""
+    try:
+      island = self._topology.island(int(hello.get("island")))
+    except (TypeError, ValueError, StatusError) as e:
+      raise handshake.HandshakeError(f"probe for island "
+                                     f"{hello.get('island')!r}: {e}") from None
+    stats = {s["island"]: s for s in self._dispatcher.stats()}.get(
+        island.id, {})
+    mine = (island.worker_pid == hello.get("pid") and
+            island.worker_host == hello.get("host"))
+    alive = bool(stats.get("alive", False))
+    if mine and alive:  # its end closed first; the loss is on its way
+      why = "its connection ended (the controller had not noticed yet)"
+    elif mine:
+      why = stats.get("last_lost", "") or "it is lost"
+    else:
+      why = f"{island.name} has taken its place"
+    logging.info("answered a probe of the worker pid %s on %s (island %d): "
+                 "%s", hello.get("pid"), hello.get("host"), island.id, why)
+    return {"why": why}

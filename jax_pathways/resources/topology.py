@@ -127,6 +127,11 @@ class Topology:
         "workers have joined the controller; start the missing workers "
         "(jax-pathways worker --controller ...)")
 
+  def joining(self) -> set[IslandId]:
+    """Lost islands whose new worker is registered but not yet connected."""
+    with self._mu:
+      return set(self._rejoining)
+
   def islands(self) -> list[Island]:
     with self._mu:
       return [self._islands[i] for i in sorted(self._islands)]

@@ -6,7 +6,20 @@
 The cluster token comes from JAX_PATHWAYS_TOKEN. The worker exits when the
 controller tells it to, when the controller connection is lost, or when the
 controller sends nothing (not even its heartbeat) for `controller_timeout`
-seconds: a stopped or cut-off controller leaves no orphaned workers.
+seconds: a stopped or cut-off controller leaves no orphaned workers. When
+the connection ends, the worker asks the controller (a "probe" handshake)
+whether it is still up: then it has dropped this worker (declared it lost,
+say after a SIGSTOP past its --worker-timeout), and a new worker should
+take the island's place.
+
+Exit codes, for restart policies (Kubernetes' OnFailure, the embedded
+cluster's supervisor):
+  0  the controller told it to stop, or is gone (dead, or silent and not
+     answering): a new worker could not join it either
+  1  the controller was lost while the worker joined the other islands, or
+     an unexpected error
+  2  bad --device-cores, or the worker could not join the controller
+  3  EXIT_LOST: the controller is up but dropped this worker: start a new one
 """
 from __future__ import annotations
 
@@ -17,6 +30,11 @@ import threading
 from typing import Any, Callable
 
 from absl import logging
+
+EXIT_LOST = 3
+# How long a worker whose connection ended waits for its controller to
+# answer before taking it for gone (stopped or cut off).
+PROBE_TIMEOUT_S = 2.0
 
 
 def run(controller: str, island: int | None, devices: int,
@@ -101,11 +119,36 @@ def run(controller: str, island: int | None, devices: int,
                  os.getpid(), peers.island, len(backend.devices),
                  f" on cores {cores.format_list(device_cores)}"
                  if device_cores else "", peers.address)
-    Worker(executor, backend, peers, transfers).run()
+    ended = Worker(executor, backend, peers, transfers).run()
   finally:
     executor.shutdown()
     peers.close()
-  return 0
+  if ended is None:
+    return 0
+  return _exit_code(ended, controller, token, peers.island)
+
+
+def _exit_code(ended: str, controller: str, token: str | None,
+               island: int) -> int:
+  """After the connection ended (`ended` says how): EXIT_LOST if the
+  controller answers a probe, else 0 (it is gone)."""
+  # pylint: disable=import-outside-toplevel
+  from jax_pathways.cluster import addresses
+  from jax_pathways.cluster import handshake
+  probe = {"role": "probe", "island": island, "pid": os.getpid(),
+           "host": socket.gethostname()}
+  try:
+    with addresses.connect(controller, PROBE_TIMEOUT_S) as sock:
+      answer = handshake.connect(sock, token, probe, PROBE_TIMEOUT_S)
+  except (OSError, handshake.HandshakeError) as e:
+    logging.warning("controller is gone (%s; it does not answer: %s); "
+                    "worker exits", ended, e)
+    return 0
+  logging.error("the controller at %s is up but has dropped this worker of "
+                "island %d: %s (%s); worker exits with code %d so that a new "
+                "worker takes the island's place", controller, island,
+                answer.get("why"), ended, EXIT_LOST)
+  return EXIT_LOST
 
 
 def _join_watching(join: Callable[[], None], executor: Any) -> None:

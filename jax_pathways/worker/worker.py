@@ -89,9 +89,10 @@ class Worker:
         OpKind.TRACE: self._trace,
     }
 
-  def run(self) -> None:
-    """Runs ops until the controller says stop or goes away."""
-    controller_gone = False
+  def run(self) -> str | None:
+    """Runs ops until the controller says stop (returns None) or the
+    connection to it ends (returns why)."""
+    ended: str | None = None
     try:
       while True:
         op = self._executor.next(1.0)
@@ -99,7 +100,13 @@ class Worker:
           continue
         if op.kind == OpKind.SHUTDOWN:
           self._completions.add(op.seq, [])
-          return
+          return None
+        # An op that arrived before the connection ended is not run: the
+        # controller has failed it (a lost worker resumed by SIGCONT must
+        # not act on what it was sent before its loss).
+        ended = self._executor.lost() or None
+        if ended:
+          return ended
         if op.kind == OpKind.PEER_LOST:
           self._peer_lost(op)
           continue
@@ -117,12 +124,12 @@ class Worker:
           if op.kind != OpKind.DELETE:  # deletions are never answered
             self._completions.fail(op.seq, status)
     except _core.JaxPathwaysError as e:
-      logging.warning("controller is gone (%s); worker exits", e)
-      controller_gone = True
+      ended = str(e)
+      return ended
     finally:
       # With no one to report to, work still running (perhaps a program
       # waiting in gloo for a lost island) is not waited for.
-      self._completions.close(wait=not controller_gone)
+      self._completions.close(wait=ended is None)
 
   def _peer_lost(self, op: Any) -> None:
     """Island `op.program` is lost: programs on the global client wait for

@@ -14,13 +14,15 @@ import pytest
 
 from jax_pathways import admin
 from jax_pathways.cluster.local_cluster import LocalCluster
+from jax_pathways.worker.main import PROBE_TIMEOUT_S
 
 pytestmark = pytest.mark.integration
 
 # The workers' --controller-timeout (its default) and what they may take on
-# top of it: one heartbeat interval to notice, then the exit itself.
+# top of it: one heartbeat interval to notice, the probe that finds the
+# controller not answering, then the exit itself.
 CONTROLLER_TIMEOUT_S = 10.0
-MARGIN_S = 5.0
+MARGIN_S = 5.0 + PROBE_TIMEOUT_S
 
 
 @pytest.fixture

@@ -89,11 +89,14 @@ def test_one_new_worker_at_a_time_takes_a_lost_island():
   first = t.register(_hello(1, 2, pid=5))
   t.connected(0)
   t.connected(1)
+  assert t.joining() == set()
   taking = t.register(_hello(1, 2, pid=6))
+  assert t.joining() == {1}
   with pytest.raises(ValueError, match="already has a worker"):
     t.register(_hello(1, 2, pid=7))  # while pid 6 is joining
   t.abandon(taking)  # its connection failed: the place is free again
-  assert t.island(1) is first
+  assert t.island(1) is first and t.joining() == set()
   again = t.register(_hello(1, 2, pid=7))
   t.connected(1)
   assert (again.generation, again.worker_pid) == (1, 7)
+  assert t.joining() == set()
