@@ -190,6 +190,7 @@ def test_new_worker_takes_a_lost_islands_place():
         cwd=CWD)
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert "restarts 1, last lost" in shown.stdout, shown.stdout
+    assert "global client generation 1: ready" in shown.stdout, shown.stdout
     print(f"kill -> rejoined {joined_at - killed_at:.2f} s (worker start "
           f"included), rejoined -> first island-1 jits read back "
           f"{first_ok_at - joined_at:.2f} s")
