@@ -47,6 +47,7 @@ class Services:
   platform_version: str
   # Programs and arrays may span islands (the workers share a global client).
   spmd_across_islands: bool = False
+  # Its generations: which workers programs spanning islands run on.
   global_client: GlobalClient | None = None
   wait_for_topology_s: float = 120.0
   upload_timeout_s: float = 600.0

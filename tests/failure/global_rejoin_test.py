@@ -67,23 +67,27 @@ CLIENT = COMMON + textwrap.dedent("""
     def say(**kw):
       print(json.dumps(kw), flush=True)
 
-    def attempt(fn):
+    def attempt(fn, *args):
       try:
-        return {"value": run(fn, mesh).tobytes().hex()}
+        return {"value": np.asarray(fn(*args)).tobytes().hex()}
       except Exception as e:  # what the user would see
         return {"error": str(e)}
 
+    # Made before any loss: it stays failed once island 1's worker is gone.
+    kept = jax.device_put(a, NamedSharding(mesh, P("i")))
     say(ready=True)
     for line in sys.stdin:
       cmd = line.strip()
       if cmd == "call":  # the same jits, fresh ones, and a later program
         t = time.monotonic()
-        first = attempt(jits["sum"])
+        first = attempt(run, jits["sum"], mesh)
         took = time.monotonic() - t
-        say(sum=first, first_call_s=took, psum=attempt(jits["psum"]),
-            fresh_sum=attempt(jax.jit(eval(SUM))),
-            fresh_psum=attempt(programs(mesh)["psum"]),
-            later=attempt(jax.jit(eval(LATER))))
+        say(sum=first, first_call_s=took,
+            psum=attempt(run, jits["psum"], mesh),
+            fresh_sum=attempt(run, jax.jit(eval(SUM)), mesh),
+            fresh_psum=attempt(run, programs(mesh)["psum"], mesh),
+            later=attempt(run, jax.jit(eval(LATER)), mesh),
+            kept=attempt(jits["sum"], kept))
       elif cmd == "start_long":  # not waited for
         long_runs.append(long_jit(jax.device_put(
             a, NamedSharding(mesh, P("i")))))
@@ -165,7 +169,9 @@ def test_spanning_programs_run_again_after_rejoins(how, tmp_path):
         assert got[f"fresh_{key}"] == {"value": want[key]}, (key, got)
       assert got["later"] == {"value": want["later"]}, got
 
-    check_bits(ask("call"))
+    first = ask("call")
+    check_bits(first)
+    assert first["kept"] == {"value": want["sum"]}, first
     status = admin_status(address)
     assert status["global_client"]["generation"] == 0, status
     assert all(i["global_client"] for i in status["islands"]), status
@@ -199,6 +205,7 @@ def test_spanning_programs_run_again_after_rejoins(how, tmp_path):
       got = ask("call")
       first = time.monotonic()
       check_bits(got)
+      assert "DATA_LOSS" in got["kept"]["error"], got
       status = admin_status(address)
       assert status["global_client"]["generation"] == generation, status
       assert status["global_client"]["state"] == "ready", status
