@@ -135,7 +135,6 @@ class Execution:
 
 class GlobalGeneration(NamedTuple):
   """One generation of the islands' global client, as this worker sees it."""
-  generation: int
   client: Any
   distributed_client: Any  # kept alive for as long as `client`
   devices: dict[tuple[int, int], Any]  # (island, index) -> device
@@ -169,7 +168,6 @@ class PjrtBackend:
     self.island = 0
     self.gloo_host = "127.0.0.1"
     self.global_client: Any = None
-    self.global_generation: int | None = None
     self._global_devices: dict[tuple[int, int], Any] = {}
     self._local_global: tuple[Any, ...] = ()
     # Earlier generations, alive while anything of theirs may run.
@@ -185,11 +183,10 @@ class PjrtBackend:
     self._built_shardings: dict[Hashable, jax.sharding.Sharding] = {}
     self._ir_context = mlir.make_ir_context()
 
-  def join_global(self, islands: int, coordinator: str,
-                  generation: int = 0) -> None:
+  def join_global(self, islands: int, coordinator: str) -> None:
     """Builds the global client and makes it current (blocks until every
     island has joined)."""
-    self._install(self._build_global(islands, coordinator, generation))
+    self._install(self._build_global(islands, coordinator))
 
   def start_join(self, islands: int, coordinator: str, generation: int
                  ) -> concurrent.futures.Future:
@@ -200,8 +197,7 @@ class PjrtBackend:
 
     def build() -> None:
       try:
-        future.set_result(self._build_global(islands, coordinator,
-                                             generation))
+        future.set_result(self._build_global(islands, coordinator))
       except BaseException as e:  # pylint: disable=broad-except
         future.set_exception(e)
 
@@ -210,8 +206,8 @@ class PjrtBackend:
     threads.start(build, "jp-join-global")
     return future
 
-  def _build_global(self, islands: int, coordinator: str,
-                    generation: int) -> GlobalGeneration:
+  def _build_global(self, islands: int, coordinator: str
+                    ) -> GlobalGeneration:
     with cores.pinned(self._device_cores):  # its device threads inherit it
       distributed = _jax.get_distributed_runtime_client(
           coordinator, self.island, init_timeout=JOIN_TIMEOUT_S,
@@ -230,7 +226,7 @@ class PjrtBackend:
     devices = {(p, i): d for p, ds in by_process.items()
                for i, d in enumerate(sorted(ds, key=lambda d: d.id))}
     return GlobalGeneration(
-        generation, client, distributed, devices,
+        client, distributed, devices,
         tuple(devices[(self.island, i)] for i in range(len(self.devices))))
 
   def _install(self, built: GlobalGeneration) -> None:
@@ -238,7 +234,6 @@ class PjrtBackend:
       self._retired.append(self._current)
     self._current = built
     self.global_client = built.client
-    self.global_generation = built.generation
     self._global_devices = built.devices
     self._local_global = built.local
     # Programs and shardings name devices by (island, index): from now on
