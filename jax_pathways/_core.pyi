@@ -27,6 +27,7 @@ class OpKind(enum.Enum):
   SHUTDOWN = 9
   TRACE = 10
   PEER_LOST = 11
+  JOIN_GLOBAL = 12
 
 class Op:
   """An op as a worker receives it."""

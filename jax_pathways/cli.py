@@ -37,6 +37,10 @@ def _print_status(s: dict[str, Any]) -> None:
   print(f"jax_pathways {s['version']}  up {s['uptime_s']} s  "
         f"islands {len(s['islands'])}/{s['expected_islands']}  "
         f"max in flight {s['max_in_flight']}")
+  g = s.get("global_client")
+  if g:
+    print(f"global client generation {g['generation']}: {g['state']}" +
+          (f" ({g['error']})" if g["error"] else ""))
   print(f"{'island':>6}  {'devices':<12} {'alive':<5} {'queued':>6} "
         f"{'in flight':>9} {'done':>8}  {'memory MiB':>15}  worker")
   for i in s["islands"]:
@@ -59,7 +63,8 @@ def _print_status(s: dict[str, Any]) -> None:
       print(f"{'':>8}restarts {i.get('restarts', 0)}, last lost {when}: "
             f"{i['last_lost']}" +
             ("" if i.get("global_client", True) else
-             "; island-only (no programs spanning islands)"))
+             "; no programs spanning islands until every island has a "
+             "worker in the global client"))
   print(f"clients: {len(s['clients'])}")
   for c in s["clients"]:
     devices = c["devices"]

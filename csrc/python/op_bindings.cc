@@ -20,7 +20,8 @@ void RegisterOp(py::module_& m) {
       .value("COPY", OpKind::kCopy)
       .value("SHUTDOWN", OpKind::kShutdown)
       .value("TRACE", OpKind::kTrace)
-      .value("PEER_LOST", OpKind::kPeerLost);
+      .value("PEER_LOST", OpKind::kPeerLost)
+      .value("JOIN_GLOBAL", OpKind::kJoinGlobal);
 
   py::class_<Op>(m, "Op")
       .def_readonly("kind", &Op::kind)

@@ -21,7 +21,7 @@ using BufferId = uint64_t;
 using IslandId = int32_t;
 
 // Version of the controller <-> worker wire format; bumped on any change.
-inline constexpr uint32_t kWireVersion = 8;
+inline constexpr uint32_t kWireVersion = 9;
 
 enum class OpKind : uint32_t {
   kCompile = 1,   // payload: program + options; program = compile key
@@ -38,6 +38,10 @@ enum class OpKind : uint32_t {
   // island `program` is lost (payload: why). Work on the islands' global
   // client can no longer finish, so the worker fails it instead of waiting.
   kPeerLost = 11,
+  // Build the islands' global client anew (payload: its coordination
+  // service, generation and island count), after a lost island rejoined;
+  // answered once built (or failed).
+  kJoinGlobal = 12,
 };
 
 // Heads are padded so payloads start 64-byte aligned in a received frame.

@@ -10,8 +10,11 @@ When a lost island's place is taken by a new worker (its next generation),
 the programs compiled for the old one are compiled again on the new one
 when they are next launched: a COMPILE op ahead of the LAUNCH in the
 island's order, so neither the client nor the launch waits for it. Programs
-spanning islands cannot run on a rejoined island (its worker is not in the
-islands' global client) and fail with FAILED_PRECONDITION saying so.
+spanning islands run on the islands' global client, which is rebuilt (its
+next generation, controller/coordination.py) once every island has a worker
+again; they are compiled again, on all their islands, for the generation
+they next launch on. Until every island's worker is in it they fail with
+FAILED_PRECONDITION saying so.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from jax_pathways import validation
 from jax_pathways.controller.arrays import Array, island_bytes
+from jax_pathways.controller.coordination import GlobalClient
 from jax_pathways.dispatch import payloads
 from jax_pathways.dispatch.dispatcher import (Dispatcher, IslandOp, OnDone,
                                               OpKind)
@@ -29,8 +33,7 @@ from jax_pathways.programs import sharding as sharding_lib
 from jax_pathways.programs.xla_program import PlacedProgram
 from jax_pathways.resources.island import Island
 from jax_pathways.resources.topology import Topology
-from jax_pathways.status import (Code, Status, StatusError,
-                                 failed_precondition, invalid_argument)
+from jax_pathways.status import Code, Status, StatusError, invalid_argument
 
 if TYPE_CHECKING:
   from jax_pathways.controller.session import Services
@@ -44,10 +47,14 @@ class CompiledProgram:
 
   def __init__(self, program_id: int, islands: tuple[Island, ...],
                devices: tuple[int, ...], metadata: dict[str, Any],
-               compile_payload: Any = None):
+               compile_payload: Any = None,
+               global_generation: int | None = None):
     self.program_id = program_id
     # The COMPILE op's payload, sent again to an island's next worker.
     self._compile_payload = compile_payload
+    # The global client's generation a program spanning islands was
+    # compiled for (None: one island).
+    self._global_generation = global_generation
     self._lock = threading.Lock()
     self.islands = islands
     self.devices = devices
@@ -81,20 +88,25 @@ class CompiledProgram:
 
   def ensure_current(self, services: Services) -> None:
     """Makes the program runnable on its islands' current workers: compiles
-    it on a worker that took a lost one's place (a COMPILE op numbered ahead
-    of whatever is launched next, so nobody waits). Raises
-    FAILED_PRECONDITION for a program spanning a rejoined island. An island
-    that is lost and not back yet is left alone: launches fail there with
-    the loss."""
+    it on a worker that took a lost one's place, and a program spanning
+    islands on all of them once the global client has a new generation (a
+    COMPILE op numbered ahead of whatever is launched next, so nobody
+    waits). Raises why a program spanning islands cannot run (see
+    GlobalClient.check). An island that is lost and not back yet is left
+    alone: launches fail there with the loss."""
     topology = services.topology
     with self._lock:
       current = tuple(topology.island(i.id) for i in self.islands)
-      stale = [c for c, old in zip(current, self.islands)
-               if c.generation != old.generation]
+      if self._global_generation is None:
+        stale = [c for c, old in zip(current, self.islands)
+                 if c.generation != old.generation]
+      else:
+        generation = services.global_client.check(current)
+        stale = (list(current) if generation != self._global_generation
+                 else [])
+        self._global_generation = generation
       if not stale:
         return
-      if len(self.islands) > 1 or self._compile_payload is None:
-        raise spanning_refused(current)
       services.dispatcher.submit(
           [IslandOp(c.id, OpKind.COMPILE, self.program_id,
                     payload=self._compile_payload) for c in stale])
@@ -138,35 +150,26 @@ class CompiledProgram:
 OnCompiled = Callable[[Status, "CompiledProgram | None"], None]
 
 
-def spanning_refused(islands: Sequence[Island]) -> StatusError:
-  """Why a program spanning a rejoined island cannot run."""
-  rejoined = [i for i in islands if i.generation > 0]
-  names = ", ".join(f"island {i.id} (generation {i.generation})"
-                    for i in rejoined)
-  return failed_precondition(
-      f"the program spans islands {[int(i.id) for i in islands]}, but {names} "
-      "lost its worker and a new one took its place: a worker that rejoins "
-      "is not part of the islands' global client (the other workers' "
-      "gloo collectives may still be stuck in the lost worker's programs), "
-      "so programs spanning islands cannot run on it until the cluster is "
-      "restarted; programs within one island run")
-
-
 class CompileCache:
   """Thread-safe; one per controller."""
 
-  def __init__(self, dispatcher: Dispatcher):
+  def __init__(self, dispatcher: Dispatcher,
+               global_client: GlobalClient | None = None):
     self._dispatcher = dispatcher
+    self._global_client = global_client
     self._ids = itertools.count(1)
     self._lock = threading.Lock()
     self._done: dict[str, CompiledProgram] = {}
     self._waiting: dict[str, list[OnCompiled]] = {}
 
   def compile(self, program: PlacedProgram, on_done: OnCompiled) -> None:
-    if (len(program.islands) > 1 and
-        any(i.generation > 0 for i in program.islands)):
-      on_done(spanning_refused(program.islands).status, None)
-      return
+    generation = None
+    if len(program.islands) > 1:
+      try:
+        generation = self._global_client.check(program.islands)
+      except StatusError as e:
+        on_done(e.status, None)
+        return
     key = program.key
     with self._lock:
       compiled = self._done.get(key)
@@ -190,7 +193,7 @@ class CompileCache:
           compiled = CompiledProgram(program_id, program.islands,
                                      program.devices,
                                      json.loads(bytes(results[0])),
-                                     payload)
+                                     payload, generation)
         except ValueError as e:
           status = Status(Code.INTERNAL, f"malformed compile result: {e}")
       with self._lock:

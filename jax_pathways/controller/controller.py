@@ -1,6 +1,7 @@
 """Controller: builds the controller's parts and runs them.
 
-    topology  <- WorkerListener (workers join)
+    topology  <- WorkerListener (workers join; a lost island's place taken
+                 -> the islands build a new global client, coordination.py)
     GrpcService -> Session -> handlers -> programs / Dispatcher -> workers
 """
 from __future__ import annotations
@@ -14,12 +15,13 @@ import jax_pathways
 from jax_pathways import _frontend
 from jax_pathways.cluster import addresses
 from jax_pathways.controller.compile_cache import CompileCache
-from jax_pathways.controller.coordination import Coordinator
+from jax_pathways.controller.coordination import GlobalClient
 from jax_pathways.controller.grpc_service import GrpcService
 from jax_pathways.controller.session import Services
 from jax_pathways.controller.worker_listener import WorkerListener
+from jax_pathways.dispatch import payloads
 from jax_pathways.dispatch.dispatcher import (MEMORY_WAIT_S, WORKER_TIMEOUT_S,
-                                              Dispatcher)
+                                              Dispatcher, IslandOp, OpKind)
 from jax_pathways.resources.resource_manager import ResourceManager
 from jax_pathways.resources.topology import Topology
 
@@ -43,28 +45,60 @@ class Controller:
         MEMORY_WAIT_S if memory_wait_s is None else memory_wait_s,
         WORKER_TIMEOUT_S if worker_timeout_s is None else worker_timeout_s)
     # Programs may span islands once the workers share a global client.
-    self.coordinator = (Coordinator(islands, coordinator_listen)
-                        if islands > 1 else None)
+    self.global_client = (GlobalClient(islands, coordinator_listen)
+                          if islands > 1 else None)
     server = _frontend.GrpcServer()
     self.host_buffers = server.host_buffers
-    self.compile_cache = CompileCache(self.dispatcher)
+    self.compile_cache = CompileCache(self.dispatcher, self.global_client)
     self.services = Services(
         topology=self.topology, dispatcher=self.dispatcher,
         host_buffers=self.host_buffers, compile_cache=self.compile_cache,
         resources=ResourceManager(self.topology, self._lost_islands),
         platform_version=f"jax_pathways {jax_pathways.__version__}",
-        spmd_across_islands=self.coordinator is not None)
+        global_client=self.global_client,
+        spmd_across_islands=self.global_client is not None)
     self.service = GrpcService(server, self.services, token, self.status)
     self._listen = listen
     self.address = ""
     self._workers = WorkerListener(
         worker_listen, token, self.topology, self.dispatcher,
-        self.coordinator.address if self.coordinator else None,
-        reduction_order)
+        self.global_client.address if self.global_client else None,
+        reduction_order, self._island_rejoined)
     self.worker_address = self._workers.address
 
   def _lost_islands(self) -> set[int]:
     return {s["island"] for s in self.dispatcher.stats() if not s["alive"]}
+
+  def _island_rejoined(self) -> None:
+    """A new worker took a lost island's place: once every island has a
+    worker, they build the next generation of the global client (each at
+    its JOIN_GLOBAL op's place in its order, ahead of anything launched
+    after this)."""
+    if self.global_client is None or self._lost_islands():
+      return
+    islands = self.topology.islands()
+    if len(islands) < self.topology.expected_islands:
+      return
+    renewal = self.global_client.renew({int(i.id): i.generation
+                                        for i in islands})
+    if renewal is None:
+      return
+    generation, address = renewal
+    payload = payloads.encode({"coordinator": address,
+                               "generation": generation,
+                               "islands": len(islands)})
+    started = time.monotonic()
+    logging.info("every island has a worker again: building the islands' "
+                 "global client generation %d at %s", generation, address)
+
+    def built(status: Any, _: list[bytes]) -> None:
+      self.global_client.finished(generation, status)
+      logging.info("global client generation %d: %.3f s after the rejoin",
+                   generation, time.monotonic() - started)
+
+    self.dispatcher.submit([IslandOp(i.id, OpKind.JOIN_GLOBAL, generation,
+                                     payload=payload) for i in islands],
+                           built)
 
   def start(self) -> None:
     self._workers.start()
@@ -78,13 +112,18 @@ class Controller:
     self.service.stop()
     self._workers.close()
     self.dispatcher.shutdown()
-    if self.coordinator is not None:
-      self.coordinator.shutdown()
+    if self.global_client is not None:
+      self.global_client.shutdown()
 
   def status(self) -> dict[str, Any]:
     """What `jax-pathways status` shows."""
     stats = {s["island"]: s for s in self.dispatcher.stats()}
     joining = self.topology.joining()
+    # Programs spanning islands run while every island's worker is alive
+    # and in the global client's current generation, built.
+    spanning = (self.global_client is not None and
+                len(stats) == self.topology.expected_islands and
+                all(s["alive"] for s in stats.values()))
     islands = []
     for island in self.topology.islands():
       s = stats.get(island.id, {})
@@ -104,7 +143,8 @@ class Controller:
           "restarts": s.get("restarts", 0),
           "last_lost": s.get("last_lost", ""),
           "last_lost_at": s.get("last_lost_at", 0.0),
-          "global_client": island.generation == 0,
+          # Whether programs spanning islands run on this worker now.
+          "global_client": spanning and self.global_client.member(island),
           "queued": s.get("queued", 0),
           "in_flight": s.get("in_flight", 0),
           "submitted": s.get("submitted", 0),
@@ -136,5 +176,7 @@ class Controller:
         "clients": clients,
         "live_buffers": self.dispatcher.live_buffers(),
         "compiled_programs": len(self.compile_cache),
+        "global_client": (self.global_client.describe()
+                          if self.global_client else None),
         "host_buffer_bytes": self.host_buffers.total_bytes(),
     }

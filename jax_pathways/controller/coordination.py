@@ -5,14 +5,28 @@ PJRT client (jaxlib's distributed CPU client, collectives over gloo) so that a
 program can span islands. Its coordination service runs here, in the
 controller, so that no worker's death takes it down; it is "recoverable":
 a worker that dies does not bring the others down with it.
+
+The global client has generations. The workers that start the cluster build
+generation 0 while they join (the address comes in their handshake). When a
+lost island's place is taken and every island has a worker again, the
+controller starts a fresh service (its key-value store holds nothing of the
+old topology exchange or gloo rendezvous) and every island's worker builds
+generation g+1 at it (a JOIN_GLOBAL op in its gang order). Old services stay
+up: a survivor's old distributed client still heartbeats to its service, and
+jaxlib 0.10.2 aborts the process once those heartbeats fail (measured:
+shutting a service down killed its client with SIGABRT within seconds).
 """
 from __future__ import annotations
 
 import socket
+import threading
+from typing import Any, Sequence
 
 from absl import logging
 
 from jax_pathways.cluster import addresses
+from jax_pathways.resources.island import Island
+from jax_pathways.status import Code, Status, StatusError
 
 HEARTBEAT_TIMEOUT_S = 30
 
@@ -40,3 +54,114 @@ class Coordinator:
 
   def shutdown(self) -> None:
     self.service.shutdown()
+
+
+class GlobalClient:
+  """The islands' global client, one generation after another; thread-safe.
+
+  A generation is built by the workers of certain island generations (its
+  members); a program spanning islands runs only where all of its islands'
+  current workers are members of the current generation, once built."""
+
+  JOINING, READY, FAILED = "joining", "ready", "failed"
+
+  def __init__(self, islands: int, listen: str):
+    self._islands = islands
+    self._listen = listen
+    self._lock = threading.Lock()
+    self._services = [Coordinator(islands, listen)]
+    self.generation = 0
+    # Island -> the island generation whose worker is in the global client.
+    self._members = {i: 0 for i in range(islands)}
+    # Generation 0 is built in the workers' handshake: a worker that fails
+    # to build it exits, and its island is lost.
+    self._state = self.READY
+    self._error = ""
+
+  @property
+  def address(self) -> str:
+    """Where generation 0's workers join."""
+    return self._services[0].address
+
+  def renew(self, members: dict[int, int]) -> tuple[int, str] | None:
+    """Starts the next generation for the workers of `members` (island ->
+    island generation, every island healthy): (generation, service address),
+    or None when they are the current generation's members already."""
+    with self._lock:
+      if members == self._members:
+        return None
+      self._services.append(Coordinator(self._islands,
+                                        self._next_address()))
+      self.generation += 1
+      self._members = dict(members)
+      self._state, self._error = self.JOINING, ""
+      return self.generation, self._services[-1].address
+
+  def _next_address(self) -> str:
+    """A fresh address for the next service, like the first one."""
+    if addresses.is_unix(self._listen):
+      return f"{self._listen}.{len(self._services)}"
+    host, _, _ = self._services[0].address.rpartition(":")
+    return f"{host}:0"
+
+  def finished(self, generation: int, status: Status) -> None:
+    """Generation `generation`'s workers have built it (or failed to)."""
+    with self._lock:
+      if generation != self.generation:
+        return  # a newer one was started meanwhile
+      if status.ok:
+        self._state = self.READY
+      else:
+        self._state, self._error = self.FAILED, status.message
+    if status.ok:
+      logging.info("the islands' global client generation %d is built",
+                   generation)
+    else:
+      logging.error("the islands' global client generation %d could not be "
+                    "built: %s", generation, status.message)
+
+  def check(self, islands: Sequence[Island]) -> int:
+    """The generation a program spanning `islands` (their current workers)
+    runs on; raises why it cannot run. A generation still being built is
+    fine: the workers order its JOIN_GLOBAL before anything launched now,
+    and wait for it (bounded) before they compile for it."""
+    with self._lock:
+      outside = [i for i in islands if self._members.get(i.id) != i.generation]
+      if outside:
+        raise spanning_refused(outside)
+      if self._state == self.FAILED:
+        raise StatusError(
+            Code.UNAVAILABLE,
+            f"the islands' global client (generation {self.generation}) "
+            f"could not be built: {self._error}; it is built again when "
+            "an island's worker is next replaced")
+      return self.generation
+
+  def member(self, island: Island) -> bool:
+    """Whether `island`'s current worker is in the current generation,
+    built."""
+    with self._lock:
+      return (self._members.get(island.id) == island.generation and
+              self._state == self.READY)
+
+  def describe(self) -> dict[str, Any]:
+    with self._lock:
+      return {"generation": self.generation, "state": self._state,
+              "error": self._error, "address": self._services[-1].address}
+
+  def shutdown(self) -> None:
+    for service in self._services:
+      service.shutdown()
+
+
+def spanning_refused(islands: Sequence[Island]) -> StatusError:
+  """Why a program spanning `islands` (workers not in the global client)
+  cannot run yet."""
+  names = ", ".join(f"island {i.id} (generation {i.generation})"
+                    for i in islands)
+  return StatusError(
+      Code.FAILED_PRECONDITION,
+      f"the program spans islands, but the worker of {names} took a lost "
+      "worker's place and is not in the islands' global client yet: it is "
+      "rebuilt once every island has a worker again; programs within one "
+      "island run")

@@ -27,6 +27,7 @@ from jax_pathways import protos, validation
 from jax_pathways.controller import moves
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.compile_cache import CompileCache
+from jax_pathways.controller.coordination import GlobalClient
 from jax_pathways.controller.handle_store import HandleStore, ServerHandles
 from jax_pathways.dispatch.dispatcher import Dispatcher
 from jax_pathways.resources.resource_manager import ResourceManager
@@ -46,6 +47,8 @@ class Services:
   platform_version: str
   # Programs and arrays may span islands (the workers share a global client).
   spmd_across_islands: bool = False
+  # Its generations: which workers programs spanning islands run on.
+  global_client: GlobalClient | None = None
   wait_for_topology_s: float = 120.0
   upload_timeout_s: float = 600.0
 

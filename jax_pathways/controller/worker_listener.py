@@ -6,12 +6,11 @@ id. Its socket then goes to the C++ dispatcher, which owns it from there on.
 
 A worker may take the place of a lost island's worker (same `--island`,
 same number of devices): it becomes the island's next generation and serves
-the island's own programs. It is not sent to the islands' global client:
-jaxlib 0.10.2 would let it reconnect (the coordination service is
-recoverable and a new process for a lost task gets its client at once),
-but the survivors' gloo threads may still be stuck in the lost worker's
-collectives and nothing shows that their gloo groups take a new process
-(docs/limitations.md), so programs spanning a rejoined island are refused.
+the island's own programs at once. It gets no coordinator in its welcome:
+once every island has a worker again, all of them build the next
+generation of the islands' global client together (`on_rejoin`, see
+controller/coordination.py); the survivors' old one may still have threads
+stuck in the lost worker's collectives.
 
 A worker whose connection ended also connects here, as a "probe", to learn
 whether the controller is still up and why it dropped the worker (see
@@ -20,7 +19,7 @@ worker/main.py): the answer decides the worker's exit code.
 from __future__ import annotations
 
 import socket
-from typing import Any
+from typing import Any, Callable
 
 from absl import logging
 
@@ -40,9 +39,13 @@ class WorkerListener:
 
   def __init__(self, address: str, token: str | None, topology: Topology,
                dispatcher: Dispatcher, coordinator: str | None,
-               reduction_order: str = "rank"):
+               reduction_order: str = "rank",
+               on_rejoin: Callable[[], None] = lambda: None):
+    """on_rejoin: a new worker took a lost island's place (it is reachable
+    through the dispatcher, not yet connected in the topology)."""
     self._token = token
     self._coordinator = coordinator
+    self._on_rejoin = on_rejoin
     self._reduction_order = reduction_order
     self._topology = topology
     self._dispatcher = dispatcher
@@ -81,7 +84,7 @@ class WorkerListener:
       admitted.append(island)
       return {"island": int(island.id),
               "islands": self._topology.expected_islands,
-              # A rejoining worker stays island-only (see above).
+              # A rejoining worker joins a later generation (see above).
               "coordinator": (self._coordinator if island.generation == 0
                               else None),
               # Every worker must rewrite programs alike (or gloo hangs).
@@ -108,14 +111,17 @@ class WorkerListener:
       sock.close()
       self._topology.abandon(island)
       return
-    self._topology.connected(island.id)
     if island.generation:
       logging.info("%s took the lost island's place (generation %d) with "
-                   "%d devices; programs spanning islands stay refused on it",
-                   island.name, island.generation, island.num_devices)
+                   "%d devices", island.name, island.generation,
+                   island.num_devices)
+      # Before it counts as connected: a program compiled from then on
+      # already finds the global client being rebuilt.
+      self._on_rejoin()
     else:
       logging.info("%s joined with %d devices", island.name,
                    island.num_devices)
+    self._topology.connected(island.id)
 
   def _probe(self, hello: dict[str, Any]) -> dict[str, Any]:
     """Answers a worker whose connection ended: why it is no longer its

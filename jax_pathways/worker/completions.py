@@ -11,8 +11,10 @@ delays the reports of the launches behind a send. So does work on arrays of
 the islands' global client ("spanning", in issue order): a program spanning
 islands waits for every island, and when one is lost it never finishes
 (nothing can cancel it), so abandon_spanning() reports it failed instead and
-the island's own work goes on. Events may therefore reach the controller out
-of order; it matches them by sequence number.
+the island's own work goes on. A new generation of the global client gets a
+spanning thread of its own (restart_spanning): the old one may stay stuck.
+Events may therefore reach the controller out of order; it matches them by
+sequence number.
 """
 from __future__ import annotations
 
@@ -72,8 +74,10 @@ class Completions:
     self._threads = [threads.start(lambda: self._run(self._queue),
                                    "jp-completions"),
                      threads.start(lambda: self._run(self._sends), "jp-sends")]
-    self._spanning_thread = threads.start(
-        lambda: self._run(self._spanning, self._claim), "jp-spanning")
+    self._spanning_thread = self._start_spanning(self._spanning)
+
+  def _start_spanning(self, work: queue.SimpleQueue) -> threading.Thread:
+    return threads.start(lambda: self._run(work, self._claim), "jp-spanning")
 
   def add(self, seq: int, arrays: Sequence[Any], finish: Finish | None = None,
           deadline_s: float | None = None, spanning: bool = False) -> None:
@@ -99,6 +103,18 @@ class Completions:
       abandoned, self._unreported = self._unreported, set()
     for seq in sorted(abandoned):
       self.fail(seq, why)
+
+  def restart_spanning(self) -> None:
+    """The global client has a new generation: its work goes to a new
+    spanning thread, and is no longer failed at once. The old thread
+    reports what it holds that was not abandoned, then ends (perhaps only
+    when gloo gives up on a lost worker's collective)."""
+    with self._lock:
+      old = self._spanning
+      self._spanning = queue.SimpleQueue()
+      self._lost = None
+      self._spanning_thread = self._start_spanning(self._spanning)
+    old.put(None)
 
   def _claim(self, seq: int) -> bool:
     """Whether the spanning thread still reports `seq` (not abandoned)."""

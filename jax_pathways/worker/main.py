@@ -62,7 +62,7 @@ def run(controller: str, island: int | None, devices: int,
 
   try:
     with cores.pinned(device_cores):
-      backend = PjrtBackend(devices)
+      backend = PjrtBackend(devices, device_cores)
   except ValueError as e:
     print(f"jax-pathways worker: --device-cores: {e}", file=sys.stderr)
     return 2
@@ -96,25 +96,25 @@ def run(controller: str, island: int | None, devices: int,
     peers.close()
     return 2
   sock.settimeout(None)
-  peers.island = int(welcome["island"])
+  peers.island = backend.island = int(welcome["island"])
+  # Where gloo listens, for every generation of the global client.
+  backend.gloo_host = ("127.0.0.1" if addresses.is_loopback(data_listen)
+                       else data_listen.rpartition(":")[0].strip("[]"))
+  if backend.gloo_host in ("0.0.0.0", "::"):
+    backend.gloo_host = socket.gethostname()
+  # Every worker must rewrite programs alike (or gloo hangs).
+  backend.rank_order_reductions = welcome.get("reduction_order") == "rank"
   # From here on the worker heartbeats and watches the controller's, also
   # while it joins the other islands.
   executor = _core.Executor(sock.detach(), controller, controller_timeout)
   try:
     if welcome.get("coordinator"):
       # Every island's worker does this at once; it returns when all have.
-      gloo_host = ("127.0.0.1" if addresses.is_loopback(data_listen)
-                   else data_listen.rpartition(":")[0].strip("[]"))
-      if gloo_host in ("0.0.0.0", "::"):
-        gloo_host = socket.gethostname()
-
-      def join() -> None:
-        with cores.pinned(device_cores):
-          backend.join_global(peers.island, int(welcome["islands"]),
-                              welcome["coordinator"], gloo_host)
-
-      _join_watching(join, executor)
-      backend.rank_order_reductions = welcome.get("reduction_order") == "rank"
+      # (A worker taking a lost one's place gets none: it builds a later
+      # generation with the others, told by a JOIN_GLOBAL op.)
+      _join_watching(lambda: backend.join_global(int(welcome["islands"]),
+                                                 welcome["coordinator"]),
+                     executor)
     logging.info("worker pid %d joined as island %d (%d devices%s); data at %s",
                  os.getpid(), peers.island, len(backend.devices),
                  f" on cores {cores.format_list(device_cores)}"

@@ -16,12 +16,21 @@ A worker has two clients:
     more (measured: 1.7 ms vs 0.3 ms for a 4-device psum), hence two.
 Arrays move between the two (a host copy) when a program on one client gets
 an argument from the other.
+
+The global client has generations (controller/coordination.py): after a
+lost island's place is taken, every worker builds the next one on a thread
+of its own (start_join) while its op loop goes on; the first op that needs
+it waits for it (bounded) and makes it current. The older client stays
+alive, with its arrays, programs and any threads stuck in the lost worker's
+collectives, but nothing new runs on it.
 """
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import hashlib
-from typing import Any, Hashable, Sequence
+import threading
+from typing import Any, Hashable, NamedTuple, Sequence
 
 import numpy as np
 from absl import logging
@@ -36,7 +45,10 @@ from jax._src.lib import _jax
 from jax._src.lib import xla_client as xc
 from jax._src.lib.mlir import ir
 
+from jax_pathways import threads
 from jax_pathways import validation
+from jax_pathways.cluster import cores
+from jax_pathways.status import Code, StatusError
 from jax_pathways.worker import order_reductions
 from jax_pathways.worker import shards
 
@@ -44,6 +56,9 @@ from jax_pathways.worker import shards
 # coordination service's heartbeat timeout.
 JOIN_TIMEOUT_S = 120
 HEARTBEAT_TIMEOUT_S = 30
+# How long an op waits for a global client being built (its build gives up
+# after JOIN_TIMEOUT_S connecting, plus the topology exchange).
+JOIN_WAIT_S = JOIN_TIMEOUT_S + 30
 
 DeviceRef = Any  # an island-local index (int) or [island, index]
 # Distinct shardings a worker keeps built (a program's arrays use a few).
@@ -118,10 +133,20 @@ class Execution:
     self._token.block_until_ready()
 
 
+class GlobalGeneration(NamedTuple):
+  """One generation of the islands' global client, as this worker sees it."""
+  client: Any
+  distributed_client: Any  # kept alive for as long as `client`
+  devices: dict[tuple[int, int], Any]  # (island, index) -> device
+  local: tuple[Any, ...]  # this island's devices, in island order
+
+
 class PjrtBackend:
   """One worker's devices, compiled programs and the arrays they produce."""
 
-  def __init__(self, num_devices: int):
+  def __init__(self, num_devices: int, device_cores: list[int] | None = None):
+    """device_cores: where the devices' threads run (cluster/cores.py);
+    the caller pins the island client's, global clients pin their own."""
     # Programs lowered by the client may call LAPACK kernels, whose function
     # pointers jaxlib fills in lazily in the process that lowers; this one
     # only runs them (as jax.export does for deserialized modules).
@@ -132,15 +157,25 @@ class PjrtBackend:
     # its 'cpu' backend: the global client when there is one, so that JAX
     # sees this process as one of several (which arrays are addressable
     # here). Nothing in the worker touches JAX's backends before
-    # join_global() has run.
+    # join_global() has run; a new generation clears JAX's cache.
     xla_bridge.register_backend_factory(
         "cpu", lambda: self.global_client or self.client, priority=0,
         fail_quietly=False)
     self.devices = tuple(sorted(self.client.local_devices(),
                                 key=lambda d: d.id))
+    self._device_cores = device_cores
+    # This worker's island and the host gloo listens on (set by main).
+    self.island = 0
+    self.gloo_host = "127.0.0.1"
     self.global_client: Any = None
     self._global_devices: dict[tuple[int, int], Any] = {}
     self._local_global: tuple[Any, ...] = ()
+    # Earlier generations, alive while anything of theirs may run.
+    self._retired: list[GlobalGeneration] = []
+    self._current: GlobalGeneration | None = None
+    # A generation being built: (generation, its future).
+    self._join_lock = threading.Lock()
+    self._joining: tuple[int, concurrent.futures.Future] | None = None
     # Float all-reduces of programs across islands add in the order one
     # host would (order_reductions); off: gloo's ring order.
     self.rank_order_reductions = True
@@ -148,34 +183,102 @@ class PjrtBackend:
     self._built_shardings: dict[Hashable, jax.sharding.Sharding] = {}
     self._ir_context = mlir.make_ir_context()
 
-  def join_global(self, island: int, islands: int, coordinator: str,
-                  hostname: str) -> None:
-    """Creates the global client (blocks until every island has joined)."""
-    client = _jax.get_distributed_runtime_client(
-        coordinator, island, init_timeout=JOIN_TIMEOUT_S,
-        heartbeat_timeout=HEARTBEAT_TIMEOUT_S, shutdown_on_destruction=False)
-    client.connect()
-    collectives = _jax.make_gloo_tcp_collectives(distributed_client=client,
-                                                 hostname=hostname)
-    self.global_client = xc.make_cpu_client(
-        asynchronous=True, distributed_client=client, node_id=island,
-        num_nodes=islands, collectives=collectives,
-        num_devices=len(self.devices))
-    self._distributed_client = client  # keep it alive
+  def join_global(self, islands: int, coordinator: str) -> None:
+    """Builds the global client and makes it current (blocks until every
+    island has joined)."""
+    self._install(self._build_global(islands, coordinator))
+
+  def start_join(self, islands: int, coordinator: str, generation: int
+                 ) -> concurrent.futures.Future:
+    """Builds generation `generation` of the global client on a thread of
+    its own (every island's worker does at once); the first op that needs
+    it makes it current (current_global)."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def build() -> None:
+      try:
+        future.set_result(self._build_global(islands, coordinator))
+      except BaseException as e:  # pylint: disable=broad-except
+        future.set_exception(e)
+
+    with self._join_lock:
+      self._joining = (generation, future)
+    threads.start(build, "jp-join-global")
+    return future
+
+  def _build_global(self, islands: int, coordinator: str
+                    ) -> GlobalGeneration:
+    with cores.pinned(self._device_cores):  # its device threads inherit it
+      distributed = _jax.get_distributed_runtime_client(
+          coordinator, self.island, init_timeout=JOIN_TIMEOUT_S,
+          heartbeat_timeout=HEARTBEAT_TIMEOUT_S,
+          shutdown_on_destruction=False)
+      distributed.connect()
+      collectives = _jax.make_gloo_tcp_collectives(
+          distributed_client=distributed, hostname=self.gloo_host)
+      client = xc.make_cpu_client(
+          asynchronous=True, distributed_client=distributed,
+          node_id=self.island, num_nodes=islands, collectives=collectives,
+          num_devices=len(self.devices))
     by_process: dict[int, list[Any]] = {}
-    for d in self.global_client.devices():
+    for d in client.devices():
       by_process.setdefault(d.process_index, []).append(d)
-    for p, devices in by_process.items():
-      for i, d in enumerate(sorted(devices, key=lambda d: d.id)):
-        self._global_devices[(p, i)] = d
-    self._local_global = tuple(self._global_devices[(island, i)]
-                               for i in range(len(self.devices)))
+    devices = {(p, i): d for p, ds in by_process.items()
+               for i, d in enumerate(sorted(ds, key=lambda d: d.id))}
+    return GlobalGeneration(
+        client, distributed, devices,
+        tuple(devices[(self.island, i)] for i in range(len(self.devices))))
+
+  def _install(self, built: GlobalGeneration) -> None:
+    if self._current is not None:
+      self._retired.append(self._current)
+    self._current = built
+    self.global_client = built.client
+    self._global_devices = built.devices
+    self._local_global = built.local
+    # Programs and shardings name devices by (island, index): from now on
+    # those of the new client.
+    self._cache = {k: p for k, p in self._cache.items()
+                   if p.client is self.client}
+    self._built_shardings.clear()
+    # JAX's 'cpu' backend is the current global client (see __init__).
+    xla_bridge._clear_backends()  # pylint: disable=protected-access
+
+  def current_global(self) -> Any:
+    """The current global client (None: none); waits for one being built
+    and makes it current. Raises UNAVAILABLE if it could not be built."""
+    with self._join_lock:
+      if self._joining is not None:
+        generation, future = self._joining
+        try:
+          built = future.result(timeout=JOIN_WAIT_S)
+        except concurrent.futures.TimeoutError:
+          raise StatusError(
+              Code.UNAVAILABLE,
+              f"the islands' global client (generation {generation}) is "
+              f"not built after {JOIN_WAIT_S} s") from None
+        except Exception as e:  # pylint: disable=broad-except
+          raise StatusError(
+              Code.UNAVAILABLE,
+              f"could not build the islands' global client (generation "
+              f"{generation}): {e}") from None
+        self._joining = None
+        self._install(built)
+      return self.global_client
 
   # ----------------------------------------------------------------- devices
+  def _settle(self, refs: Sequence[DeviceRef]) -> None:
+    """Makes a global client being built current first if `refs` name
+    global devices: cached programs and shardings name them by (island,
+    index), which from then on are the new client's."""
+    if self._joining is not None and not all(isinstance(r, int)
+                                             for r in refs):
+      self.current_global()
+
   def device(self, ref: DeviceRef) -> Any:
     if isinstance(ref, int):
       return self.devices[ref]
-    if self.global_client is None:
+    if self.current_global() is None:
       raise ValueError("this worker has no global client: the cluster has "
                        "one island")
     return self._global_devices[tuple(ref)]
@@ -184,6 +287,7 @@ class PjrtBackend:
     """{'devices': [refs], 'op_sharding': base64 | None} -> Sharding.
     Cached: a pipeline step names the same few shardings in every op, and
     building one costs more than the rest of issuing a launch."""
+    self._settle(spec["devices"])
     key = spec_key(spec)
     sharding = self._built_shardings.get(key)
     if sharding is None:
@@ -207,8 +311,14 @@ class PjrtBackend:
 
   def on_client(self, array: jax.Array, client: Any) -> jax.Array:
     """`array` on `client`'s devices of the same island (copying if needed)."""
-    if array.sharding._device_assignment[0].client is client:  # pylint: disable=protected-access
+    source = array.sharding._device_assignment[0].client  # pylint: disable=protected-access
+    if source is client:
       return array
+    if source is not self.client and source is not self.global_client:
+      raise StatusError(
+          Code.FAILED_PRECONDITION,
+          "the array belongs to an earlier generation of the islands' "
+          "global client, lost with an island's worker")
     if client is self.client:
       table = dict(zip(self._local_global, self.devices))
     else:
@@ -225,6 +335,7 @@ class PjrtBackend:
   # ----------------------------------------------------------------- programs
   def compile(self, program: bytes, options: bytes, device_refs: list[DeviceRef],
               replicas: int) -> Program:
+    self._settle(device_refs)
     key = hashlib.sha256(program + b"|" + options + b"|" +
                          repr(device_refs).encode()).hexdigest()
     cached = self._cache.get(key)
@@ -475,16 +586,14 @@ class PjrtBackend:
     return min(limits) if limits and all(limits) else 0
 
   def spans(self, arrays: Sequence[Any]) -> bool:
-    """Whether any of `arrays` (or a launch's Execution) is the global
-    client's: it waits for other islands."""
-    if self.global_client is None:
-      return False
+    """Whether any of `arrays` (or a launch's Execution) is a global
+    client's (of any generation): it waits for other islands."""
     for a in arrays:
       if isinstance(a, Execution):
-        if a.client is self.global_client:
+        if a.client is not self.client:
           return True
       elif (isinstance(a, jax.Array) and
-            a.sharding._device_assignment[0].client is self.global_client):  # pylint: disable=protected-access
+            a.sharding._device_assignment[0].client is not self.client):  # pylint: disable=protected-access
         return True
     return False
 

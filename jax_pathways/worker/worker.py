@@ -16,6 +16,9 @@ Payload headers per op kind (built by the controller's handlers):
   FETCH    {"strides"?}
   COPY     {"mode": "reshard" | "shards" (+"positions") | "assemble", ...}
   TRACE    {"action": "start" | "stop"}; stop's event: the recorded timings
+  JOIN_GLOBAL {"coordinator", "generation", "islands"}: build the islands'
+           global client anew (a lost island's place was taken); answered
+           once built. Ops after it that need it wait for it (bounded)
   SEND     {"source", "source_islands", "shape", "dtype", "transfer",
   RECEIVE   "send_to": [{"island", "address"}], "sharding", "pull_from"}:
            one island's part of moving an array between islands; distinct
@@ -44,7 +47,8 @@ from jax_pathways.worker.peers import Peers
 from jax_pathways.worker.tracer import Tracer
 from jax_pathways.worker.transfers import Transfers, arrival
 from jax_pathways.worker import shards
-from jax_pathways.worker.pjrt_backend import (SHARDING_CACHE_SIZE,
+from jax_pathways.worker.pjrt_backend import (JOIN_WAIT_S,
+                                              SHARDING_CACHE_SIZE,
                                               PjrtBackend, Program,
                                               host_view, np_dtype, spec_key)
 
@@ -87,6 +91,7 @@ class Worker:
         OpKind.SEND: self._send,
         OpKind.RECEIVE: self._receive,
         OpKind.TRACE: self._trace,
+        OpKind.JOIN_GLOBAL: self._join_global,
     }
 
   def run(self) -> str | None:
@@ -149,6 +154,29 @@ class Worker:
         self._buffers[b] = status
     self._completions.abandon_spanning(status)
 
+  def _join_global(self, op: Any) -> None:
+    """Every island's worker builds the next generation of the global
+    client (in the background: its own work goes on). Work of the earlier
+    one stays failed; a thread stuck in its collectives keeps its spanning
+    completion thread, and the new generation gets a new one."""
+    header, _ = payloads.decode(op.payload)
+    generation = int(header["generation"])
+    logging.info("building the islands' global client generation %d at %s",
+                 generation, header["coordinator"])
+    started = time.monotonic()
+    future = self._backend.start_join(int(header["islands"]),
+                                      header["coordinator"], generation)
+    self._spanning_lost = None
+    self._completions.restart_spanning()
+
+    def built() -> bytes:
+      future.result(timeout=JOIN_WAIT_S)
+      logging.info("global client generation %d built in %.3f s",
+                   generation, time.monotonic() - started)
+      return b""
+
+    self._completions.add(op.seq, [], built, spanning=True)
+
   def _add(self, seq: int, arrays: list[Any], finish: Any = None) -> None:
     """Completions.add, on the spanning thread for global-client arrays."""
     self._completions.add(seq, arrays, finish,
@@ -206,9 +234,15 @@ class Worker:
     if program is None:
       raise StatusError(Code.FAILED_PRECONDITION,
                         f"program {op.program} was not compiled on this worker")
-    lost = self._spanning_lost
-    if lost is not None and program.client is self._backend.global_client:
-      raise StatusError(lost.code, lost.message)
+    if program.client is not self._backend.client:  # spans islands
+      if program.client is not self._backend.current_global():
+        raise StatusError(
+            Code.FAILED_PRECONDITION,
+            f"program {op.program} was compiled for an earlier generation "
+            "of the islands' global client, lost with an island's worker")
+      lost = self._spanning_lost
+      if lost is not None:
+        raise StatusError(lost.code, lost.message)
     args = [self._array(b) for b in op.args]
     outputs, execution = self._backend.execute(program, args)
     self._store(op, outputs)

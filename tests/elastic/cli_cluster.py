@@ -99,8 +99,9 @@ class CliCluster:
         continue
       for island in islands:
         proc = self.workers[island["island"]]
-        if (not island["alive"] and island["pid"] == proc.pid and
-            proc.poll() is None):
+        # A new worker shows its pid while it joins, not yet alive.
+        if (not island["alive"] and not island["joining"] and
+            island["pid"] == proc.pid and proc.poll() is None):
           proc.kill()  # the liveness probe failed
           proc.wait(timeout=10)
         if proc.poll() not in (None, 0):

@@ -2,28 +2,27 @@
 `--island` takes its place (CLI cluster over TCP with a token, as on real
 hosts). The island's programs run there again, bit for bit as plain JAX;
 arrays of the old worker stay failed with DATA_LOSS naming it; `status`
-shows the restart and the loss. Every process is stopped by pid."""
+shows the restart and the loss; programs spanning both islands run again
+(tests/failure/global_rejoin_test.py checks them bit for bit). Every
+process is stopped by pid."""
 import contextlib
-import json
 import os
-import select
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 
+import numpy as np
 import pytest
 
-from jax_pathways import admin
-
-import processes  # tests/conftest.py puts tests/ on sys.path
+import cli_cluster  # tests/conftest.py puts tests/ on sys.path
+from cli_cluster import CWD, line as _line, spawn as _spawn
+from cli_cluster import wait_for as _wait_for
+import processes
 
 pytestmark = pytest.mark.integration
 
-# Outside the checkout: `-m` / `-c` would import its unbuilt sources.
-CWD = tempfile.gettempdir()
 TOKEN = "rejoin-test-token"
 
 # What the client and the reference both compute on one device.
@@ -95,32 +94,6 @@ REFERENCE = textwrap.dedent(f"""
 """)
 
 
-def _spawn(*args, env):
-  return subprocess.Popen([sys.executable, "-m", "jax_pathways.cli", *args],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          env=env, text=True, start_new_session=True,
-                          cwd=CWD)
-
-
-def _line(proc, timeout):
-  deadline = time.monotonic() + timeout
-  while time.monotonic() < deadline:
-    if select.select([proc.stdout], [], [], 0.2)[0]:
-      line = proc.stdout.readline()
-      if line:
-        return json.loads(line)
-    if proc.poll() is not None:
-      break
-  raise AssertionError(f"no line within {timeout} s; stderr ends:\n"
-                       f"{_stderr(proc)[-3000:]}")
-
-
-def _stderr(proc) -> str:
-  if proc.poll() is None:
-    os.killpg(proc.pid, signal.SIGKILL)
-  return proc.stderr.read()
-
-
 @contextlib.contextmanager
 def _stopped_at_end():
   procs = []
@@ -131,18 +104,7 @@ def _stopped_at_end():
 
 
 def _island(address, number):
-  return {i["island"]: i for i in admin.status(address, TOKEN)["islands"]}[
-      number]
-
-
-def _wait_for(what, predicate, timeout):
-  deadline = time.monotonic() + timeout
-  while time.monotonic() < deadline:
-    value = predicate()
-    if value:
-      return value
-    time.sleep(0.05)
-  raise AssertionError(f"{what} within {timeout} s")
+  return cli_cluster.island(address, TOKEN, number)
 
 
 def test_new_worker_takes_a_lost_islands_place():
@@ -215,9 +177,9 @@ def test_new_worker_takes_a_lost_islands_place():
       assert "DATA_LOSS" in after[key]["error"], after
       assert f"pid {old_worker.pid}" in after[key]["error"], after
     assert after["island0"] == {"value": want_f}, after
-    # The new worker is island-only, and says so.
-    assert "FAILED_PRECONDITION" in after["spanning"]["error"], after
-    assert "global client" in after["spanning"]["error"], after
+    # Every island has a worker again: they share a new global client.
+    assert after["spanning"] == {
+        "value": np.full((4, 8), 2, np.float32).tobytes().hex()}, after
 
     assert joined["restarts"] == 1 and joined["generation"] == 1, joined
     assert f"pid {old_worker.pid}" in joined["last_lost"], joined
@@ -228,12 +190,14 @@ def test_new_worker_takes_a_lost_islands_place():
         cwd=CWD)
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert "restarts 1, last lost" in shown.stdout, shown.stdout
+    assert "global client generation 1: ready" in shown.stdout, shown.stdout
     print(f"kill -> rejoined {joined_at - killed_at:.2f} s (worker start "
           f"included), rejoined -> first island-1 jits read back "
           f"{first_ok_at - joined_at:.2f} s")
     client.stdin.write("quit\n")
     client.stdin.flush()
-    assert client.wait(timeout=30) == 0, _stderr(client)[-3000:]
+    assert client.wait(timeout=30) == 0, (
+        cli_cluster.stderr_of(client)[-3000:])
 
 
 RESTART_VICTIM = os.path.join(os.path.dirname(__file__), "restart_victim.py")
