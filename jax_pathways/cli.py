@@ -63,8 +63,8 @@ def _print_status(s: dict[str, Any]) -> None:
       print(f"{'':>8}restarts {i.get('restarts', 0)}, last lost {when}: "
             f"{i['last_lost']}" +
             ("" if i.get("global_client", True) else
-             "; no programs spanning islands until every island has a "
-             "worker in the global client"))
+             "; not in the islands' global client now (it is built anew "
+             "at the next program spanning islands)"))
   print(f"clients: {len(s['clients'])}")
   for c in s["clients"]:
     devices = c["devices"]

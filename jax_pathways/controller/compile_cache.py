@@ -10,11 +10,11 @@ When a lost island's place is taken by a new worker (its next generation),
 the programs compiled for the old one are compiled again on the new one
 when they are next launched: a COMPILE op ahead of the LAUNCH in the
 island's order, so neither the client nor the launch waits for it. Programs
-spanning islands run on the islands' global client, which is rebuilt (its
-next generation, controller/coordination.py) once every island has a worker
-again; they are compiled again, on all their islands, for the generation
-they next launch on. Until every island's worker is in it they fail with
-FAILED_PRECONDITION saying so.
+spanning islands run on the islands' global client, which is rebuilt over
+the islands up (its next generation, controller/coordination.py) when they
+change: after a loss, for the islands left; after a rejoin, with the new
+worker. They are compiled again, on all their islands, for the generation
+they next launch on; one spanning a lost island fails with its loss.
 """
 from __future__ import annotations
 
@@ -102,6 +102,8 @@ class CompiledProgram:
                  if c.generation != old.generation]
       else:
         generation = services.global_client.check(current)
+        if generation is None:  # an island is lost: launches fail there
+          return
         stale = (list(current) if generation != self._global_generation
                  else [])
         self._global_generation = generation
@@ -166,6 +168,7 @@ class CompileCache:
     generation = None
     if len(program.islands) > 1:
       try:
+        # None: an island is lost, and the COMPILE op fails there.
         generation = self._global_client.check(program.islands)
       except StatusError as e:
         on_done(e.status, None)

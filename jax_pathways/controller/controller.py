@@ -45,8 +45,13 @@ class Controller:
         MEMORY_WAIT_S if memory_wait_s is None else memory_wait_s,
         WORKER_TIMEOUT_S if worker_timeout_s is None else worker_timeout_s)
     # Programs may span islands once the workers share a global client.
-    self.global_client = (GlobalClient(islands, coordinator_listen)
-                          if islands > 1 else None)
+    self.global_client = (
+        GlobalClient(islands, coordinator_listen, self._islands_up,
+                     self._build_global) if islands > 1 else None)
+    if self.global_client is not None:
+      # After a loss the islands left build a global client of their own
+      # at once, before a client makes arrays spanning them.
+      self.dispatcher.on_lost(self.global_client.follow)
     server = _frontend.GrpcServer()
     self.host_buffers = server.host_buffers
     self.compile_cache = CompileCache(self.dispatcher, self.global_client)
@@ -69,35 +74,37 @@ class Controller:
   def _lost_islands(self) -> set[int]:
     return {s["island"] for s in self.dispatcher.stats() if not s["alive"]}
 
+  def _islands_up(self) -> dict[int, int]:
+    """Island -> its worker's generation, for the islands up."""
+    lost = self._lost_islands()
+    return {int(i.id): i.generation for i in self.topology.islands()
+            if i.id not in lost}
+
   def _island_rejoined(self) -> None:
-    """A new worker took a lost island's place: once every island has a
-    worker, they build the next generation of the global client (each at
-    its JOIN_GLOBAL op's place in its order, ahead of anything launched
-    after this)."""
-    if self.global_client is None or self._lost_islands():
-      return
-    islands = self.topology.islands()
-    if len(islands) < self.topology.expected_islands:
-      return
-    renewal = self.global_client.renew({int(i.id): i.generation
-                                        for i in islands})
-    if renewal is None:
-      return
-    generation, address = renewal
+    """A new worker took a lost island's place: the islands up build the
+    next generation of the global client now, not at the first program
+    spanning islands."""
+    if self.global_client is not None:
+      self.global_client.follow()
+
+  def _build_global(self, generation: int, address: str,
+                    members: tuple[int, ...]) -> None:
+    """JOIN_GLOBAL on every member's worker, each at its place in its
+    island's order."""
     payload = payloads.encode({"coordinator": address,
                                "generation": generation,
-                               "islands": len(islands)})
+                               "members": list(members)})
     started = time.monotonic()
-    logging.info("every island has a worker again: building the islands' "
-                 "global client generation %d at %s", generation, address)
+    logging.info("islands %s build the islands' global client generation %d "
+                 "at %s", list(members), generation, address)
 
     def built(status: Any, _: list[bytes]) -> None:
       self.global_client.finished(generation, status)
-      logging.info("global client generation %d: %.3f s after the rejoin",
-                   generation, time.monotonic() - started)
+      logging.info("global client generation %d: %.3f s after it was "
+                   "started", generation, time.monotonic() - started)
 
-    self.dispatcher.submit([IslandOp(i.id, OpKind.JOIN_GLOBAL, generation,
-                                     payload=payload) for i in islands],
+    self.dispatcher.submit([IslandOp(i, OpKind.JOIN_GLOBAL, generation,
+                                     payload=payload) for i in members],
                            built)
 
   def start(self) -> None:
@@ -119,11 +126,9 @@ class Controller:
     """What `jax-pathways status` shows."""
     stats = {s["island"]: s for s in self.dispatcher.stats()}
     joining = self.topology.joining()
-    # Programs spanning islands run while every island's worker is alive
-    # and in the global client's current generation, built.
-    spanning = (self.global_client is not None and
-                len(stats) == self.topology.expected_islands and
-                all(s["alive"] for s in stats.values()))
+    # Programs spanning islands run on the workers up that are in the
+    # global client's current generation, built.
+    spanning = self.global_client is not None
     islands = []
     for island in self.topology.islands():
       s = stats.get(island.id, {})
@@ -144,7 +149,8 @@ class Controller:
           "last_lost": s.get("last_lost", ""),
           "last_lost_at": s.get("last_lost_at", 0.0),
           # Whether programs spanning islands run on this worker now.
-          "global_client": spanning and self.global_client.member(island),
+          "global_client": (spanning and s.get("alive", False) and
+                            self.global_client.member(island)),
           "queued": s.get("queued", 0),
           "in_flight": s.get("in_flight", 0),
           "submitted": s.get("submitted", 0),

@@ -6,12 +6,14 @@ program can span islands. Its coordination service runs here, in the
 controller, so that no worker's death takes it down; it is "recoverable":
 a worker that dies does not bring the others down with it.
 
-The global client has generations. The workers that start the cluster build
-generation 0 while they join (the address comes in their handshake). When a
-lost island's place is taken and every island has a worker again, the
-controller starts a fresh service (its key-value store holds nothing of the
-old topology exchange or gloo rendezvous) and every island's worker builds
-generation g+1 at it (a JOIN_GLOBAL op in its gang order). Old services stay
+The global client has generations, each over the islands whose workers are
+up (its members). The workers that start the cluster build generation 0
+while they join (the address comes in their handshake). When the islands up
+change -- one is lost and a program spans the others, or a lost island's
+place is taken -- the controller starts a fresh service (its key-value store
+holds nothing of the old topology exchange or gloo rendezvous) and every
+member's worker builds generation g+1 at it (a JOIN_GLOBAL op in its gang
+order, ahead of whatever is launched next). Old services stay
 up: a survivor's old distributed client still heartbeats to its service, and
 jaxlib 0.10.2 aborts the process once those heartbeats fail (measured:
 shutting a service down killed its client with SIGABRT within seconds).
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from absl import logging
 
@@ -61,14 +63,23 @@ class GlobalClient:
 
   A generation is built by the workers of certain island generations (its
   members); a program spanning islands runs only where all of its islands'
-  current workers are members of the current generation, once built."""
+  current workers are members of the current generation.
+
+  up() -> island -> island generation, for the islands whose worker is up;
+  build(generation, address, members) sends the members' workers the
+  JOIN_GLOBAL op (and calls finished() once they are done)."""
 
   JOINING, READY, FAILED = "joining", "ready", "failed"
 
-  def __init__(self, islands: int, listen: str):
+  def __init__(self, islands: int, listen: str,
+               up: Callable[[], dict[int, int]],
+               build: Callable[[int, str, tuple[int, ...]], None]):
     self._islands = islands
     self._listen = listen
-    self._lock = threading.Lock()
+    self._up = up
+    self._build = build
+    # Reentrant: build() may report a failure at once (finished()).
+    self._lock = threading.RLock()
     self._services = [Coordinator(islands, listen)]
     self.generation = 0
     # Island -> the island generation whose worker is in the global client.
@@ -83,19 +94,23 @@ class GlobalClient:
     """Where generation 0's workers join."""
     return self._services[0].address
 
-  def renew(self, members: dict[int, int]) -> tuple[int, str] | None:
-    """Starts the next generation for the workers of `members` (island ->
-    island generation, every island healthy): (generation, service address),
-    or None when they are the current generation's members already."""
+  def follow(self) -> dict[int, int]:
+    """Starts the next generation if the islands up are not the current
+    one's members (at least two: one island needs no global client).
+    Returns the islands up."""
+    members = self._up()
     with self._lock:
-      if members == self._members:
-        return None
-      self._services.append(Coordinator(self._islands,
-                                        self._next_address()))
+      if members == self._members or len(members) < 2:
+        return members
+      self._services.append(Coordinator(len(members), self._next_address()))
       self.generation += 1
       self._members = dict(members)
       self._state, self._error = self.JOINING, ""
-      return self.generation, self._services[-1].address
+      generation, address = self.generation, self._services[-1].address
+      # Under the lock: a launch checked after this is numbered after the
+      # JOIN_GLOBAL ops on every island.
+      self._build(generation, address, tuple(sorted(members)))
+    return members
 
   def _next_address(self) -> str:
     """A fresh address for the next service, like the first one."""
@@ -120,12 +135,16 @@ class GlobalClient:
       logging.error("the islands' global client generation %d could not be "
                     "built: %s", generation, status.message)
 
-  def check(self, islands: Sequence[Island]) -> int:
+  def check(self, islands: Sequence[Island]) -> int | None:
     """The generation a program spanning `islands` (their current workers)
-    runs on; raises why it cannot run. A generation still being built is
+    runs on (None: one of them is lost, and fails the program with its
+    loss); raises why it cannot run. A generation still being built is
     fine: the workers order its JOIN_GLOBAL before anything launched now,
     and wait for it (bounded) before they compile for it."""
+    up = self.follow()
     with self._lock:
+      if any(i.id not in up for i in islands):
+        return None
       outside = [i for i in islands if self._members.get(i.id) != i.generation]
       if outside:
         raise spanning_refused(outside)
@@ -134,15 +153,17 @@ class GlobalClient:
             Code.UNAVAILABLE,
             f"the islands' global client (generation {self.generation}) "
             f"could not be built: {self._error}; it is built again when "
-            "an island's worker is next replaced")
+            "the islands up next change (an island lost or rejoined)")
       return self.generation
 
   def member(self, island: Island) -> bool:
     """Whether `island`'s current worker is in the current generation,
-    built."""
+    built, with every other member still up."""
+    up = self._up()
     with self._lock:
-      return (self._members.get(island.id) == island.generation and
-              self._state == self.READY)
+      return (self._state == self.READY and
+              self._members.get(island.id) == island.generation and
+              all(up.get(i) == g for i, g in self._members.items()))
 
   def describe(self) -> dict[str, Any]:
     with self._lock:
@@ -161,7 +182,6 @@ def spanning_refused(islands: Sequence[Island]) -> StatusError:
                     for i in islands)
   return StatusError(
       Code.FAILED_PRECONDITION,
-      f"the program spans islands, but the worker of {names} took a lost "
-      "worker's place and is not in the islands' global client yet: it is "
-      "rebuilt once every island has a worker again; programs within one "
-      "island run")
+      f"the program spans islands, but the worker of {names} is not in the "
+      "islands' global client: it changed workers while the program was "
+      "checked; run it again")

@@ -7,10 +7,10 @@ id. Its socket then goes to the C++ dispatcher, which owns it from there on.
 A worker may take the place of a lost island's worker (same `--island`,
 same number of devices): it becomes the island's next generation and serves
 the island's own programs at once. It gets no coordinator in its welcome:
-once every island has a worker again, all of them build the next
-generation of the islands' global client together (`on_rejoin`, see
-controller/coordination.py); the survivors' old one may still have threads
-stuck in the lost worker's collectives.
+the islands up, it among them, build the next generation of the islands'
+global client together (`on_rejoin`, see controller/coordination.py); the
+survivors' old one may still have threads stuck in the lost worker's
+collectives.
 
 A worker whose connection ended also connects here, as a "probe", to learn
 whether the controller is still up and why it dropped the worker (see

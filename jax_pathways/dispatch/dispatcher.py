@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import socket
 import threading
+import time
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 from absl import logging
@@ -28,6 +29,8 @@ MEMORY_WAIT_S = 60.0
 # How long a worker may send nothing (it sends a heartbeat every second)
 # before it is lost: a stopped or wedged process is noticed in bounded time.
 WORKER_TIMEOUT_S = 5.0
+# How often the completion thread looks for lost islands at most.
+LOST_CHECK_S = 0.1
 
 
 class IslandOp(NamedTuple):
@@ -58,7 +61,15 @@ class Dispatcher:
     self._callbacks: dict[int, Callable[[Status, list[bytes]], None]] = {}
     self._lock = threading.Lock()
     self._stopping = False
+    self._on_lost: Callable[[], None] | None = None
+    self._lost: frozenset[int] = frozenset()
+    self._next_lost_check = 0.0
     self._thread = threads.start(self._run, "jp-completions")
+
+  def on_lost(self, callback: Callable[[], None]) -> None:
+    """callback() on the completion thread soon after an island is lost
+    (the loss fails its ops, which wakes that thread)."""
+    self._on_lost = callback
 
   def new_buffers(self, n: int) -> list[int]:
     return [next(self._buffer_ids) for _ in range(n)]
@@ -146,6 +157,23 @@ class Dispatcher:
           callback(Status(code, message), payloads)
         except Exception:  # pylint: disable=broad-except
           logging.exception("completion callback for tag %d failed", tag)
+      self._notice_losses()
+
+  def _notice_losses(self) -> None:
+    """Calls on_lost's callback when islands were newly lost (looking at
+    most every LOST_CHECK_S: stats() is not free)."""
+    now = time.monotonic()
+    if self._on_lost is None or now < self._next_lost_check:
+      return
+    self._next_lost_check = now + LOST_CHECK_S
+    lost = frozenset(s["island"] for s in self._core.stats()
+                     if not s["alive"])
+    newly, self._lost = lost - self._lost, lost
+    if newly:
+      try:
+        self._on_lost()
+      except Exception:  # pylint: disable=broad-except
+        logging.exception("on_lost callback failed")
 
 
 class ClientDispatcher:

@@ -35,6 +35,11 @@ from jax_pathways.status import Code, Status, StatusError
 Finish = Callable[[], Any]
 
 
+# What gloo says when a peer process went away mid-collective.
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer",
+              "Read error", "Write error", "Broken pipe")
+
+
 def error_status(e: BaseException) -> Status:
   """An exception from jaxlib or our own code as a Status for the user."""
   if isinstance(e, StatusError):
@@ -42,6 +47,12 @@ def error_status(e: BaseException) -> Status:
   if isinstance(e, MemoryError):
     return Status(Code.RESOURCE_EXHAUSTED, f"worker out of host memory: {e}")
   text = str(e) or type(e).__name__
+  if "Gloo" in text and any(w in text for w in _PEER_GONE):
+    # A program spanning islands saw a peer's connection break: that
+    # worker is lost (the controller's own report may come a moment
+    # later), and this is how clients (and pathwaysutils) must read it.
+    return Status(Code.DATA_LOSS, "a worker of another island was lost "
+                  f"during a program spanning islands: {text}")
   prefix = text.split(":", 1)[0].strip()
   if prefix in Code.__members__ and prefix != "OK":
     return Status(Code[prefix], text.split(":", 1)[1].strip())

@@ -112,8 +112,8 @@ def run(controller: str, island: int | None, devices: int,
       # Every island's worker does this at once; it returns when all have.
       # (A worker taking a lost one's place gets none: it builds a later
       # generation with the others, told by a JOIN_GLOBAL op.)
-      _join_watching(lambda: backend.join_global(int(welcome["islands"]),
-                                                 welcome["coordinator"]),
+      _join_watching(lambda: backend.join_global(
+          range(int(welcome["islands"])), welcome["coordinator"]),
                      executor)
     logging.info("worker pid %d joined as island %d (%d devices%s); data at %s",
                  os.getpid(), peers.island, len(backend.devices),

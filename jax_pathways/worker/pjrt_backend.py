@@ -139,6 +139,7 @@ class GlobalGeneration(NamedTuple):
   distributed_client: Any  # kept alive for as long as `client`
   devices: dict[tuple[int, int], Any]  # (island, index) -> device
   local: tuple[Any, ...]  # this island's devices, in island order
+  members: tuple[int, ...]  # its islands; node i is island members[i]
 
 
 class PjrtBackend:
@@ -176,6 +177,7 @@ class PjrtBackend:
     # A generation being built: (generation, its future).
     self._join_lock = threading.Lock()
     self._joining: tuple[int, concurrent.futures.Future] | None = None
+    self._joining_members: tuple[int, ...] = ()
     # Float all-reduces of programs across islands add in the order one
     # host would (order_reductions); off: gloo's ring order.
     self.rank_order_reductions = True
@@ -183,13 +185,13 @@ class PjrtBackend:
     self._built_shardings: dict[Hashable, jax.sharding.Sharding] = {}
     self._ir_context = mlir.make_ir_context()
 
-  def join_global(self, islands: int, coordinator: str) -> None:
-    """Builds the global client and makes it current (blocks until every
-    island has joined)."""
-    self._install(self._build_global(islands, coordinator))
+  def join_global(self, members: Sequence[int], coordinator: str) -> None:
+    """Builds the global client of islands `members` and makes it current
+    (blocks until every one has joined)."""
+    self._install(self._build_global(members, coordinator))
 
-  def start_join(self, islands: int, coordinator: str, generation: int
-                 ) -> concurrent.futures.Future:
+  def start_join(self, members: Sequence[int], coordinator: str,
+                 generation: int) -> concurrent.futures.Future:
     """Builds generation `generation` of the global client on a thread of
     its own (every island's worker does at once); the first op that needs
     it makes it current (current_global)."""
@@ -197,20 +199,25 @@ class PjrtBackend:
 
     def build() -> None:
       try:
-        future.set_result(self._build_global(islands, coordinator))
+        future.set_result(self._build_global(members, coordinator))
       except BaseException as e:  # pylint: disable=broad-except
         future.set_exception(e)
 
     with self._join_lock:
       self._joining = (generation, future)
+      self._joining_members = tuple(members)
     threads.start(build, "jp-join-global")
     return future
 
-  def _build_global(self, islands: int, coordinator: str
+  def _build_global(self, members: Sequence[int], coordinator: str
                     ) -> GlobalGeneration:
+    # After a loss the islands left build one of their own: its nodes are
+    # numbered 0.. in island order.
+    members = tuple(sorted(members))
+    node = members.index(self.island)
     with cores.pinned(self._device_cores):  # its device threads inherit it
       distributed = _jax.get_distributed_runtime_client(
-          coordinator, self.island, init_timeout=JOIN_TIMEOUT_S,
+          coordinator, node, init_timeout=JOIN_TIMEOUT_S,
           heartbeat_timeout=HEARTBEAT_TIMEOUT_S,
           shutdown_on_destruction=False)
       distributed.connect()
@@ -218,16 +225,17 @@ class PjrtBackend:
           distributed_client=distributed, hostname=self.gloo_host)
       client = xc.make_cpu_client(
           asynchronous=True, distributed_client=distributed,
-          node_id=self.island, num_nodes=islands, collectives=collectives,
+          node_id=node, num_nodes=len(members), collectives=collectives,
           num_devices=len(self.devices))
     by_process: dict[int, list[Any]] = {}
     for d in client.devices():
       by_process.setdefault(d.process_index, []).append(d)
-    devices = {(p, i): d for p, ds in by_process.items()
+    devices = {(members[p], i): d for p, ds in by_process.items()
                for i, d in enumerate(sorted(ds, key=lambda d: d.id))}
     return GlobalGeneration(
         client, distributed, devices,
-        tuple(devices[(self.island, i)] for i in range(len(self.devices))))
+        tuple(devices[(self.island, i)] for i in range(len(self.devices))),
+        members)
 
   def _install(self, built: GlobalGeneration) -> None:
     if self._current is not None:
@@ -265,6 +273,14 @@ class PjrtBackend:
         self._joining = None
         self._install(built)
       return self.global_client
+
+  def in_global(self, island: int) -> bool:
+    """Whether `island` is in the current or the coming generation of the
+    global client (a loss outside both breaks nothing here)."""
+    with self._join_lock:
+      if self._joining is not None and island in self._joining_members:
+        return True
+    return self._current is not None and island in self._current.members
 
   # ----------------------------------------------------------------- devices
   def _settle(self, refs: Sequence[DeviceRef]) -> None:
@@ -315,8 +331,10 @@ class PjrtBackend:
     if source is client:
       return array
     if source is not self.client and source is not self.global_client:
+      # Made before the islands up changed: data lost with the change,
+      # and what a client's retry logic (elastic, pathwaysutils) reads so.
       raise StatusError(
-          Code.FAILED_PRECONDITION,
+          Code.DATA_LOSS,
           "the array belongs to an earlier generation of the islands' "
           "global client, lost with an island's worker")
     if client is self.client:

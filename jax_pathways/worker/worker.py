@@ -16,8 +16,9 @@ Payload headers per op kind (built by the controller's handlers):
   FETCH    {"strides"?}
   COPY     {"mode": "reshard" | "shards" (+"positions") | "assemble", ...}
   TRACE    {"action": "start" | "stop"}; stop's event: the recorded timings
-  JOIN_GLOBAL {"coordinator", "generation", "islands"}: build the islands'
-           global client anew (a lost island's place was taken); answered
+  JOIN_GLOBAL {"coordinator", "generation", "members"}: build the global
+           client of the islands `members` anew (an island was lost, or a
+           lost island's place was taken); answered
            once built. Ops after it that need it wait for it (bounded)
   SEND     {"source", "source_islands", "shape", "dtype", "transfer",
   RECEIVE   "send_to": [{"island", "address"}], "sharding", "pull_from"}:
@@ -147,6 +148,8 @@ class Worker:
     logging.error("island %d is lost (%s); failing work that spans islands",
                   op.program, why)
     self._peers.forget(op.program)  # a new worker may take its place
+    if not self._backend.in_global(op.program):
+      return  # the global client has gone on without it already
     self._spanning_lost = status
     for b, value in list(self._buffers.items()):
       if (isinstance(value, jax.Array) and self._backend.spans([value]) and
@@ -164,7 +167,7 @@ class Worker:
     logging.info("building the islands' global client generation %d at %s",
                  generation, header["coordinator"])
     started = time.monotonic()
-    future = self._backend.start_join(int(header["islands"]),
+    future = self._backend.start_join(header["members"],
                                       header["coordinator"], generation)
     self._spanning_lost = None
     self._completions.restart_spanning()

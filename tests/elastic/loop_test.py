@@ -16,7 +16,7 @@ import tempfile
 
 import pytest
 
-import cli_cluster
+import restarting_cluster
 import processes
 
 pytestmark = pytest.mark.integration
@@ -101,15 +101,16 @@ def test_embedded_cluster_goes_on_with_fewer_islands():
 
 
 def test_cli_cluster_islands_rejoin_bit_identical():
-  with cli_cluster.started(2, 2, WORKER_TIMEOUT) as cluster:
+  with restarting_cluster.started(2, 2, WORKER_TIMEOUT) as cluster:
     result = _train(dict(REJOIN, address=cluster.address,
-                         token=cli_cluster.TOKEN))
+                         token=restarting_cluster.TOKEN))
     assert cluster.restarts == 2
   _check_rejoined(result)
 
 
 def test_cli_cluster_goes_on_with_fewer_islands():
-  with cli_cluster.started(3, 2, WORKER_TIMEOUT, restart=False) as cluster:
+  with restarting_cluster.started(3, 2, WORKER_TIMEOUT,
+                                  restart=False) as cluster:
     result = _train(dict(SHRINK, address=cluster.address,
-                         token=cli_cluster.TOKEN))
+                         token=restarting_cluster.TOKEN))
   _check_shrunk(result)

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 
 from jax_pathways.status import Code, Status
-from jax_pathways.worker.completions import Completions
+from jax_pathways.worker.completions import Completions, error_status
 
 
 def test_an_array_donated_by_a_later_op_counts_as_ready(cpu_devices):
@@ -109,3 +109,17 @@ def test_abandoned_spanning_work_is_reported_once_and_blocks_nothing(
   never.set()
   completions.close()
   assert len(reports) == 4
+
+
+def test_a_peer_gone_mid_collective_reads_as_data_loss():
+  # What jaxlib raises on a survivor when the other island's worker was
+  # SIGKILLed inside a collective (seen before the controller's own report).
+  gloo = jax.errors.JaxRuntimeError(
+      "UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/"
+      "pair.cc:538] Read error [127.0.0.1]:21723: Connection reset by peer")
+  status = error_status(gloo)
+  assert status.code == Code.DATA_LOSS
+  assert "another island was lost" in status.message
+  assert "Connection reset by peer" in status.message
+  other = error_status(jax.errors.JaxRuntimeError("UNKNOWN: something else"))
+  assert other.code == Code.UNKNOWN

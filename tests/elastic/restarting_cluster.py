@@ -15,7 +15,6 @@ import json
 import os
 import select
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -23,6 +22,7 @@ from typing import Iterator
 
 from jax_pathways import admin
 
+import cli_cluster
 import processes
 
 TOKEN = "elastic-test-token"
@@ -50,14 +50,9 @@ class CliCluster:
     self._policy_thread: threading.Thread | None = None
 
   def _spawn(self, name: str, *args: str) -> subprocess.Popen:
-    out = (subprocess.PIPE if name == "controller"
+    log = (subprocess.PIPE if name == "controller"
            else open(os.path.join(self.logs, f"{name}.log"), "ab"))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jax_pathways.cli", *args], stdout=out,
-        stderr=subprocess.STDOUT if name != "controller" else out,
-        env=self.env, start_new_session=True,
-        # Not the checkout: `-m` would import its sources, unbuilt.
-        cwd=self.logs)
+    proc = cli_cluster.spawn(*args, env=self.env, stderr=log)
     self.procs.append(proc)
     return proc
 
