@@ -42,7 +42,17 @@ def error_status(e: BaseException) -> Status:
   text = str(e) or type(e).__name__
   prefix = text.split(":", 1)[0].strip()
   if prefix in Code.__members__ and prefix != "OK":
-    return Status(Code[prefix], text.split(":", 1)[1].strip())
+    message = text.split(":", 1)[1].strip()
+    if message.startswith("Gloo ") and "gloo/transport/" in message:
+      # Only programs spanning islands use gloo, and its transport fails
+      # when another island's worker went away: XLA says UNKNOWN, the user
+      # (and pathwaysutils, which retries on DATA_LOSS) must read the loss.
+      # It races the controller's own notice of the loss, which names the
+      # worker.
+      return Status(Code.DATA_LOSS, "aborted: the program spans islands and "
+                    f"its connection to another island's worker broke "
+                    f"({message})")
+    return Status(Code[prefix], message)
   if isinstance(e, (ValueError, TypeError)):
     return Status(Code.INVALID_ARGUMENT, text)
   if isinstance(e, NotImplementedError):

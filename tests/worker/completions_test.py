@@ -7,7 +7,7 @@ import jax
 import numpy as np
 
 from jax_pathways.status import Code, Status
-from jax_pathways.worker.completions import Completions
+from jax_pathways.worker.completions import Completions, error_status
 
 
 def test_an_array_donated_by_a_later_op_counts_as_ready(cpu_devices):
@@ -109,3 +109,19 @@ def test_abandoned_spanning_work_is_reported_once_and_blocks_nothing(
   never.set()
   completions.close()
   assert len(reports) == 4
+
+
+def test_a_broken_gloo_connection_reads_as_the_loss_of_an_island():
+  """A program spanning islands whose peer worker died fails in gloo's
+  transport, as UNKNOWN; the user (pathwaysutils retries on DATA_LOSS) must
+  read the loss. Gloo's other errors keep their code."""
+  broken = RuntimeError(
+      "UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/"
+      "pair.cc:538] Read error [127.0.0.1]:18319: Connection reset by peer")
+  status = error_status(broken)
+  assert status.code == Code.DATA_LOSS
+  assert "spans islands" in status.message
+  assert "Connection reset by peer" in status.message
+  other = error_status(RuntimeError("INVALID_ARGUMENT: Gloo AllReduce: "
+                                    "unsupported dtype"))
+  assert other.code == Code.INVALID_ARGUMENT
