@@ -106,8 +106,10 @@ setup(
     extras_require={
         "examples": ["optax"],
         # pybind11, setuptools: tests/sanitizers_test.py builds csrc/.
+        # pathwaysutils (brings orbax-checkpoint): tests/elastic/.
         "test": ["optax", "pytest", "pytest-timeout", "pybind11>=2.12",
-                 "setuptools>=64"],
+                 "setuptools>=64", "pathwaysutils==0.1.13",
+                 "orbax-checkpoint"],
     },
     entry_points={
         "console_scripts": ["jax-pathways = jax_pathways.cli:main"],

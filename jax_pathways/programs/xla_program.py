@@ -31,16 +31,19 @@ class PlacedProgram:
   """A program and where it runs: what each island's worker compiles."""
   islands: tuple[Island, ...]
   program: bytes                 # StableHLO portable artifact
-  options: bytes                 # xla.CompileOptionsProto, as the client sent
+  options: bytes                 # xla.CompileOptionsProto (deterministic)
   devices: tuple[int, ...]       # global ids in the program's logical order
   device_refs: tuple[Any, ...]   # the same, as workers name them
   replicas: int
+  # SHA-256 of what makes `program` this program: equal for programs that
+  # compile to the same executable (see _without_locations).
+  identity: bytes
 
   @property
   def key(self) -> str:
     """Same program, options and devices -> same key: compile once."""
     h = hashlib.sha256()
-    for part in (self.program, self.options, repr(self.devices).encode()):
+    for part in (self.identity, self.options, repr(self.devices).encode()):
       h.update(len(part).to_bytes(8, "little"))
       h.update(part)
     return h.hexdigest()
@@ -100,14 +103,40 @@ def place(program: Any, compile_options: Any, topology: Topology,
         da.computation_devices[c].replica_device_ids[r] = physical[
             r * da.computation_count + c]
   return placed(program.data, options, topology, spmd_across_islands,
-                "the program's device assignment", physical)
+                "the program's device assignment", physical,
+                identity=_without_locations(program.data))
+
+
+def _without_locations(program: bytes) -> bytes:
+  """`program` (a StableHLO portable artifact) as text without its source
+  locations. JAX records the whole Python call stack there, so the same
+  program traced again from another call site (pathwaysutils' slice health
+  check is traced anew each time it runs, from the caller's stack) differs
+  only in them, and compiles to the same executable. The bytes themselves
+  when they do not read as one (the worker then says why)."""
+  from jaxlib.mlir import ir  # pylint: disable=import-outside-toplevel
+  from jaxlib.mlir.dialects import sdy, stablehlo  # pylint: disable=import-outside-toplevel
+  # A context per program (~0.3 ms): a shared one would keep every
+  # program's attributes, constants included, for the controller's life.
+  context = ir.Context()
+  stablehlo.register_dialect(context)
+  sdy.register_dialect(context)
+  try:
+    module = stablehlo.deserialize_portable_artifact(context, program)
+    # Nothing elided: programs differing in a large constant must differ.
+    return module.operation.get_asm(binary=True, enable_debug_info=False,
+                                    large_elements_limit=None)
+  except Exception:  # pylint: disable=broad-except
+    return program
 
 
 def placed(program: bytes, compile_options: Any, topology: Topology,
            spmd_across_islands: bool, what: str,
-           devices: Sequence[int]) -> PlacedProgram:
+           devices: Sequence[int], identity: bytes | None = None
+           ) -> PlacedProgram:
   """`program` with its xla.CompileOptionsProto, placed on the islands that
-  hold `devices` (physical ids, in the program's logical order)."""
+  hold `devices` (physical ids, in the program's logical order). `identity`:
+  what the compile cache compares instead of `program`'s bytes."""
   replicas = max(1, compile_options.executable_build_options.num_replicas)
   devices = list(devices)
   islands = topology.islands_of(devices, what)
@@ -115,7 +144,13 @@ def placed(program: bytes, compile_options: Any, topology: Topology,
     raise unimplemented(
         f"{what} spans islands {[i.id for i in islands]} (devices {devices}) "
         "but this cluster runs programs within one island only")
+  # Deterministic: the client's jaxlib writes the options' map fields (e.g.
+  # debug_options' latency-estimator settings) in hash order, which differs
+  # from one compile of the same program to the next; the compile cache's
+  # key must not.
   return PlacedProgram(tuple(islands), program,
-                       compile_options.SerializeToString(),
+                       compile_options.SerializeToString(deterministic=True),
                        tuple(devices), tuple(topology.device_refs(devices)),
-                       replicas)
+                       replicas,
+                       hashlib.sha256(program if identity is None
+                                      else identity).digest())

@@ -35,11 +35,6 @@ from jax_pathways.status import Code, Status, StatusError
 Finish = Callable[[], Any]
 
 
-# What gloo says when a peer process went away mid-collective.
-_PEER_GONE = ("Connection reset by peer", "Connection closed by peer",
-              "Read error", "Write error", "Broken pipe")
-
-
 def error_status(e: BaseException) -> Status:
   """An exception from jaxlib or our own code as a Status for the user."""
   if isinstance(e, StatusError):
@@ -47,15 +42,19 @@ def error_status(e: BaseException) -> Status:
   if isinstance(e, MemoryError):
     return Status(Code.RESOURCE_EXHAUSTED, f"worker out of host memory: {e}")
   text = str(e) or type(e).__name__
-  if "Gloo" in text and any(w in text for w in _PEER_GONE):
-    # A program spanning islands saw a peer's connection break: that
-    # worker is lost (the controller's own report may come a moment
-    # later), and this is how clients (and pathwaysutils) must read it.
-    return Status(Code.DATA_LOSS, "a worker of another island was lost "
-                  f"during a program spanning islands: {text}")
   prefix = text.split(":", 1)[0].strip()
   if prefix in Code.__members__ and prefix != "OK":
-    return Status(Code[prefix], text.split(":", 1)[1].strip())
+    message = text.split(":", 1)[1].strip()
+    if message.startswith("Gloo ") and "gloo/transport/" in message:
+      # Only programs spanning islands use gloo, and its transport fails
+      # when another island's worker went away: XLA says UNKNOWN, the user
+      # (and pathwaysutils, which retries on DATA_LOSS) must read the loss.
+      # It races the controller's own notice of the loss, which names the
+      # worker.
+      return Status(Code.DATA_LOSS, "aborted: the program spans islands and "
+                    f"its connection to another island's worker broke "
+                    f"({message})")
+    return Status(Code[prefix], message)
   if isinstance(e, (ValueError, TypeError)):
     return Status(Code.INVALID_ARGUMENT, text)
   if isinstance(e, NotImplementedError):

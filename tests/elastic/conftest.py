@@ -1,4 +1,4 @@
-"""The elastic tests' helpers (restarting_cluster.py) import as top-level modules."""
+"""The elastic tests' helpers import as top-level modules."""
 import os
 import sys
 
