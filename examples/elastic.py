@@ -29,7 +29,7 @@ from jax_pathways import admin, elastic  # noqa: E402
 
 STEPS, COMMIT_EVERY, FAULT_AT = 60, 5, 20
 HANG = "--hang" in sys.argv[1:]
-optimizer = optax.adam(1e-2)
+optimizer = optax.adam(3e-2)
 
 
 def batch(step: int) -> tuple[np.ndarray, np.ndarray]:

@@ -64,3 +64,12 @@ def test_two_clients():
   assert islands["alice"] != islands["bob"]
   assert all(len(v) == 1 for v in islands.values())
   assert "both done (exit codes [0, 0])" in out
+
+
+def test_elastic():
+  out = _run("elastic.py")
+  assert "step  20  killing island 1's worker (pid " in out
+  assert "lost island(s) [1] at step " in out and "DATA_LOSS" in out
+  assert "resumed from committed step 20 " in out
+  assert "finished 60 steps on islands [0, 1]" in out
+  assert "parameters bit-identical to an uninterrupted run: True" in out
