@@ -5,7 +5,10 @@
 An MLP trains data parallel over a mesh of both islands (2 x 4 devices) with
 jax_pathways.elastic, committing every 10 steps. Mid-run island 1's worker
 is SIGKILLed ("kill") or SIGSTOPped ("hang"); the embedded cluster starts
-a new worker, and the loop resumes from the last commit. Per fault:
+a new worker, and the loop resumes from the last commit. Each fault is
+measured on a fresh cluster (a child process of this one): the
+supervisor backs off from workers that die again soon after a restart.
+Per fault:
 
   detect     the fault (a kill) or the heartbeat deadline (a hang: the stop
              plus --worker-timeout) -> the step's DATA_LOSS reaches the loop
@@ -24,9 +27,11 @@ many CPU devices, measured in the same run.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import time
 
@@ -123,19 +128,35 @@ def one_fault(kind: str, worker_timeout: float) -> dict[str, float]:
           "islands": float(len(result.islands))}
 
 
+def in_child(kind: str, worker_timeout: float) -> dict[str, float]:
+  """one_fault() in a child process with a cluster of its own."""
+  out = subprocess.run(
+      [sys.executable, __file__, "--one", kind, "--worker-timeout",
+       str(worker_timeout)], capture_output=True, text=True, timeout=300,
+      check=False)
+  if out.returncode != 0:
+    raise RuntimeError(f"the {kind} run failed:\n{out.stderr[-3000:]}")
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--worker-timeout", type=float, default=5.0)
+  parser.add_argument("--one", choices=("kill", "hang"),
+                      help="(internal) one fault, its times as JSON")
   args = parser.parse_args()
-  pathways_devices, cpu_devices = harness.setup(
-      islands=2, devices_per_island=4, worker_timeout=args.worker_timeout)
-  del pathways_devices
+  _, cpu_devices = harness.setup(islands=2, devices_per_island=4,
+                                 worker_timeout=args.worker_timeout)
+  if args.one:
+    print(json.dumps(one_fault(args.one, args.worker_timeout)), flush=True)
+    return
   step_s = plain_step_s(cpu_devices)
   log(f"plain JAX: {step_s * 1e3:.2f} ms per step on {len(cpu_devices)} "
       "CPU devices")
   for kind in ("kill", "hang"):
-    runs = [one_fault(kind, args.worker_timeout) for _ in range(args.repeats)]
+    runs = [in_child(kind, args.worker_timeout)
+            for _ in range(args.repeats)]
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     emit("B8", kind, worker_timeout_s=args.worker_timeout,
          plain_step_ms=round(step_s * 1e3, 3),

@@ -2,7 +2,7 @@
 
 The controller's status is the source of truth: an island is up while its
 worker is alive; a lost island is up again once a new worker has taken its
-place (its generation grows by one).
+place (its generation grows by one) and finished joining.
 """
 from __future__ import annotations
 
@@ -27,7 +27,10 @@ def up() -> frozenset[int]:
     logging.warning("elastic: cannot ask the controller which islands are "
                     "up (%s)", e)
     return frozenset()
-  return frozenset(int(i["island"]) for i in status["islands"] if i["alive"])
+  # A worker taking a lost island's place is up once it is no longer
+  # joining: by then its island's part of the global client is on its way.
+  return frozenset(int(i["island"]) for i in status["islands"]
+                   if i["alive"] and not i.get("joining", False))
 
 
 def wait(enough: Callable[[frozenset[int]], bool],
