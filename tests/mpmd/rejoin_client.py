@@ -7,8 +7,8 @@ argv[1:]: the partitioners of the pipeline over islands 0 and 1 ("shardy",
 "jax_pathways"). A pipeline over islands 0 and 2 ("other") runs too. Prints
 one JSON line per phase: "started", "before", "lost", "rejoined"; "steps"
 holds each step's result as {"digest": sha256 of its output bits,
-"ref_error": vs plain JAX} or {"error": what the user saw}, "island" island
-1's status after them.
+"ref_error": vs plain JAX} or {"errors": what the user saw}, "island"
+island 1's status after them.
 """
 import hashlib
 import json
@@ -82,15 +82,23 @@ returned: dict[str, Any] = {}   # each step's parameters, as it returned them
 
 
 def run(name: str, params: Any = model.params) -> dict[str, Any]:
-  """One step of `steps[name]` and what it gave (all of it read back)."""
+  """One step of `steps[name]` and what it gave: every output read back, or
+  the distinct errors of those that failed."""
   try:
     new_params, loss = steps[name](params, batch)
-    returned[name] = new_params
-    got = [loss, *jax.tree.leaves(new_params)]
-    bits = b"".join(jax.device_get(x).tobytes() for x in got)
   except Exception as e:  # pylint: disable=broad-except
-    return {"error": f"{type(e).__name__}: {e}"}
-  return {"digest": hashlib.sha256(bits).hexdigest(),
+    return {"errors": [f"{type(e).__name__}: {e}"]}
+  returned[name] = new_params
+  got, errors = [], set()
+  for x in [loss, *jax.tree.leaves(new_params)]:
+    try:
+      got.append(jax.device_get(x))
+    except Exception as e:  # pylint: disable=broad-except
+      errors.add(f"{type(e).__name__}: {e}")
+  if errors:
+    return {"errors": sorted(errors)}
+  return {"digest": hashlib.sha256(b"".join(x.tobytes() for x in got)
+                                   ).hexdigest(),
           "ref_error": max(models.relative_error(a, b)
                            for a, b in zip(got, reference))}
 
