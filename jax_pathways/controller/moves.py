@@ -65,6 +65,12 @@ def plan(services: Services, src: Array, dst: Array, pull: bool = False
                if pull and len(src_ids) == 1 and len(dst_ids) == 1 and
                not src_ids & dst_ids and
                topology.island(min(dst_ids)).transfer_address else "")
+  # A failed source (its island lost, or its producer failed) fails the
+  # receivers at once too: the dispatcher refuses a gang that names a
+  # failed buffer, as it refuses the sends. Otherwise a receiver holding
+  # none of it would pull from a lost worker's transfer server (INTERNAL,
+  # not the loss) or wait for a push that never comes.
+  failed = services.dispatcher.state(src.buffer)[0] == "failed"
   sends, receives = [], []
   for island in sorted(src_ids | dst_ids):
     header = {
@@ -80,7 +86,7 @@ def plan(services: Services, src: Array, dst: Array, pull: bool = False
     receive = island in dst_ids
     op = IslandOp(
         island, OpKind.RECEIVE if receive else OpKind.SEND,
-        args=[src.buffer] if island in src_ids else [],
+        args=[src.buffer] if island in src_ids or failed else [],
         results=[dst.buffer] if receive else [],
         payload=payloads.encode(header),
         result_bytes=[sizes[island]] if receive else [])

@@ -22,6 +22,7 @@ from jax_pathways.controller.session import Services
 from jax_pathways.dispatch.dispatcher import IslandOp, OnDone
 from jax_pathways.programs.ifrt_ir_program import Call, MpmdProgram
 from jax_pathways.programs.sharding import Sharding
+from jax_pathways.resources.island import Island
 from jax_pathways.resources.topology import Topology
 from jax_pathways.status import Status, from_exception, invalid_argument
 
@@ -71,19 +72,28 @@ class MpmdExecutable:
     self.devices = program.devices
     self._topology = topology
     self.shardings = self._value_shardings()
-    self.value_islands = [tuple(topology.islands_of(v.devices, "an array"))
-                          for v in program.values]
+    # Ids, not Islands: an island whose lost worker was replaced is a new
+    # Island (its next generation), and the arrays a step makes must name
+    # that one (see islands_of_value).
+    self._value_island_ids = [
+        tuple(i.id for i in topology.islands_of(v.devices, "an array"))
+        for v in program.values]
     values = program.values
     self.outputs = [(values[v].shape, values[v].dtype)
                     for v in program.outputs]
     self.output_shardings = [self.shardings[v] for v in program.outputs]
-    self.output_islands = [self.value_islands[v] for v in program.outputs]
     self.donated = program.donated_inputs
     self.num_parameters = len(program.inputs)
     self._check_donation()
-    by_id = {i.id: i for f in self.fragments for i in f.islands}
-    self.islands = tuple(by_id[i] for i in sorted(by_id))
     self.metadata = self._metadata()
+
+  def islands_of_value(self, v: int) -> tuple[Island, ...]:
+    """Value `v`'s islands as they are now."""
+    return tuple(self._topology.island(i) for i in self._value_island_ids[v])
+
+  @property
+  def output_islands(self) -> list[tuple[Island, ...]]:
+    return [self.islands_of_value(v) for v in self.program.outputs]
 
   # ------------------------------------------------------------- shardings
   def _value_shardings(self) -> list[Sharding]:
@@ -174,8 +184,8 @@ class MpmdExecutable:
     def new(v: int) -> Array:
       buffer = output_buffer.get(v) or dispatcher.new_buffers(1)[0]
       value = program.values[v]
-      array = Array(buffer, self.value_islands[v], value.dtype, value.shape,
-                    self.shardings[v])
+      array = Array(buffer, self.islands_of_value(v), value.dtype,
+                    value.shape, self.shardings[v])
       env[v] = array
       made.append(array)
       return array
