@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import processes  # tests/conftest.py puts tests/ on sys.path
+import restarting_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -218,7 +219,9 @@ def test_stopped_worker_training_goes_on_on_the_other_island(trainer, size):
   end = _follow(t, STOPPED_WITHIN_S)
   _check_retry(t, end, size, [0], size.devices_per_island, _victim(t),
                "sent nothing")
-  assert end["restarts"] == [0, 1], end
+  # The supervisor replaces the stopped worker about a second after the
+  # loss; training on island 0 may have ended by then.
+  assert end["restarts"][0] == 0 and end["restarts"][1] <= 1, end
   _assert_loss_falls(end, size)
   _assert_bit_identical(end)
 
@@ -230,3 +233,18 @@ def test_stopped_worker_under_a_mesh_spanning_islands(trainer):
   end = _follow(t, STOPPED_WITHIN_S)
   _check_retry(t, end, SMALL, [0], SMALL.devices_per_island)
   _assert_loss_falls(end, SMALL)
+
+
+def test_cli_cluster_killed_worker_rejoins_under_a_mesh_spanning_islands(
+    trainer):
+  """The same on a cluster of CLI processes over TCP, its workers
+  restarted by an orchestrator's policy (restarting_cluster.py)."""
+  with restarting_cluster.started(2, SMALL.devices_per_island,
+                                  worker_timeout=2.0) as cluster:
+    t = trainer(SMALL, "--fault", "kill", "--mesh", "all", "--address",
+                cluster.address, "--token", restarting_cluster.TOKEN)
+    end = _follow(t, KILLED_WITHIN_S)
+    assert cluster.restarts == 1
+  _check_retry(t, end, SMALL, [0, 1], 2 * SMALL.devices_per_island)
+  assert end["restarts"] == [0, 1], end
+  _assert_bit_identical(end)

@@ -1,5 +1,6 @@
 """A training client under pathwaysutils' elastic Manager, against an
-embedded cluster of its own whose island-1 worker it kills or stops.
+embedded cluster of its own (or the one at --address) whose island-1 worker
+it kills or stops.
 
 Written as pathwaysutils' users write theirs: `pathwaysutils.initialize()`
 at the top, the training function decorated with
@@ -40,10 +41,16 @@ ARGS.add_argument("--steps", type=int, default=24)
 ARGS.add_argument("--save-every", type=int, default=4)
 ARGS.add_argument("--devices-per-island", type=int, default=2)
 ARGS.add_argument("--worker-timeout", type=float, default=None)
+ARGS.add_argument("--address", help="a running cluster's controller")
+ARGS.add_argument("--token", help="its token")
 FLAGS = ARGS.parse_args()
 
-jax_pathways.initialize(islands=2, devices_per_island=FLAGS.devices_per_island,
-                        worker_timeout=FLAGS.worker_timeout)
+if FLAGS.address:
+  jax_pathways.initialize(FLAGS.address, token=FLAGS.token)
+else:
+  jax_pathways.initialize(islands=2,
+                          devices_per_island=FLAGS.devices_per_island,
+                          worker_timeout=FLAGS.worker_timeout)
 
 # What Pathways-on-Cloud users call first. After jax_pathways.initialize()
 # it sees JAX_PLATFORMS=proxy and applies everything: its own 'proxy'
@@ -60,6 +67,8 @@ import optax  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 from pathwaysutils.elastic import manager as elastic_manager  # noqa: E402
+
+from jax_pathways import admin  # noqa: E402
 
 VICTIM_ISLAND = 1
 BATCH, IN, HIDDEN = 32, 16, 32  # BATCH divides by every mesh size used
@@ -137,10 +146,21 @@ class OrbaxStore:
         step, args=ocp.args.StandardRestore(abstract))
 
 
+def pids() -> list[int]:
+  """The embedded cluster's processes (the test stops those left); a
+  cluster joined by address is its starter's to stop."""
+  cluster = jax_pathways.local_cluster()
+  return cluster.pids if cluster is not None else []
+
+
+def islands() -> list[dict[str, Any]]:
+  """The controller's view of the islands (pid, restarts, ...)."""
+  return admin.status(*jax_pathways.connection())["islands"]
+
+
 def train(inject: Callable[[], None] | None) -> dict[str, Any]:
   """One elastic training run; `inject`, if any, is called once, before
   step FLAGS.fault_at of the first attempt."""
-  cluster = jax_pathways.local_cluster()
   manager = elastic_manager.Manager()
   store = (OrbaxStore(tempfile.mkdtemp(prefix="elastic_ckpt_"))
            if FLAGS.store == "orbax" else HostStore())
@@ -151,7 +171,7 @@ def train(inject: Callable[[], None] | None) -> dict[str, Any]:
   def retry_policy(attempt: int, error: Exception) -> bool:
     errors.append(str(error))
     say(elastic=attempt, t=time.monotonic(), error=str(error)[:500],
-        pids=cluster.pids)
+        pids=pids())
     return attempt < 4  # a loop that keeps failing is a failure
 
   @manager.elastic_retry(minimum_slice_count=FLAGS.min_slices,
@@ -166,7 +186,7 @@ def train(inject: Callable[[], None] | None) -> dict[str, Any]:
     start, state = store.restore(NamedSharding(mesh, P()))
     attempts.append({"active": active, "devices": len(devices),
                      "from_step": start})
-    say(attempt=len(attempts), t=time.monotonic(), pids=cluster.pids,
+    say(attempt=len(attempts), t=time.monotonic(), pids=pids(),
         **attempts[-1])
     pending: list[tuple[int, jax.Array]] = []
     for step in range(start, FLAGS.steps):
@@ -192,29 +212,31 @@ def train(inject: Callable[[], None] | None) -> dict[str, Any]:
 
 
 def main() -> None:
-  cluster = jax_pathways.local_cluster()
-  say(pids=cluster.pids)
+  say(pids=pids())
   reference = train(None)
-  victim = cluster.workers[VICTIM_ISLAND]
+  victim = islands()[VICTIM_ISLAND]["pid"]
 
   def inject() -> None:
-    os.kill(victim.pid, signal.SIGKILL if FLAGS.fault == "kill"
+    os.kill(victim, signal.SIGKILL if FLAGS.fault == "kill"
             else signal.SIGSTOP)
-    say(fault=FLAGS.fault, pid=victim.pid, t=time.monotonic())
+    say(fault=FLAGS.fault, pid=victim, t=time.monotonic())
 
   try:
     faulty = train(inject)
     say(done=True, reference=reference, faulty=faulty,
-        restarts=cluster.restarts, pids=cluster.pids)
+        restarts=[i["restarts"] for i in islands()], pids=pids())
   except Exception as e:  # pylint: disable=broad-except
     # What the user would see; the test judges it.
     say(failed=f"{type(e).__name__}: {e}", cause=str(e.__cause__ or ""),
-        pids=cluster.pids)
+        pids=pids())
   finally:
     if FLAGS.fault == "stop":
-      # The supervisor leaves a stopped worker be: end it here.
-      os.kill(victim.pid, signal.SIGKILL)
-      os.kill(victim.pid, signal.SIGCONT)
+      # Replaced by now, or its cluster's restart policy was off: gone.
+      try:
+        os.kill(victim, signal.SIGKILL)
+        os.kill(victim, signal.SIGCONT)
+      except ProcessLookupError:
+        pass
 
 
 main()
