@@ -4,7 +4,7 @@
 
 A small MLP trains data parallel over every device of the embedded cluster
 (2 islands x 4 devices) with jax_pathways.elastic, committing its state to
-this process's memory every 5 steps. At step 20 it SIGKILLs island 1's
+this process's memory every 5 steps. At step 22 it SIGKILLs island 1's
 worker (with --hang: SIGSTOPs it, so the controller has to notice the
 silence). The embedded cluster starts a new worker for the island, the loop
 resumes from the last committed step, and the run ends with the same
@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 from jax_pathways import admin, elastic  # noqa: E402
 
-STEPS, COMMIT_EVERY, FAULT_AT = 60, 5, 20
+STEPS, COMMIT_EVERY, FAULT_AT = 60, 5, 22  # the fault between two commits
 HANG = "--hang" in sys.argv[1:]
 optimizer = optax.adam(3e-2)
 

@@ -68,7 +68,7 @@ def test_two_clients():
 
 def test_elastic():
   out = _run("elastic.py")
-  assert "step  20  killing island 1's worker (pid " in out
+  assert "step  22  killing island 1's worker (pid " in out
   assert "lost island(s) [1] at step " in out and "DATA_LOSS" in out
   assert "resumed from committed step 20 " in out
   assert "finished 60 steps on islands [0, 1]" in out
