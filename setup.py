@@ -90,7 +90,7 @@ setup(
                  "drives many accelerator hosts."),
     long_description=open(os.path.join(HERE, "README.md")).read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.10",
+    python_requires=">=3.11",  # jax 0.10.2 needs 3.11
     packages=find_packages(include=["jax_pathways", "jax_pathways.*"]),
     package_data={"jax_pathways": ["_core.pyi", "_frontend.pyi", "py.typed"]},
     ext_modules=[core, frontend],
