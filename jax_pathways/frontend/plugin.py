@@ -3,8 +3,9 @@
 JAX imports this module when it discovers backends and calls initialize(),
 which only registers a backend factory (cheap, no connection). The factory
 runs when JAX initializes the 'proxy' platform: it connects jaxlib's built-in
-IFRT-proxy client to the controller named by `jax_backend_target`. No JAX
-internals are patched; scripts can also select it with
+IFRT-proxy client to the controller named by `jax_backend_target`, and
+lets jax.make_mesh span islands (frontend/make_mesh.py: the one JAX function
+jax_pathways replaces). Scripts can also select it with
 JAX_PLATFORMS=proxy JAX_BACKEND_TARGET=grpc://host:port.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 import time
 from typing import Any
 
-from jax_pathways.frontend import flusher
+from jax_pathways.frontend import flusher, make_mesh
 
 BACKEND_NAME = "proxy"
 # Key and header under which the cluster token travels (see
@@ -124,5 +125,6 @@ def _make_client() -> Any:
     options.initialization_data = data
   target = _target()
   _preflight(target, token)
+  make_mesh.install()
   return flusher.calm_new_threads(
       lambda: ifrt_proxy.get_client(target, options))
