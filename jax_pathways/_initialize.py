@@ -7,6 +7,7 @@ way JAX's own IFRT-proxy client becomes the backend, named 'proxy'.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import threading
 from typing import Sequence
@@ -17,6 +18,7 @@ from jax_pathways import config
 from jax_pathways.cluster import cores
 from jax_pathways.cluster.local_cluster import LocalCluster
 from jax_pathways.frontend import plugin
+from jax_pathways.frontend import stderr_filter
 from jax_pathways.resources.virtual_slice import SliceRequest
 from jax_pathways.status import StatusError
 
@@ -26,6 +28,7 @@ _address: str | None = None
 _token: str | None = None
 _shut_down = False  # shutdown() ran in this process
 _at_exit_registered = False
+_cache_warned = False
 
 
 def _normalize(address: str) -> str:
@@ -165,8 +168,26 @@ def initialize(address: str | None = None, *, islands: int | None = None,
     if not _at_exit_registered:
       atexit.register(_at_exit)
       _at_exit_registered = True
+    _warn_if_compilation_cache()
     logging.info("jax_pathways: JAX runs on the controller at %s", _address)
     return _address
+
+
+def _warn_if_compilation_cache() -> None:
+  """JAX skips its persistent cache, without a word, for a backend that
+  cannot serialize executables, as the proxy client cannot: say so once."""
+  global _cache_warned
+  import jax  # pylint: disable=import-outside-toplevel
+  cache_dir = jax.config.jax_compilation_cache_dir
+  if (_cache_warned or not cache_dir or
+      not jax.config.jax_enable_compilation_cache):
+    return
+  _cache_warned = True
+  logging.warning(
+      "jax_pathways: JAX's persistent compilation cache (%s) is off through "
+      "jax_pathways: the proxy client cannot serialize executables; the "
+      "workers cache compiled programs for the controller's lifetime "
+      "instead", cache_dir)
 
 
 def _slice_request(devices: int | str | Sequence[int] | None,
@@ -206,9 +227,14 @@ def shutdown() -> None:
   import jax  # pylint: disable=import-outside-toplevel
   from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
   _delete_arrays(xla_bridge)
-  jax.clear_caches()
-  xla_bridge._clear_backends()  # pylint: disable=protected-access
-  gc.collect()
+  # The client ends its session here unless the program still holds arrays
+  # (then at exit, see plugin._quiet_session_end); it logs that end as a
+  # warning with a stack trace.
+  with (stderr_filter.Dropping("session_end") if plugin.connected
+        else contextlib.nullcontext()):
+    jax.clear_caches()
+    xla_bridge._clear_backends()  # pylint: disable=protected-access
+    gc.collect()
   if cluster is not None:
     cluster.stop()
 

@@ -10,11 +10,14 @@ JAX_PLATFORMS=proxy JAX_BACKEND_TARGET=grpc://host:port.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import time
 from typing import Any
 
-from jax_pathways.frontend import flusher, make_mesh
+from jax_pathways.frontend import flusher
+from jax_pathways.frontend import make_mesh
+from jax_pathways.frontend import stderr_filter
 
 BACKEND_NAME = "proxy"
 # Key and header under which the cluster token travels (see
@@ -28,6 +31,7 @@ CONNECT_TIMEOUT_S = 60
 _token: str | None = None
 _slice: dict[str, str] = {}  # the virtual slice asked for (DEVICES_KEY, ...)
 _closed = False
+connected = False  # a client was made in this process
 
 
 def initialize() -> None:
@@ -105,6 +109,7 @@ def _preflight(target: str, token: str | None) -> None:
 
 
 def _make_client() -> Any:
+  global connected
   if _closed:
     raise RuntimeError("jax_pathways.shutdown() was called in this process; "
                        "JAX has no backend left here")
@@ -126,5 +131,22 @@ def _make_client() -> Any:
   target = _target()
   _preflight(target, token)
   make_mesh.install()
-  return flusher.calm_new_threads(
-      lambda: ifrt_proxy.get_client(target, options))
+
+  def connect() -> Any:
+    # Each channel jaxlib makes warns that it was told to use plaintext.
+    with stderr_filter.Dropping("credentials"):
+      return ifrt_proxy.get_client(target, options)
+
+  client = flusher.calm_new_threads(connect)
+  if not connected:
+    connected = True
+    atexit.register(_quiet_session_end)
+  return client
+
+
+def _quiet_session_end() -> None:
+  # jaxlib's client, destroyed later at exit (by JAX's atexit handler, which
+  # runs after this one, or as the interpreter finalizes), logs its session's
+  # end as a warning with a stack trace. Never closed: the filter lasts until
+  # this process has exited.
+  stderr_filter.Dropping("session_end")
