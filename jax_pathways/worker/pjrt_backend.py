@@ -44,6 +44,7 @@ from jax._src.lax import linalg
 from jax._src.lib import _jax
 from jax._src.lib import xla_client as xc
 from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import hlo
 
 from jax_pathways import threads
 from jax_pathways import validation
@@ -478,6 +479,11 @@ class PjrtBackend:
         ftype = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
         outputs = []
         for t in ftype.results:
+          if hlo.TokenType.isinstance(t):
+            # JAX holds a token as bool[0] (core.get_token_aval()), in and
+            # out; PJRT takes and makes such buffers for token parameters.
+            outputs.append(((0,), "bool"))
+            continue
           rt = ir.RankedTensorType(t)
           outputs.append((tuple(rt.shape), _mlir_dtype(rt.element_type)))
         parameters = [_tensor_type(t) for t in ftype.inputs]
