@@ -2,7 +2,8 @@
 
 With no address, start an embedded local cluster (a controller and one worker
 per island, as child processes); with one, join a running controller. Either
-way JAX's own IFRT-proxy client becomes the backend, named 'proxy'.
+way JAX's own IFRT-proxy client becomes the default backend, named 'proxy'
+(JAX's CPU backend stays beside it unless JAX_PLATFORMS says otherwise).
 """
 from __future__ import annotations
 
@@ -163,7 +164,13 @@ def initialize(address: str | None = None, *, islands: int | None = None,
     plugin.register()
     jax.config.update("jax_backend_target", _address)
     platforms = jax.config.jax_platforms or ""
-    if plugin.BACKEND_NAME not in platforms.split(","):
+    if not platforms:
+      # JAX itself asks for 'cpu' (jax.devices('cpu'), values it keeps on
+      # the host, e.g. a numpy input lax.scan passes straight through), so
+      # it stays beside the cluster; listed first, the cluster's devices
+      # are the default.
+      jax.config.update("jax_platforms", f"{plugin.BACKEND_NAME},cpu")
+    elif plugin.BACKEND_NAME not in platforms.split(","):
       jax.config.update("jax_platforms", plugin.BACKEND_NAME)
     if not _at_exit_registered:
       atexit.register(_at_exit)

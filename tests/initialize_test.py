@@ -228,3 +228,49 @@ def test_initialize_after_shutdown_starts_over():
   assert "OLD ERROR True" in out.stdout, out.stdout + out.stderr[-3000:]
   assert out.stdout.count("STOPPED True") == 2, out.stdout
   assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_cpu_backend_stays_beside_the_cluster():
+  """With JAX_PLATFORMS unset, JAX keeps its CPU backend (it asks for it
+  itself: a numpy input lax.scan passes straight through) while the
+  cluster's devices stay the default; JAX_PLATFORMS=proxy keeps only the
+  cluster."""
+  code = """
+      import jax, jax.numpy as jnp, numpy as np
+      import jax_pathways
+      jax.config.update("jax_num_cpu_devices", 3)
+      jax_pathways.initialize(islands=1, devices_per_island=2)
+      print("PLATFORMS", jax.config.jax_platforms)
+      proxy = jax.devices("proxy")
+      print("DEFAULT", jax.devices() == proxy, jax.local_devices() == proxy,
+            len(proxy), jax.process_count(),
+            jnp.zeros(2).devices() == {proxy[0]})
+      xs = np.arange(12, dtype=np.float32).reshape(4, 3) / 7
+      scan = lambda xs: jax.lax.scan(lambda c, x: (c + x.sum(), x), 0.5, xs)
+      try:
+        cpu = jax.devices("cpu")
+      except RuntimeError as e:
+        print("NO CPU", "Unknown backend cpu" in str(e))
+      else:
+        print("CPU", len(cpu))
+        got = scan(xs)
+        # The passed-through input lands on the host's CPU, as JAX puts it
+        # beside any accelerator; the computed carry on the cluster.
+        print("PLACED", got[0].devices() == {proxy[0]},
+              got[1].devices() == {cpu[0]})
+        with jax.default_device(cpu[0]):
+          want = scan(xs)
+        print("SAME", all(np.asarray(a).tobytes() == np.asarray(b).tobytes()
+                          for a, b in zip(got, want)))
+  """
+  out = _run(code)
+  assert "PLATFORMS proxy,cpu" in out.stdout, out.stdout + out.stderr[-3000:]
+  assert "DEFAULT True True 2 1 True" in out.stdout, out.stdout
+  assert "CPU 3" in out.stdout, out.stdout + out.stderr[-3000:]
+  assert "PLACED True True" in out.stdout, out.stdout
+  assert "SAME True" in out.stdout, out.stdout
+  out = _run("import os\nos.environ['JAX_PLATFORMS'] = 'proxy'\n" +
+             textwrap.dedent(code))
+  assert "PLATFORMS proxy\n" in out.stdout, out.stdout + out.stderr[-3000:]
+  assert "DEFAULT True True 2 1 True" in out.stdout, out.stdout
+  assert "NO CPU True" in out.stdout, out.stdout + out.stderr[-3000:]

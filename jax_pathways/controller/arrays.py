@@ -19,11 +19,16 @@ from jax_pathways.resources.topology import Topology
 from jax_pathways.status import Code, Status, StatusError
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class Buffer:
   """What Arrays sharing one buffer know together."""
   holders: int = 1            # Arrays not yet released
   donated: bool = False       # a launch consumed it
+  # Buffers made of some of this one's device memory, or it of theirs (an
+  # array assembled from single-device arrays, the shards split from an
+  # array): as with PJRT's shared buffers, a launch that consumes one
+  # consumes the others.
+  shares: set["Buffer"] = dataclasses.field(default_factory=set)
 
 
 @dataclasses.dataclass
@@ -49,9 +54,18 @@ class Array:
     return Array(self.buffer, self.islands, self.dtype, self.shape, sharding,
                  shared=self.shared)
 
+  def shares_memory_with(self, other: "Array") -> None:
+    """`other` holds some of this array's device memory, or it of other's."""
+    if other.shared is not self.shared:
+      self.shared.shares.add(other.shared)
+      other.shared.shares.add(self.shared)
+
   def donate(self) -> None:
-    """A launch consumes the buffer: every Array on it is unusable."""
+    """A launch consumes the buffer: every Array on it, or sharing some of
+    its memory, is unusable."""
     self.shared.donated = True
+    for other in self.shared.shares:
+      other.donated = True
 
   def release(self) -> bool:
     """Lets go of the buffer; True if it was the last holder (free it)."""
@@ -59,7 +73,12 @@ class Array:
       return False
     self.released = True
     self.shared.holders -= 1
-    return self.shared.holders == 0
+    if self.shared.holders:
+      return False
+    for other in self.shared.shares:
+      other.shares.discard(self.shared)
+    self.shared.shares.clear()
+    return True
 
   def device_bytes(self) -> dict[int, int]:
     """Bytes it takes on each device holding it."""

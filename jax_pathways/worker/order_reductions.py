@@ -74,12 +74,15 @@ def partitioned_module(client: Any, program: bytes, devices: Any,
   return executable, dumped
 
 
-def order_reductions(context: ir.Context, dumped: bytes, replicas: int = 1
+def order_reductions(context: ir.Context, dumped: bytes, replicas: int = 1,
+                     aliases: dict[int, int] | None = None
                      ) -> tuple[str, int]:
   """Rewrites the float add/multiply all-reduces and reduce-scatters of a
   partitioned module (see the module docstring); returns (the program to
   compile with `partitioned_options`, how many collectives were
-  rewritten)."""
+  rewritten). `aliases` (parameter -> the result it is reused for) are the
+  original compile's: the module dumped before XLA chose them has only
+  donors, which the rewritten program would otherwise lose."""
   if replicas != 1:  # collective ids would not all be partition ids
     return "", 0
   text = _jax.mlir.hlo_to_stablehlo(_hlo_module(dumped))
@@ -89,7 +92,7 @@ def order_reductions(context: ir.Context, dumped: bytes, replicas: int = 1
     rewritten = sum(_rewrite(op, meshes)
                     for op in _reductions(module.operation))
     if rewritten:
-      _mark_manual(module)
+      _mark_manual(module, aliases or {})
       module.operation.verify()
     return str(module), rewritten
 
@@ -305,9 +308,9 @@ def _i64s(values: list[int]) -> ir.DenseI64ArrayAttr:
   return ir.DenseI64ArrayAttr.get(values)
 
 
-def _mark_manual(module: ir.Module) -> None:
+def _mark_manual(module: ir.Module, aliases: dict[int, int]) -> None:
   """Every parameter and result of @main {manual}: the program is per
-  device already."""
+  device already; parameters in `aliases` reused for their result."""
   for name in ("mhlo.spmd_output_sharding", "mhlo.spmd_parameters_shardings"):
     if name in module.operation.attributes:
       del module.operation.attributes[name]
@@ -323,9 +326,13 @@ def _mark_manual(module: ir.Module) -> None:
       old = (list(ir.ArrayAttr(op.operation.attributes[key]))
              if key in op.operation.attributes else [None] * count)
       new = []
-      for attrs in old:
+      for i, attrs in enumerate(old):
         entries = ({a.name: a.attr for a in ir.DictAttr(attrs)}
                    if attrs is not None else {})
         entries["mhlo.sharding"] = manual
+        if key == "arg_attrs" and i in aliases:
+          entries.pop("jax.buffer_donor", None)
+          entries["tf.aliasing_output"] = ir.IntegerAttr.get(
+              ir.IntegerType.get_signless(32), aliases[i])
         new.append(ir.DictAttr.get(entries))
       op.operation.attributes[key] = ir.ArrayAttr.get(new)

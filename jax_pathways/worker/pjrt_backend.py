@@ -44,7 +44,9 @@ from jax._src.lax import linalg
 from jax._src.lib import _jax
 from jax._src.lib import xla_client as xc
 from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import hlo
 
+from jax_pathways import protos
 from jax_pathways import threads
 from jax_pathways import validation
 from jax_pathways.cluster import cores
@@ -372,7 +374,7 @@ class PjrtBackend:
     else:
       executable = runner = client.compile_and_load(program, device_list,
                                                     compile_options)
-    outputs, donated, parameters = self._signature(program)
+    outputs, parameters = self._signature(program)
     out_shardings = executable.get_output_shardings()
     handlers = []
     for i, (shape, dtype) in enumerate(outputs):
@@ -386,7 +388,7 @@ class PjrtBackend:
       handlers.append(xc.array_result_handler(aval, sharding, committed=True,
                                               _skip_checks=True))
     metadata = self._metadata(runner, outputs)
-    metadata["donated_input_indices"] = donated
+    metadata["donated_input_indices"] = _donated(runner)
     if replicas > 1:  # @main has per-replica shapes: only the count holds
       parameters = [None] * len(parameters)
     metadata["parameters"] = [
@@ -413,7 +415,9 @@ class PjrtBackend:
         raise order_reductions.NotRewritten(
             "XLA wrote no module after its SPMD partitioner")
       text, rewritten = order_reductions.order_reductions(
-          self._ir_context, partitioned, replicas)
+          self._ir_context, partitioned, replicas,
+          {e.parameter_number: e.output_shape_index[0] if e.output_shape_index
+           else 0 for e in _aliases(executable)})
       if not rewritten:
         return executable, executable
       runner = client.compile_and_load(
@@ -461,11 +465,10 @@ class PjrtBackend:
     return outputs, Execution(done, outputs, program.client)
 
   def _signature(self, program: bytes
-                 ) -> tuple[list[tuple[tuple[int, ...], str]], list[int],
+                 ) -> tuple[list[tuple[tuple[int, ...], str]],
                             list[tuple[tuple[int, ...], str] | None]]:
-    """Global result shapes/dtypes of @main, the parameters it donates,
-    and its parameters' shapes/dtypes (None where not an array of a known
-    dtype)."""
+    """Global result shapes/dtypes of @main and its parameters'
+    shapes/dtypes (None where not an array of a known dtype)."""
     with self._ir_context:
       try:
         module = _jax.mlir.deserialize_portable_artifact(program,
@@ -478,16 +481,14 @@ class PjrtBackend:
         ftype = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
         outputs = []
         for t in ftype.results:
+          if hlo.TokenType.isinstance(t):
+            # JAX holds a token as bool[0] (core.get_token_aval()), in and
+            # out; PJRT takes and makes such buffers for token parameters.
+            outputs.append(((0,), "bool"))
+            continue
           rt = ir.RankedTensorType(t)
           outputs.append((tuple(rt.shape), _mlir_dtype(rt.element_type)))
-        parameters = [_tensor_type(t) for t in ftype.inputs]
-        donated = []
-        if "arg_attrs" in op.attributes:
-          for i, attrs in enumerate(ir.ArrayAttr(op.attributes["arg_attrs"])):
-            attrs = ir.DictAttr(attrs)
-            if "tf.aliasing_output" in attrs or "jax.buffer_donor" in attrs:
-              donated.append(i)
-        return outputs, donated, parameters
+        return outputs, [_tensor_type(t) for t in ftype.inputs]
     raise ValueError("the program has no public function @main")
 
   @staticmethod
@@ -704,6 +705,21 @@ def _tensor_type(t: Any) -> tuple[tuple[int, ...], str] | None:
   if name not in _MLIR_DTYPES or not rt.has_static_shape:
     return None
   return tuple(rt.shape), _MLIR_DTYPES[name]
+
+
+def _aliases(executable: Any) -> list[Any]:
+  """The input/output aliases XLA chose (HloInputOutputAliasProto entries).
+  JAX tuples no CPU program's arguments, so a parameter is an argument."""
+  module = protos.msg("xla.HloModuleProto").FromString(
+      executable.hlo_modules()[0].as_serialized_hlo_module_proto())
+  return list(module.input_output_alias.entries)
+
+
+def _donated(executable: Any) -> list[int]:
+  """The parameters PJRT donates: those XLA aliased to an output. A donor
+  XLA found no use for (`jax.buffer_donor` without an alias) stays alive, as
+  in plain JAX."""
+  return sorted({e.parameter_number for e in _aliases(executable)})
 
 
 def _fingerprint(executable: Any) -> str:

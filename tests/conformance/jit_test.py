@@ -72,3 +72,19 @@ def test_compiled_describes_itself(proxy_devices, cpu_devices):
   assert remote.cost_analysis()["flops"] == local.cost_analysis()["flops"]
   assert remote.memory_analysis().output_size_in_bytes == 4
   assert "tanh" in remote.as_text()
+
+
+@pytest.mark.parametrize("n_devices", [1, 4, 8])  # 8: spans both islands
+def test_token_outputs_and_arguments(run_both, n_devices):
+  """A program returning a token (create_token, after_all), on one device
+  and over a mesh, and the token passed to another program."""
+  def program(devices):
+    mesh = Mesh(np.array(devices[:n_devices]), ("d",))
+    x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("d")))
+    y, token = jax.jit(lambda a: (a * 2 + 1, jax.lax.create_token()))(x)
+    assert isinstance(token, jax._src.core.Token)  # pylint: disable=protected-access
+    token.block_until_ready()
+    z, token2 = jax.jit(lambda t, a: (a.sum(), jax.lax.after_all(t)))(token, y)
+    assert isinstance(token2, jax._src.core.Token)  # pylint: disable=protected-access
+    return y, z
+  run_both(program)

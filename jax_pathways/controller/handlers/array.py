@@ -307,8 +307,10 @@ def _split(session: Session, src: Array, handles_: Sequence[int]) -> None:
   seen: dict[int, int] = {}
   for h, b, device in zip(handles_, buffers, src.sharding.devices):
     island = topology.island_of_device(device)
-    session.arrays.put(h, Array(b, (island,), src.dtype, shard_shape,
-                                Sharding((device,), None, kind)))
+    shard = Array(b, (island,), src.dtype, shard_shape,
+                  Sharding((device,), None, kind))
+    src.shares_memory_with(shard)
+    session.arrays.put(h, shard)
     positions.setdefault(island.id, []).append(seen.get(island.id, 0))
     results.setdefault(island.id, []).append(b)
     seen[island.id] = seen.get(island.id, 0) + 1
@@ -375,6 +377,7 @@ def assemble(session: Session, req: Any, reply: Reply) -> None:
       raise invalid_argument(
           "a shard lives outside the assembled array's islands")
     by_island.setdefault(p.islands[0].id, []).append(p.buffer)
+    array.shares_memory_with(p)
   # The assembled array shares its shards' device memory: no result_bytes.
   session.services.dispatcher.submit(
       [IslandOp(i.id, OpKind.COPY, args=by_island.get(i.id, []),
