@@ -55,7 +55,7 @@ def batch(step: int) -> tuple[np.ndarray, np.ndarray]:
 def init(key: jax.Array) -> Params:
   ks = jax.random.split(key, 7)
 
-  def dense(k, *shape):
+  def dense(k: jax.Array, *shape: int) -> jax.Array:
     return jax.random.normal(k, shape) / math.sqrt(shape[-2])
 
   return {"embed": dense(ks[0], IN, MODEL),
@@ -105,7 +105,8 @@ def moe(mesh: Mesh, tokens_per_device: int) -> Callable[..., Any]:
   """The expert-parallel layer: tokens and experts split over "expert"."""
   capacity = math.ceil(CAPACITY_FACTOR * TOP_K * tokens_per_device / EXPERTS)
 
-  def local(h, router, w_in, w_out):
+  def local(h: jax.Array, router: jax.Array, w_in: jax.Array,
+            w_out: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     dispatch, combine, aux, dropped = route(h @ router, capacity)
     sent = jnp.einsum("tec,td->ecd", dispatch, h)                 # by expert
     # Row e of every device's buffer goes to device e: each device then
@@ -127,13 +128,16 @@ def train(devices: Sequence[jax.Device], steps: int = STEPS,
           ) -> tuple[list[jax.Array], Params]:
   """Trains the model over `devices` (8: one expert each); returns every
   step's loss and the final parameters."""
+  # jax.make_mesh refuses devices of several islands ("multi-slice");
+  # a Mesh over them is one SPMD program on both islands' workers.
   mesh = Mesh(np.array(devices).reshape(EXPERTS), ("expert",))
   rows = NamedSharding(mesh, P("expert"))
   replicated = NamedSharding(mesh, P())
   layer = moe(mesh, TOKENS // EXPERTS)
   optimizer = optax.adam(3e-3)
 
-  def loss_fn(params, x, y):
+  def loss_fn(params: Params, x: jax.Array, y: jax.Array
+              ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     h = x @ params["embed"]
     h = h + jax.nn.gelu(layer_norm(h) @ params["mlp_in"]) @ params["mlp_out"]
     mixed, aux, dropped = layer(layer_norm(h), params["router"],
