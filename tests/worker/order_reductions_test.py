@@ -5,7 +5,6 @@ islands, tests/conformance/islands_test.py)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from jax._src import compiler
 from jax._src.interpreters import mlir
 from jax._src.lib import xla_client as xc
@@ -99,14 +98,12 @@ def test_exact_reductions_are_left_alone(cpu_devices):
   assert rewritten == 0 and runner is None
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the rewritten module is compiled from StableHLO, whose import into HLO "
-    "folds the reshape chains the SPMD partitioner wrote; on that input "
-    "XLA's simplifier keeps softmax's exp/sum a divide where the first "
-    "compile made it exp*(1/sum)"))
 def test_softmax_gradient_keeps_its_bits(cpu_devices):
   """A replicated weight's gradient over sharded rows (one float
-  all-reduce, rewritten): the rest of the program must not change."""
+  all-reduce, rewritten): the rest of the program keeps its bits. Rewritten
+  right after the partitioner, it did not: through StableHLO the module
+  lost the partitioner's reshape chains, and XLA's simplifier then kept
+  softmax's exp/sum a divide where the first compile made it exp*(1/sum)."""
   mesh = Mesh(np.array(cpu_devices), ("i",))
   rng = np.random.default_rng(0)
   x = jax.device_put(rng.standard_normal((512, 32)).astype(np.float32),
