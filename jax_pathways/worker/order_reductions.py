@@ -7,15 +7,26 @@ global client's collectives go over gloo, whose ring all-reduce starts each
 chunk at another rank: the same program over two islands differs in the last
 bits of every float sum. This pass fixes the order without touching gloo:
 
-  1. compile the program as usual, with XLA dumping the module right after
-     its SPMD partitioner (the per-device program, collectives explicit);
+  1. compile the program as usual, with XLA dumping the per-device module
+     after its SPMD partitioner and its first simplification passes
+     (collectives explicit, the algebra already simplified);
   2. rewrite each floating-point add/multiply reduce-scatter in it into an
      all-to-all (participant r receives everyone's r-th block; exact, it
      only copies) and the combine of those n blocks in rank order; and each
      such all-reduce into the same over chunks of the flattened value,
      followed by an all-gather of the combined chunks;
   3. compile the result as an already partitioned program (every parameter
-     and result {manual}, so the partitioner leaves it as it is).
+     and result {manual}, so the partitioner leaves it as it is), with the
+     simplification passes that already ran turned off.
+
+Why not dump right after the partitioner: the second compile reads the
+module as StableHLO, whose import into HLO folds the reshape chains the
+partitioner wrote, and on that input XLA's simplifier decides otherwise
+than in the first compile (a softmax's exp/sum stays a divide instead of
+exp*(1/sum); gelu's constants fold further): other bits, everywhere. Past
+those passes, and with them off the second time, the rest of the pipeline
+sees much what it saw the first time; not always all of it (an Adam step
+over islands still differs in last bits: docs/limitations.md).
 
 Cost: the rewritten collectives move as many bytes as gloo's ring does, in
 two or three rounds instead of 2(n-1) steps; the program is compiled twice
@@ -42,6 +53,13 @@ _REDUCTIONS = ("stablehlo.all_reduce", "stablehlo.reduce_scatter")
 # All-reduces of at most this many bytes gather all n values in one round;
 # larger ones exchange chunks first (less traffic, one more round).
 GATHER_BYTES = 64 << 10
+# The CPU compiler's passes, in pipeline order, whose result is dumped: the
+# last one that changed the module gives the module to rewrite. The
+# simplifying ones are not run again on it (they are not idempotent on a
+# module that went through StableHLO; see the module docstring).
+_DUMPED_PASSES = ("spmd-partitioning", "simplification",
+                  "post_scatter_expansion_simplification")
+_NOT_AGAIN = _DUMPED_PASSES[1:]
 
 
 class NotRewritten(Exception):
@@ -51,23 +69,27 @@ class NotRewritten(Exception):
 def partitioned_module(client: Any, program: bytes, devices: Any,
                        options: Any) -> tuple[Any, str | None]:
   """Compiles `program` as usual and returns (executable, the per-device
-  module XLA dumped right after its SPMD partitioner, or None if it wrote
-  none)."""
+  module as XLA dumped it after the last of `_DUMPED_PASSES` that changed
+  it, or None if it wrote none)."""
   dump = tempfile.mkdtemp(prefix="jax_pathways_partitioned_")
   try:
     # A copy: dump options left on would, with no directory, dump to stdout.
     options = type(options).ParseFromString(options.SerializeAsString())
     debug = options.executable_build_options.debug_options
     debug.xla_dump_to = dump
-    debug.xla_dump_hlo_pass_re = "spmd-partitioning"
+    debug.xla_dump_hlo_pass_re = "^(%s)$" % "|".join(_DUMPED_PASSES)
     debug.xla_dump_hlo_as_proto = True
     debug.xla_dump_hlo_as_text = False
     executable = client.compile_and_load(program, devices, options)
-    found = [f for f in glob.glob(os.path.join(
-        dump, "*after_spmd-partitioning*")) if f.endswith(".pb")]
+    # module_N.name.SEQ.pipeline.after_PASS.before_NEXT.hlo.pb
+    after = re.compile(r"\.(\d+)\.[^.]+\.after_(%s)\.before_" %
+                       "|".join(_DUMPED_PASSES))
+    found = sorted((int(m.group(1)), f)
+                   for f in glob.glob(os.path.join(dump, "*.pb"))
+                   if (m := after.search(os.path.basename(f))))
     if not found:
       return executable, None
-    with open(found[0], "rb") as f:
+    with open(found[-1][1], "rb") as f:
       dumped = f.read()
   finally:
     shutil.rmtree(dump, ignore_errors=True)
@@ -98,10 +120,14 @@ def order_reductions(context: ir.Context, dumped: bytes, replicas: int = 1,
 
 
 def partitioned_options(options: Any) -> Any:
-  """`options` for a program that is already partitioned."""
+  """`options` for a program that is already partitioned and simplified."""
   build = options.executable_build_options
   build.use_spmd_partitioning = True
   build.use_shardy_partitioner = False  # it reads {manual} shardings
+  debug = build.debug_options
+  debug.xla_disable_hlo_passes = ",".join(
+      [p for p in debug.xla_disable_hlo_passes.split(",") if p] +
+      list(_NOT_AGAIN))
   return options
 
 

@@ -96,3 +96,23 @@ def test_exact_reductions_are_left_alone(cpu_devices):
       lambda v: (v.sum(axis=0), v.astype(jnp.float32).max(axis=0)),
       cpu_devices, x)
   assert rewritten == 0 and runner is None
+
+
+def test_softmax_gradient_keeps_its_bits(cpu_devices):
+  """A replicated weight's gradient over sharded rows (one float
+  all-reduce, rewritten): the rest of the program keeps its bits. Rewritten
+  right after the partitioner, it did not: through StableHLO the module
+  lost the partitioner's reshape chains, and XLA's simplifier then kept
+  softmax's exp/sum a divide where the first compile made it exp*(1/sum)."""
+  mesh = Mesh(np.array(cpu_devices), ("i",))
+  rng = np.random.default_rng(0)
+  x = jax.device_put(rng.standard_normal((512, 32)).astype(np.float32),
+                     NamedSharding(mesh, P("i")))
+  w = jax.device_put(rng.standard_normal((32, 8)).astype(np.float32),
+                     NamedSharding(mesh, P()))
+  fn = jax.grad(lambda w, x: jnp.sum(jax.nn.softmax(x @ w) ** 2))
+  original, runner, rewritten = _compile_both(fn, cpu_devices, w, x)
+  assert rewritten == 1
+  for want, got in zip(_run(original, [w, x]), _run(runner, [w, x])):
+    for w_, g in zip(want, got):
+      assert w_.tobytes() == g.tobytes()
