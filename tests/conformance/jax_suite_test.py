@@ -18,7 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
 from conformance import run  # noqa: E402  pylint: disable=wrong-import-position
 
 # (file or file::Class, pytest -k): arrays and shardings, multi-device jit,
-# shard_map, control flow, random keys. About N minutes on two cores.
+# shard_map, control flow, random keys; ~180 tests each way, about two
+# minutes on two shared cores (docs/conformance.md).
 SELECTION = (
     ("multi_device_test", None),
     ("array_test::JaxArrayTest", "device_put or jnp_array or buffer_protocol "
@@ -30,6 +31,11 @@ SELECTION = (
      "or testScanImpl or testWhileLoopBatched or testSwitchJit"),
     ("random_test::KeyArrayTest", "device_put or cpp_dispatch or key_copy or "
      "delete or async"),
+    # One test or more per cause the controller answers: tokens, RemapArrays,
+    # donation reporting.
+    ("api_test::JitTest", "token"),
+    ("pjit_test", "device_put_donate_pytree or efficient_reshard_single_host "
+     "or BufferDonation"),
 )
 
 
