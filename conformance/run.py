@@ -7,10 +7,11 @@
 Each file runs twice, each time in a pytest process of its own: plain (JAX's
 CPU backend with 8 host devices) and through jax_pathways (an embedded
 cluster of 2 islands x 4 CPU devices; 'proxy' is the only backend). Per file
-it prints: tests, passed plain, passed through jax_pathways, and those that
-pass plain but fail (or are skipped, or never finish) through jax_pathways,
-grouped by cause: the first line of the error, normalized. Nothing is
-fetched: the tests are the pinned copy in conformance/jax_tests/.
+it prints: tests, passed plain, passed through jax_pathways, those that
+pass plain but fail (or are skipped) through jax_pathways, grouped by cause
+(the first line of the error, normalized), and those the pathways run never
+reached. Nothing is fetched: the tests are the pinned copy in
+conformance/jax_tests/.
 """
 from __future__ import annotations
 
@@ -38,7 +39,6 @@ FILES = ("array_test", "multi_device_test", "random_test", "shard_map_test",
          "lax_control_flow_test", "lax_numpy_reducers_test", "api_test",
          "pjit_test", "lax_numpy_test")
 MODES = ("plain", "pathways")
-NOT_PASSED_PLAIN = "not passed plain"
 
 
 @dataclasses.dataclass

@@ -89,6 +89,11 @@ def test_selection_fails_only_as_known(tmp_path):
     assert all(row["finished"].values()), (
         f"{file} hit its time limit: {row['seconds']}; logs in {tmp_path}")
     assert row["passed_plain"] > 0, f"{file}: nothing passed plain"
+    # A pathways run that dies early (a cluster that never starts) leaves
+    # its tests unrun, which check() does not count.
+    assert row["not_run_pathways"] == 0, (
+        f"{file}: {row['not_run_pathways']} tests never ran through "
+        f"jax_pathways; logs in {tmp_path}")
   regressions, fixed = run.check(rows, run.load_known())
   causes = {test: label for row in rows.values()
             for label, tests in row["causes"].items() for test in tests}
