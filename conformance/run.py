@@ -30,7 +30,6 @@ import time
 from typing import Iterable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
 TESTS_DIR = os.path.join(HERE, "jax_tests")
 KNOWN_FAILURES = os.path.join(HERE, "known_failures.json")
 OUTPUT_ENV = "JAX_PATHWAYS_CONFORMANCE_OUT"  # recorder.OUTPUT_ENV
@@ -63,9 +62,6 @@ def _env(mode: str, cases: int, out: str) -> dict[str, str]:
     env.pop(key, None)
   env["JAX_NUM_GENERATED_CASES"] = str(cases)
   env[OUTPUT_ENV] = out
-  # The repository first: the worktree's jax_pathways and conformance/.
-  env["PYTHONPATH"] = os.pathsep.join(
-      [REPO] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
   if mode == "plain":
     env["JAX_PLATFORMS"] = "cpu"
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
@@ -93,16 +89,19 @@ def run_pytest(target: str, mode: str, keyword: str | None, cases: int,
   open(out, "w", encoding="utf-8").close()
   cmd = [sys.executable, "-m", "pytest", "-q", "-c",
          os.path.join(HERE, "pytest.ini"), "--rootdir", HERE,
-         "-p", "conformance.recorder"]
+         "-p", "recorder"]
   if mode == "pathways":
-    cmd += ["-p", "conformance.pathways_plugin"]
+    cmd += ["-p", "pathways_plugin"]
   if keyword:
     cmd += ["-k", keyword]
   name, sep, node = target.partition("::")
   cmd.append(os.path.join(TESTS_DIR, name + ".py") + sep + node)
   start = time.monotonic()
   with open(stem + ".log", "wb") as log:
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(mode, cases, out),
+    # From conformance/: `-m` puts the working directory first on the path,
+    # so the plugins import as top-level modules, and jax_pathways is the
+    # one this interpreter would import (not the checkout's, unbuilt).
+    proc = subprocess.Popen(cmd, cwd=HERE, env=_env(mode, cases, out),
                             stdin=subprocess.DEVNULL, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
