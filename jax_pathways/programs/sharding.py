@@ -13,6 +13,8 @@ import functools
 import math
 from typing import Any, Sequence
 
+import numpy as np
+
 from jax_pathways import protos
 from jax_pathways.resources.topology import Topology
 from jax_pathways.status import invalid_argument, unimplemented
@@ -73,6 +75,24 @@ class Sharding:
           f"{field}: tile assignment {tiles} (devices "
           f"{list(op.tile_assignment_devices)}) does not tile a rank-{rank} "
           f"array over the sharding's {n} devices")
+
+  def reordered(self, devices: Sequence[int], order: Sequence[int]
+                ) -> "Sharding":
+    """The same layout with its shards moved to `devices`, the shard at
+    position p to position order[p] (a remap that reorders an array's
+    devices: each device keeps the piece it holds)."""
+    if self.op_sharding is None:
+      return Sharding(tuple(devices), None, self.memory_kind)
+    op = protos.msg("xla.OpSharding").FromString(self.op_sharding)
+    positions = _tile_devices(op, len(order))
+    if any(not 0 <= p < len(order) for p in positions):
+      raise invalid_argument(
+          f"tile assignment {positions} names devices outside the "
+          f"sharding's {len(order)}")
+    del op.iota_reshape_dims[:]
+    del op.iota_transpose_perm[:]
+    op.tile_assignment_devices[:] = [order[p] for p in positions]
+    return Sharding(tuple(devices), op.SerializeToString(), self.memory_kind)
 
   def worker_spec(self, topology: Topology) -> dict[str, Any]:
     """The form a worker builds a jax sharding from (Topology.device_refs)."""
@@ -152,6 +172,23 @@ def _tiles(op_sharding: bytes) -> tuple[int, ...] | None:
   if op.type != _TILED:
     return None
   return tuple(op.tile_assignment_dimensions)
+
+
+def _tile_devices(op: Any, n: int) -> list[int]:
+  """The device position (of n) of each tile, whether listed or given as an
+  iota (reshape, then transpose)."""
+  if op.tile_assignment_devices or not op.iota_reshape_dims:
+    return list(op.tile_assignment_devices)
+  dims = list(op.iota_reshape_dims)
+  perm = list(op.iota_transpose_perm) or list(range(len(dims)))
+  if (sorted(perm) != list(range(len(dims))) or any(d < 1 for d in dims) or
+      math.prod(dims) != math.prod(op.tile_assignment_dimensions) or
+      math.prod(dims) > n):
+    raise invalid_argument(
+        f"tile assignment iota {dims} transposed {perm} does not fit tiles "
+        f"{list(op.tile_assignment_dimensions)}")
+  return [int(d) for d in
+          np.arange(math.prod(dims)).reshape(dims).transpose(perm).ravel()]
 
 
 def _memory_kind(p: Any) -> str | None:

@@ -15,6 +15,8 @@ Payload headers per op kind (built by the controller's handlers):
            with one blob per shard
   FETCH    {"strides"?}
   COPY     {"mode": "reshard" | "shards" (+"positions") | "assemble", ...}
+           or {"mode": "remap", "outputs": [{"shape", "sharding",
+           "pieces": [[arg, local shard position]]}]}, one per result
   TRACE    {"action": "start" | "stop"}; stop's event: the recorded timings
   JOIN_GLOBAL {"coordinator", "generation", "members"}: build the global
            client of the islands `members` anew (an island was lost, or a
@@ -310,6 +312,12 @@ class Worker:
       sharding = self._backend.sharding(header["sharding"])
       outputs = [self._backend.assemble(
           header["shape"], sharding, [self._array(b) for b in op.args])]
+    elif mode == "remap":  # arrays of the args' local shards, as they are
+      local = [self._backend.shards(self._array(b)) for b in op.args]
+      outputs = [self._backend.assemble(
+          out["shape"], self._backend.sharding(out["sharding"]),
+          [local[a][p] for a, p in out["pieces"]])
+          for out in header["outputs"]]
     else:
       raise StatusError(Code.INVALID_ARGUMENT, f"unknown copy mode {mode!r}")
     self._store(op, outputs)

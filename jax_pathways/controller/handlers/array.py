@@ -1,4 +1,4 @@
-"""Array requests: uploads, downloads, copies, reshards and deletion.
+"""Array requests: uploads, downloads, copies, reshards, remaps and deletion.
 
 Each request becomes ops on the islands that hold the array (one island, or
 several for an array that spans islands, under the same buffer id on each),
@@ -12,7 +12,7 @@ import concurrent.futures
 from typing import Any, Sequence
 
 from jax_pathways import dtypes, validation
-from jax_pathways.controller import moves
+from jax_pathways.controller import moves, remap_plan
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.handlers.registry import handles
 from jax_pathways.controller.session import Reply, Session
@@ -21,6 +21,7 @@ from jax_pathways.dispatch.dispatcher import IslandOp, OpKind
 from jax_pathways.programs import sharding as sharding_lib
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.resources.island import Island
+from jax_pathways.resources.topology import Topology
 from jax_pathways.status import (Code, Status, StatusError, from_exception,
                                  invalid_argument, unimplemented)
 
@@ -290,6 +291,18 @@ def reshard_arrays(session: Session, req: Any, reply: Reply) -> None:
   reply.ok(lambda r: r.array_handles.extend(req.result_handles))
 
 
+def _local_positions(sharding: Sharding, topology: Topology) -> list[int]:
+  """Each shard's position among its island's shards of the array: the
+  order a worker lists its local shards in (PjrtBackend.shards)."""
+  seen: dict[int, int] = {}
+  out = []
+  for device in sharding.devices:
+    island = topology.island_of_device(device).id
+    out.append(seen.get(island, 0))
+    seen[island] = out[-1] + 1
+  return out
+
+
 def _split(session: Session, src: Array, handles_: Sequence[int]) -> None:
   """Single-device arrays of `src`'s first len(handles_) shards."""
   if len(src.sharding.devices) == 1 and len(handles_) == 1:
@@ -304,16 +317,15 @@ def _split(session: Session, src: Array, handles_: Sequence[int]) -> None:
   kind = src.sharding.memory_kind
   positions: dict[int, list[int]] = {}  # island -> its local positions
   results: dict[int, list[int]] = {}
-  seen: dict[int, int] = {}
-  for h, b, device in zip(handles_, buffers, src.sharding.devices):
+  for h, b, device, local in zip(handles_, buffers, src.sharding.devices,
+                                 _local_positions(src.sharding, topology)):
     island = topology.island_of_device(device)
     shard = Array(b, (island,), src.dtype, shard_shape,
                   Sharding((device,), None, kind))
     src.shares_memory_with(shard)
     session.arrays.put(h, shard)
-    positions.setdefault(island.id, []).append(seen.get(island.id, 0))
+    positions.setdefault(island.id, []).append(local)
     results.setdefault(island.id, []).append(b)
-    seen[island.id] = seen.get(island.id, 0) + 1
   # The shards share the source's device memory: no result_bytes.
   session.services.dispatcher.submit(
       [IslandOp(i, OpKind.COPY, args=[src.buffer], results=results[i],
@@ -391,7 +403,44 @@ def assemble(session: Session, req: Any, reply: Reply) -> None:
 
 @handles("remap_arrays_request", results=lambda r: list(r.result_handles))
 def remap_arrays(session: Session, req: Any, reply: Reply) -> None:
-  raise unimplemented("RemapArrays is not supported by jax_pathways yet")
+  inputs = [_usable(session, h) for h in req.array_handles]
+  outputs = remap_plan.parse(req, inputs, session.slice)
+  islands = [_islands(session, o.sharding, "the remapped array")
+             for o in outputs]
+  topology = session.services.topology
+  local = [_local_positions(a.sharding, topology) for a in inputs]
+  # Per island: the inputs it reads, the outputs it makes, and of each
+  # output the (input, local position) of its shards there.
+  ops: dict[int, tuple[list[int], list[int], list[dict[str, Any]]]] = {}
+  for handle, out, where in zip(req.result_handles, outputs, islands):
+    array = _new_array(session, handle, where, out.dtype, out.shape,
+                       out.sharding)
+    spec = out.sharding.worker_spec(topology)
+    for island in where:
+      args, results, made = ops.setdefault(island.id, ([], [], []))
+      pieces = []
+      for device, (a, p) in zip(out.sharding.devices, out.pieces):
+        if topology.island_of_device(device).id != island.id:
+          continue
+        if inputs[a].buffer not in args:
+          args.append(inputs[a].buffer)
+        pieces.append([args.index(inputs[a].buffer), local[a][p]])
+      results.append(array.buffer)
+      made.append({"shape": list(out.shape), "sharding": spec,
+                   "pieces": pieces})
+    for a in {a for a, _ in out.pieces}:
+      array.shares_memory_with(inputs[a])
+  # The outputs are the inputs' device memory: no result_bytes.
+  session.services.dispatcher.submit(
+      [IslandOp(i, OpKind.COPY, args=args, results=results,
+                payload=payloads.encode({"mode": "remap", "outputs": made}))
+       for i, (args, results, made) in ops.items()])
+  if req.copy_semantics == remap_plan.DONATE_INPUT:
+    # The inputs' handles die; their shards live on in the outputs.
+    for array in inputs:
+      array.deleted = True
+    moves.release(session.services, inputs)
+  reply.ok(lambda r: r.array_handles.extend(req.result_handles))
 
 
 @handles("bitcast_arrays_request", results=lambda r: list(r.result_handles))
