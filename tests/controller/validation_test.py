@@ -274,6 +274,156 @@ def test_copies_and_reshards_keep_the_array(client, cluster_works):
   assert client.fetch(array)[1] == DATA.tobytes()
 
 
+def _tiled(devices):
+  """Halves of a 16-element array, tile i on the sharding's position
+  devices[i]."""
+  return protos.msg("xla.OpSharding")(
+      type=3, tile_assignment_dimensions=[2],
+      tile_assignment_devices=devices).SerializeToString()
+
+
+def _spec(spec, devices, tiles, shape=(16,), dtype="float32"):
+  spec.dtype.kind = _kind(dtype)
+  spec.shape.dims.extend(shape)
+  sharding_lib.to_proto(Sharding(tuple(devices), _tiled(tiles)),
+                        spec.sharding)
+
+
+def _remap(client, arrays, change=lambda b: None, semantics=2):
+  """RemapArrays of `arrays` (each DATA on devices 0 and 5, one island
+  each) onto devices 5 and 0, every device keeping its half: shard 0 goes
+  to position 1, shard 1 to position 0. `change` spoils the request."""
+  results = [client.handle() for _ in arrays]
+
+  def fill(b):
+    b.array_handles.extend(arrays)
+    b.result_handles.extend(results)
+    b.copy_semantics = semantics
+    for i in range(len(arrays)):
+      _spec(b.plan.input_specs.add(), (0, 5), [0, 1])
+      _spec(b.plan.output_specs.add(), (5, 0), [1, 0])
+      m = b.plan.mappings.add(in_array=i, out_array=i)
+      for start, to in ((0, 1), (1, 0)):
+        m.from_start.append(start)
+        m.from_end.append(start + 1)
+        m.from_step.append(1)
+        m.to_start.append(to)
+        m.to_end.append(to + 1)
+        m.to_step.append(1)
+    change(b)
+  return client.session.call(remap_arrays_request=fill), results
+
+
+def test_remap_plans_are_checked_field_by_field(client, cluster_works):
+  """A remap plan can name any shard of any array on any device: every
+  field is checked against IFRT's rules and the arrays; a bad one leaves
+  the input as it was and its result handles failed."""
+  reply, array = client.upload(DATA.tobytes(), [16], devices=(0, 5),
+                               op_sharding=_tiled([0, 1]))
+  assert reply.response_metadata.status.code == 0
+
+  def mapping(b):
+    return b.plan.mappings[0]
+
+  def interval(name, value, at=0):
+    return lambda b: getattr(mapping(b), name).__setitem__(at, value)
+
+  bad = [
+      (lambda b: setattr(b.plan, "version_number", 7),
+       "plan.version_number 7"),
+      (lambda b: b.plan.ClearField("mappings"), "needs a mapping"),
+      (lambda b: b.array_handles.append(array), "array_handles name 2"),
+      (lambda b: b.result_handles.append(client.handle()),
+       "result_handles name 2"),
+      (lambda b: setattr(mapping(b), "in_array", 1),
+       "plan.mappings[0].in_array 1 is not in [0, 0]"),
+      (lambda b: setattr(mapping(b), "out_array", -1),
+       "plan.mappings[0].out_array -1"),
+      (interval("from_start", 2), "plan.mappings[0].from[0] start 2"),
+      (interval("to_start", -1), "plan.mappings[0].to[0] start -1"),
+      (interval("from_step", 0), "plan.mappings[0].from[0] step 0"),
+      (interval("from_step", -(1 << 62)), "step"),
+      (interval("to_end", 1 << 62), "plan.mappings[0].to[0] end"),
+      (lambda b: mapping(b).to_step.append(1), "equally long"),
+      (lambda b: [interval(f, v, at=1)(b) for f, v in (
+          ("from_start", 0), ("from_end", 1), ("to_start", 1), ("to_end", 2))],
+       "input 0 shard 0 is used more than once"),
+      (lambda b: [interval(f, v, at=1)(b) for f, v in (
+          ("to_start", 1), ("to_end", 2))],
+       "output 0 shard 1 is assigned more than once"),
+      (interval("to_end", 1), "from[0] has 1 shards but to[0] has 0"),
+      (lambda b: [getattr(mapping(b), f).pop() for f in (
+          "from_start", "from_end", "from_step", "to_start", "to_end",
+          "to_step")], "output 0 shard 0 is assigned by no mapping"),
+      (lambda b: (b.plan.ClearField("output_specs"),
+                  _spec(b.plan.output_specs.add(), (5, 0), [1, 0],
+                        dtype="int32")), "is float32 but output 0 is int32"),
+      (lambda b: (b.plan.ClearField("output_specs"),
+                  _spec(b.plan.output_specs.add(), (5, 0), [1, 0],
+                        shape=(32,))), "shards of [8] but output 0"),
+      (lambda b: (b.plan.ClearField("output_specs"),
+                  _spec(b.plan.output_specs.add(), (0, 5), [0, 1])),
+       "a remap moves no data"),
+      (lambda b: (b.plan.ClearField("output_specs"),
+                  _spec(b.plan.output_specs.add(), (5, 100), [1, 0])),
+       "plan.output_specs[0].sharding: device 100 is not in this client"),
+      (lambda b: (b.plan.ClearField("output_specs"),
+                  _spec(b.plan.output_specs.add(), (5, 5), [1, 0])),
+       "more than once"),
+      (lambda b: (b.plan.ClearField("input_specs"),
+                  _spec(b.plan.input_specs.add(), (0, 5), [0, 1],
+                        shape=(32,))), "plan.input_specs[0] is float32[32]"),
+      (lambda b: (b.plan.ClearField("input_specs"),
+                  _spec(b.plan.input_specs.add(), (0, 6), [0, 1])),
+       "plan.input_specs[0] is on devices [0, 6]"),
+      (lambda b: setattr(b, "copy_semantics", 1), "copy_semantics 1"),
+      (lambda b: setattr(b, "copy_semantics", 99), "copy_semantics 99"),
+      (lambda b: b.plan.input_devices_for_output.add(out_array=3),
+       "plan.input_devices_for_output[0]: output 3"),
+  ]
+  for change, words in bad:
+    reply, results = _remap(client, [array], change)
+    _assert_rejected(reply, words)
+    _assert_rejected(client.fetch(results[0])[0], words)
+  # Two inputs into one output need DONATE_INPUT; one array donated twice
+  # is refused.
+  reply, other = client.upload(DATA.tobytes(), [16], devices=(0, 5),
+                               op_sharding=_tiled([0, 1]))
+
+  def merge(b):
+    b.plan.ClearField("output_specs")
+    _spec(b.plan.output_specs.add(), (5, 0), [1, 0])
+    b.result_handles.pop()
+    b.plan.mappings[1].out_array = 0
+    for m, keep in zip(b.plan.mappings, (0, 1)):
+      for f in ("from_start", "from_end", "from_step", "to_start", "to_end",
+                "to_step"):
+        del getattr(m, f)[1 - keep]
+  _assert_rejected(_remap(client, [array, other], merge)[0],
+                   "several inputs needs DONATE_INPUT")
+  _assert_rejected(_remap(client, [array, array], semantics=3)[0],
+                   "array_handles: an array donated twice")
+  assert client.fetch(array)[1] == DATA.tobytes()
+  assert client.fetch(other)[1] == DATA.tobytes()
+
+
+def test_remaps_reuse_or_donate_their_inputs(client, cluster_works):
+  reply, array = client.upload(DATA.tobytes(), [16], devices=(0, 5),
+                               op_sharding=_tiled([0, 1]))
+  assert reply.response_metadata.status.code == 0
+  reply, (kept,) = _remap(client, [array])
+  assert reply.response_metadata.status.code == 0, reply
+  assert client.fetch(kept)[1] == DATA.tobytes()
+  reply, (moved,) = _remap(client, [array], semantics=3)
+  assert reply.response_metadata.status.code == 0, reply
+  _assert_rejected(client.fetch(array)[0], "deleted", code=9)
+  reply = client.session.call(is_array_deleted_request=lambda b: setattr(
+      b, "array_handle", array))
+  assert reply.is_array_deleted_response.deleted
+  assert client.fetch(moved)[1] == DATA.tobytes()
+  assert client.fetch(kept)[1] == DATA.tobytes()
+
+
 def test_a_small_slice_names_only_its_devices(raw_session, pathways,
                                               cluster_works):
   client = Client(raw_session(devices="2"), pathways.address)

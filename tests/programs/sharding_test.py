@@ -64,3 +64,28 @@ def test_unsupported_sharding_is_a_clear_error():
     sh.from_proto(proto)
   with pytest.raises(StatusError, match="onto 3 devices"):
     sh.Sharding((0, 1)).with_devices([1, 2, 3])
+
+
+def test_reordered_keeps_each_device_on_its_piece():
+  """Tiles [2, 4] laid out by an iota (4 x 2, transposed): tiles 0..7 on
+  positions 0, 2, 4, 6, 1, 3, 5, 7. Over the devices reversed, each device
+  keeps its tile."""
+  op = protos.msg("xla.OpSharding")(
+      type=3, tile_assignment_dimensions=[2, 4], iota_reshape_dims=[4, 2],
+      iota_transpose_perm=[1, 0])
+  devices = tuple(range(10, 18))
+  s = sh.Sharding(devices, op.SerializeToString())
+  turned = s.reordered(devices[::-1], [7 - p for p in range(8)])
+  tiles = protos.msg("xla.OpSharding").FromString(turned.op_sharding)
+  before = [0, 2, 4, 6, 1, 3, 5, 7]
+  assert [turned.devices[q] for q in tiles.tile_assignment_devices] == [
+      devices[p] for p in before]
+  assert not tiles.iota_reshape_dims
+  assert turned.shard_shape((8, 8)) == s.shard_shape((8, 8)) == (4, 2)
+
+
+def test_reordered_refuses_tiles_outside_the_devices():
+  op = protos.msg("xla.OpSharding")(
+      type=3, tile_assignment_dimensions=[2], iota_reshape_dims=[1 << 40])
+  with pytest.raises(StatusError, match="iota"):
+    sh.Sharding((0, 1), op.SerializeToString()).reordered((1, 0), [1, 0])
