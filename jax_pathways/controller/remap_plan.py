@@ -212,16 +212,17 @@ def parse(req: Any, arrays: Sequence[Array], slice_: VirtualSlice
         used[m.in_array][p] = True
         pieces[m.out_array][q] = (m.in_array, p)
         fed.add(src.devices[p])
+  complete: list[tuple[tuple[int, int], ...]] = []
   for o, shards in enumerate(pieces):
     if None in shards:
       raise invalid_argument(f"plan: output {o} shard {shards.index(None)} "
                              "is assigned by no mapping")
+    complete.append(tuple(p for p in shards if p is not None))
   _check_input_devices_for_output(plan, feeds, slice_)
   _check_copy_semantics(req, feeds)
   return [Output(spec.dtype, spec.shape,
-                 _output_sharding(spec, shards, arrays, o),
-                 tuple(shards))  # type: ignore[arg-type]
-          for o, (spec, shards) in enumerate(zip(outs, pieces))]
+                 _output_sharding(spec, shards, arrays, o), shards)
+          for o, (spec, shards) in enumerate(zip(outs, complete))]
 
 
 def _check_input_devices_for_output(plan: Any,

@@ -437,8 +437,8 @@ def remap_arrays(session: Session, req: Any, reply: Reply) -> None:
        for i, (args, results, made) in ops.items()])
   if req.copy_semantics == remap_plan.DONATE_INPUT:
     # The inputs' handles die; their shards live on in the outputs.
-    for array in inputs:
-      array.deleted = True
+    for src in inputs:
+      src.deleted = True
     moves.release(session.services, inputs)
   reply.ok(lambda r: r.array_handles.extend(req.result_handles))
 
