@@ -32,7 +32,14 @@ def test_device_put_to_another_device_order(run_both):
     y = jax.device_put(x, NamedSharding(turned, P("d", "island")))
     r = jax.device_put(x, NamedSharding(turned, P(None, "d")))
     assert y.sharding.mesh == turned and not x.is_deleted()
-    return x, y, r, jax.jit(lambda a, b: a * 2 + b)(y, r)
+    # Fully replicated, and within one island.
+    whole = jax.device_put(_data((3, 5), 5), NamedSharding(mesh, P()))
+    whole = jax.device_put(whole, NamedSharding(turned, P()))
+    four = Mesh(np.array(devices[4:]), ("d",))
+    z = jax.device_put(_data((8,), 6), NamedSharding(four, P("d")))
+    z = jax.device_put(z, NamedSharding(
+        Mesh(np.array(devices[4:])[[2, 0, 3, 1]], ("d",)), P("d")))
+    return x, y, r, jax.jit(lambda a, b: a * 2 + b)(y, r), whole, z * 3
   run_both(program)
 
 
