@@ -1,7 +1,7 @@
 """Kubernetes manifests of a cluster: a JobSet, its Service, Secret and
 NetworkPolicy, as plain objects and as YAML for `kubectl apply`.
 
-    jax-pathways k8s --image REGISTRY/jax-pathways:TAG --islands 4 | kubectl apply -f -
+    jax-pathways k8s --image IMAGE --islands 4 | kubectl apply -f -
 
 The JobSet (jobset.x-k8s.io/v1alpha2; the JobSet controller must be
 installed) has the shape Pathways on Cloud uses: a `controller` replicated

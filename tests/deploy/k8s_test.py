@@ -2,11 +2,12 @@
 wiring between them (names, ports, env, commands) consistent.
 
 Core objects go through the official client's models (kubernetes==37.0.2):
-deserialized with client-side validation and serialized back unchanged, so
-a misspelt or mistyped field fails. The JobSet's own fields are checked
-against JOBSET_SCHEMA, its Job templates as V1JobTemplateSpec. Commands are
-expanded as kubelet does ($(VAR) from the container's env) and parsed with
-cli.py's own parser, so a renamed flag fails here.
+deserialized (the models check types and required fields) and serialized
+back unchanged, so a misspelt, mistyped or missing field fails. The
+JobSet's own fields are checked against JOBSET_SCHEMA, its Job templates as
+V1JobTemplateSpec. Commands are expanded as kubelet does ($(VAR) from the
+container's env) and parsed with cli.py's own parser, so a renamed flag
+fails here.
 """
 from __future__ import annotations
 
@@ -94,10 +95,11 @@ SPECS = [
 
 
 def _model(data: Any, model: str, where: str) -> None:
-  """`data` as the client's `model` (client-side validation on), serialized
-  back to exactly `data`."""
+  """`data` as the client's `model` (which checks types and required
+  fields), serialized back to exactly `data` (no field dropped)."""
   api = kubernetes.client.ApiClient()
-  obj = api._ApiClient__deserialize(data, model)  # pylint: disable=protected-access
+  # pylint: disable-next=protected-access
+  obj = api._ApiClient__deserialize(data, model)
   back = api.sanitize_for_serialization(obj)
   assert back == data, (f"{where}: {model} does not keep what was rendered "
                         f"(unknown or mistyped field):\n{data}\n{back}")
@@ -216,7 +218,8 @@ def test_jobset_rules(spec):
   assert jobset["spec"]["startupPolicy"]["startupPolicyOrder"] == "InOrder"
   for target in jobset["spec"]["successPolicy"]["targetReplicatedJobs"]:
     assert target in jobs
-  subdomain = jobset["spec"]["network"].get("subdomain", jobset["metadata"]["name"])
+  subdomain = jobset["spec"]["network"].get("subdomain",
+                                            jobset["metadata"]["name"])
   assert jobset["spec"]["network"]["enableDNSHostnames"] is True
   for name, job in jobs.items():
     assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name)
