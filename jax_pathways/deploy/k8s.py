@@ -61,8 +61,10 @@ JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 POD_IP = "POD_IP"
 JOB_INDEX = "JOB_INDEX"
 ALL_ADDRESSES = "0.0.0.0"
-# Pod hostnames are DNS labels.
+# Pod names are DNS labels: JobSet refuses a JobSet whose pod names, the
+# hostname and Kubernetes' 6-character suffix, would not fit in one.
 _MAX_LABEL = 63
+_POD_NAME_SUFFIX = len("-abcde")
 _DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 # Kubernetes resource quantities: 500m, 4, 1.5, 16Gi, 8G.
 _QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
@@ -88,13 +90,13 @@ class Spec:
   max_restarts: int = 3  # of the whole JobSet
 
   def __post_init__(self) -> None:
-    longest = max(self.pod_hostname(CONTROLLER, 0),
-                  self.pod_hostname(WORKER, self.islands - 1), key=len)
-    if not _DNS_LABEL.fullmatch(self.name) or len(longest) > _MAX_LABEL:
+    longest = self.pod_hostname(CONTROLLER, 0)  # workers': shorter (<= 64)
+    if (not _DNS_LABEL.fullmatch(self.name) or
+        len(longest) + _POD_NAME_SUFFIX > _MAX_LABEL):
       raise ValueError(
           f"--name={self.name!r} must be lowercase letters, digits and '-', "
-          f"start with a letter, and keep pod hostnames such as {longest!r} "
-          f"within {_MAX_LABEL} characters")
+          f"start with a letter, and keep pod names such as "
+          f"'{longest}-abcde' within {_MAX_LABEL} characters")
     if self.namespace is not None and not _DNS_LABEL.fullmatch(self.namespace):
       raise ValueError(f"--namespace={self.namespace!r} is not a namespace "
                        "name (lowercase letters, digits and '-')")

@@ -227,9 +227,13 @@ def test_jobset_rules(spec):
     # One pod per Job, index 0: the hostnames workers are given.
     assert (job_spec["completions"], job_spec["parallelism"],
             job_spec["completionMode"]) == (1, 1, "Indexed")
-    for index in range(job["replicas"]):
-      hostname = f"{jobset['metadata']['name']}-{name}-{index}-0"
-      assert len(hostname) <= 63 and len(subdomain) <= 63
+    # JobSet's webhook: pod names (hostname, '-', 5 random characters) and
+    # the subdomain (its Service's name) are DNS-1035 labels.
+    longest = (f"{jobset['metadata']['name']}-{name}-{job['replicas'] - 1}"
+               "-0-abcde")
+    for label in (longest, subdomain):
+      assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", label), label
+      assert len(label) <= 63, label
   controller, worker = jobs[k8s.CONTROLLER], jobs[k8s.WORKER]
   assert controller["replicas"] == 1
   assert worker["replicas"] == spec.islands  # one Job per island
@@ -337,6 +341,10 @@ def test_wiring(spec):
       spec.controller_memory)
 
 
+def test_longest_name():
+  assert k8s.Spec(image="img:1", name="x" * 42).name == "x" * 42
+
+
 def test_fresh_token_each_time():
   spec = SPECS[0]
   first, second = (_by_kind(k8s.manifests(spec))["Secret"] for _ in range(2))
@@ -346,7 +354,7 @@ def test_fresh_token_each_time():
 
 @pytest.mark.parametrize("flags,message", [
     (["--name", "Train"], "--name='Train'"),
-    (["--name", "x" * 50], "within 63 characters"),
+    (["--name", "x" * 43], "'" + "x" * 43 + "-controller-0-0-abcde' within 63"),
     (["--islands", "0"], "--islands=0"),
     (["--memory", "8 GB"], "--memory='8 GB'"),
     (["--port", "65535"], "--port=65535"),
