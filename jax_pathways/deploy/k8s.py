@@ -90,7 +90,7 @@ class Spec:
   max_restarts: int = 3  # of the whole JobSet
 
   def __post_init__(self) -> None:
-    longest = self.pod_hostname(CONTROLLER, 0)  # workers': shorter (<= 64)
+    longest = self.controller_hostname  # longer than any worker's
     if (not _DNS_LABEL.fullmatch(self.name) or
         len(longest) + _POD_NAME_SUFFIX > _MAX_LABEL):
       raise ValueError(
@@ -148,15 +148,17 @@ class Spec:
   def secret(self) -> str:
     return self.token_secret or f"{self.name}-token"
 
-  def pod_hostname(self, replicated_job: str, job_index: int) -> str:
-    """JobSet's hostname of a pod (its Job's only one, index 0)."""
-    return f"{self.name}-{replicated_job}-{job_index}-0"
+  @property
+  def controller_hostname(self) -> str:
+    """JobSet's hostname of the controller's pod: <JobSet>-<replicated
+    job>-<Job index>-<pod index>."""
+    return f"{self.name}-{CONTROLLER}-0-0"
 
   @property
   def controller_address(self) -> str:
     """Where workers join: the controller pod's name in JobSet's DNS
     (<hostname>.<subdomain>, the subdomain being the JobSet's name)."""
-    return f"{self.pod_hostname(CONTROLLER, 0)}.{self.name}:{self.worker_port}"
+    return f"{self.controller_hostname}.{self.name}:{self.worker_port}"
 
 
 def manifests(spec: Spec, token: str | None = None) -> list[dict[str, Any]]:
