@@ -102,14 +102,17 @@ setup(
         "absl-py",
         "grpcio",
         "protobuf",
+        "pyyaml",
     ],
     extras_require={
         "examples": ["optax"],
         # pybind11, setuptools: tests/sanitizers_test.py builds csrc/.
         # pathwaysutils (brings orbax-checkpoint): tests/elastic/.
+        # kubernetes: tests/deploy/k8s_test.py checks the manifests against
+        # its models of the API.
         "test": ["optax", "pytest", "pytest-timeout", "pybind11>=2.12",
                  "setuptools>=64", "pathwaysutils==0.1.13",
-                 "orbax-checkpoint"],
+                 "orbax-checkpoint", "kubernetes==37.0.2"],
     },
     entry_points={
         "console_scripts": ["jax-pathways = jax_pathways.cli:main"],

@@ -1,8 +1,9 @@
-"""The `jax-pathways` command: controller, worker and status.
+"""The `jax-pathways` command: controller, worker, status and k8s.
 
     jax-pathways controller --islands 2 [--listen 127.0.0.1:8470] [--worker-listen 127.0.0.1:8471]
     jax-pathways worker --controller HOST:PORT [--island 0] [--devices 4] [--device-cores 0-3]
     jax-pathways status [--address grpc://HOST:PORT] [--json]
+    jax-pathways k8s --image IMAGE [--islands 2] [--out DIR]  (docs/deploy.md)
 
 The cluster token is read from JAX_PATHWAYS_TOKEN by all three, else from
 the file a controller keeps it in (JAX_PATHWAYS_TOKEN_FILE, by default
@@ -12,6 +13,7 @@ one there, unless --insecure (loopback only) asks for none.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import faulthandler
 import json
 import sys
@@ -23,6 +25,7 @@ from absl import logging
 
 from jax_pathways import config
 from jax_pathways.cluster import cores
+from jax_pathways.deploy import k8s
 
 
 def _setup_logging(verbosity: int) -> None:
@@ -80,10 +83,11 @@ def _print_status(s: dict[str, Any]) -> None:
         f"{s['compiled_programs']}, host buffer bytes {s['host_buffer_bytes']}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="jax-pathways", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  sub = parser.add_subparsers(dest="command", required=True)
+def make_parser() -> argparse.ArgumentParser:
+  """The command line of every verb (tests parse rendered manifests with it)."""
+  top = argparse.ArgumentParser(prog="jax-pathways", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = top.add_subparsers(dest="command", required=True)
 
   c = sub.add_parser("controller", help="run a controller")
   c.add_argument("--islands", type=int, default=None,
@@ -157,7 +161,79 @@ def main(argv: Sequence[str] | None = None) -> int:
                  help=f"grpc://HOST:PORT (default ${config.ADDRESS})")
   s.add_argument("--json", action="store_true", help="print raw JSON")
 
+  _add_k8s(sub.add_parser(
+      "k8s", help="print the Kubernetes manifests of a cluster (a JobSet, "
+      "its Service, Secret and NetworkPolicy)", description=k8s.__doc__,
+      formatter_class=argparse.RawDescriptionHelpFormatter))
+  return top
+
+
+def _add_k8s(k: argparse.ArgumentParser) -> None:
+  default = {f.name: f.default for f in dataclasses.fields(k8s.Spec)}
+  k.add_argument("--image", required=True,
+                 help="an image with jax_pathways installed (`jax-pathways` "
+                 "on its PATH; docs/deploy.md)")
+  k.add_argument("--name", default=default["name"],
+                 help="the JobSet's name; the other objects' names start "
+                 "with it (default %(default)s)")
+  k.add_argument("--namespace", default=None,
+                 help="default: kubectl's current namespace")
+  k.add_argument("--islands", type=int, default=default["islands"],
+                 help="island workers, one pod each (default %(default)s)")
+  k.add_argument("--devices-per-island", type=int,
+                 default=default["devices_per_island"],
+                 help="the worker's --devices (default %(default)s)")
+  k.add_argument("--cpu", default=default["cpu"],
+                 help="CPU per worker, request and limit (default "
+                 "%(default)s)")
+  k.add_argument("--memory", default=default["memory"],
+                 help="memory per worker (default %(default)s)")
+  k.add_argument("--gpus", type=int, default=default["gpus"],
+                 help="nvidia.com/gpu per worker (default %(default)s)")
+  k.add_argument("--controller-cpu", default=default["controller_cpu"],
+                 help="(default %(default)s)")
+  k.add_argument("--controller-memory", default=default["controller_memory"],
+                 help="(default %(default)s)")
+  k.add_argument("--port", type=int, default=default["port"],
+                 help="the client port; workers join at PORT+1, the "
+                 "coordination service listens at PORT+2, workers' data at "
+                 "PORT+3 (default %(default)s)")
+  k.add_argument("--token-secret", default=None,
+                 help="an existing Secret holding the cluster token under "
+                 f"the key '{k8s.TOKEN_KEY}' (default: render a Secret with "
+                 "a fresh token)")
+  k.add_argument("--worker-restarts", type=int,
+                 default=default["worker_restarts"],
+                 help="restarts of one island's worker before the whole "
+                 "cluster restarts (default %(default)s)")
+  k.add_argument("--max-restarts", type=int, default=default["max_restarts"],
+                 help="restarts of the whole cluster (JobSet failurePolicy; "
+                 "default %(default)s)")
+  k.add_argument("--out", default=None,
+                 help="write one file per object into this folder (the "
+                 "Secret's mode 0600) instead of printing them")
+
+
+def _k8s(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+  fields = {f.name for f in dataclasses.fields(k8s.Spec)}
+  try:
+    spec = k8s.Spec(**{k: v for k, v in vars(args).items() if k in fields})
+  except ValueError as e:
+    parser.error(str(e))
+  objects = k8s.manifests(spec)
+  if args.out:
+    for path in k8s.write(objects, args.out):
+      print(path)
+  else:
+    sys.stdout.write(k8s.to_yaml(objects))
+  return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = make_parser()
   args = parser.parse_args(argv)
+  if args.command == "k8s":
+    return _k8s(parser, args)
   try:
     cfg = config.from_env()
   except Exception as e:  # pylint: disable=broad-except

@@ -35,13 +35,18 @@ def load(path: str) -> str | None:
     return f.read().strip() or None
 
 
+def new() -> str:
+  """A fresh cluster token."""
+  return secrets.token_hex(16)
+
+
 def load_or_create(path: str) -> str:
   """The token kept at `path`; a fresh one, written there 0600, if none."""
   token = load(path)
   if token:
     return token
   os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-  token = secrets.token_hex(16)
+  token = new()
   try:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
                  0o600)

@@ -1,0 +1,6 @@
+"""Deploying a cluster on an engine that places and restarts its processes.
+
+k8s.py: the Kubernetes manifests that `jax-pathways k8s` prints. Hosts
+without an engine start `jax-pathways controller` and one `jax-pathways
+worker` per host by hand (docs/deploy.md).
+"""

@@ -1,0 +1,339 @@
+"""Kubernetes manifests of a cluster: a JobSet, its Service, Secret and
+NetworkPolicy, as plain objects and as YAML for `kubectl apply`.
+
+    jax-pathways k8s --image IMAGE --islands 4 | kubectl apply -f -
+
+The JobSet (jobset.x-k8s.io/v1alpha2; the JobSet controller must be
+installed) has the shape Pathways on Cloud uses: a `controller` replicated
+job of one pod, started first (startupPolicy InOrder: the workers are
+created once it is ready, i.e. answers `jax-pathways status`), and a
+`worker` replicated job with one Job per island (replicas = islands); each
+worker takes the island of its Job's index.
+
+Restarts. A worker that exits with an error (it crashed, or the controller
+dropped it: worker/main.py's exit codes) restarts in place
+(restartPolicy OnFailure) and takes its island back as the island's next
+generation; after `worker_restarts` restarts its Job fails. The controller
+is not restarted in place (restartPolicy Never, backoffLimit 0): a new
+controller knows none of the clients' arrays and the workers would not all
+find it, so its failure, or a worker Job's, recreates the whole JobSet (up
+to `max_restarts` times; JobSet's failurePolicy). A worker exits 0 only when
+its controller stopped it or is gone; the JobSet completes when the
+controller does (drained with SIGUSR1, or stopped).
+
+Addresses. Clients reach the controller through the Service
+`<name>-controller` (the client port only). Workers join it at its pod's
+JobSet DNS name `<name>-controller-0-0.<name>`, which does not depend on
+the Service's readiness-gated endpoints. The coordination service and each
+worker's data port listen on the pod's IP, since the controller and the
+workers hand those addresses to other pods (IPv4 pod networks).
+The NetworkPolicy lets the cluster's pods reach each other on any port and
+everyone else only the client port: the coordination service and gloo
+cannot authenticate (docs/security.md).
+
+The token lives in a Secret and reaches every process as JAX_PATHWAYS_TOKEN
+(secretKeyRef), never on a command line; every address is off loopback, so
+the controller requires it.
+
+A worker process is one island: islands spanning several hosts do not exist
+yet, so every worker Job runs one pod (completions = parallelism = 1).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any
+
+import yaml
+
+from jax_pathways import config
+from jax_pathways.cluster import tokens
+
+JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
+CONTROLLER = "controller"  # the replicated jobs' names
+WORKER = "worker"
+TOKEN_KEY = "token"  # the token's key in the Secret
+# JobSet labels every pod with its Job's index in its replicated job.
+JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+# Environment variables the commands refer to as $(NAME) (kubelet expands
+# them from the container's env).
+POD_IP = "POD_IP"
+JOB_INDEX = "JOB_INDEX"
+ALL_ADDRESSES = "0.0.0.0"
+# Pod names are DNS labels: JobSet refuses a JobSet whose pod names, the
+# hostname and Kubernetes' 6-character suffix, would not fit in one.
+_MAX_LABEL = 63
+_POD_NAME_SUFFIX = len("-abcde")
+_DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+# Kubernetes resource quantities: 500m, 4, 1.5, 16Gi, 8G.
+_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """A cluster to render. Ports: `port` for clients, port+1 where workers
+  join, port+2 the coordination service, port+3 the workers' data."""
+  image: str
+  name: str = "jax-pathways"
+  namespace: str | None = None  # None: kubectl's current namespace
+  islands: int = config.DEFAULT_ISLANDS
+  devices_per_island: int = config.DEFAULT_DEVICES_PER_ISLAND
+  cpu: str = "4"  # per worker: request and limit
+  memory: str = "8Gi"
+  gpus: int = 0  # nvidia.com/gpu per worker
+  controller_cpu: str = "2"
+  controller_memory: str = "4Gi"
+  port: int = 8470
+  token_secret: str | None = None  # an existing Secret; None: render one
+  worker_restarts: int = 10  # per worker Job (its backoffLimit)
+  max_restarts: int = 3  # of the whole JobSet
+
+  def __post_init__(self) -> None:
+    longest = self.controller_hostname  # longer than any worker's
+    if (not _DNS_LABEL.fullmatch(self.name) or
+        len(longest) + _POD_NAME_SUFFIX > _MAX_LABEL):
+      raise ValueError(
+          f"--name={self.name!r} must be lowercase letters, digits and '-', "
+          f"start with a letter, and keep pod names such as "
+          f"'{longest}-abcde' within {_MAX_LABEL} characters")
+    if self.namespace is not None and not _DNS_LABEL.fullmatch(self.namespace):
+      raise ValueError(f"--namespace={self.namespace!r} is not a namespace "
+                       "name (lowercase letters, digits and '-')")
+    if not self.image or any(c.isspace() for c in self.image):
+      raise ValueError(f"--image={self.image!r} must name an image, e.g. "
+                       "registry.example.com/jax-pathways:0.1.0")
+    if not 1 <= self.islands <= 64:  # what a controller accepts (config.py)
+      raise ValueError(f"--islands={self.islands} must be in 1..64")
+    if not 1 <= self.devices_per_island <= 1024:
+      raise ValueError(f"--devices-per-island={self.devices_per_island} "
+                       "must be in 1..1024")
+    for flag, value in (("--cpu", self.cpu), ("--memory", self.memory),
+                        ("--controller-cpu", self.controller_cpu),
+                        ("--controller-memory", self.controller_memory)):
+      if not _QUANTITY.fullmatch(value):
+        raise ValueError(f"{flag}={value!r} is not a Kubernetes quantity "
+                         "such as 500m, 4, 8Gi or 16G")
+    if self.gpus < 0:
+      raise ValueError(f"--gpus={self.gpus} must be >= 0")
+    if not 1 <= self.port <= 65535 - 3:
+      raise ValueError(f"--port={self.port} must be in 1..65532 (the "
+                       "cluster uses it and the next three)")
+    if self.token_secret is not None and not re.fullmatch(
+        r"[a-z0-9]([-.a-z0-9]*[a-z0-9])?", self.token_secret):
+      raise ValueError(f"--token-secret={self.token_secret!r} is not a "
+                       "Secret's name")
+    if self.worker_restarts < 0 or self.max_restarts < 0:
+      raise ValueError(f"--worker-restarts={self.worker_restarts} and "
+                       f"--max-restarts={self.max_restarts} must be >= 0")
+
+  @property
+  def worker_port(self) -> int:
+    return self.port + 1
+
+  @property
+  def coordinator_port(self) -> int:
+    return self.port + 2
+
+  @property
+  def data_port(self) -> int:
+    return self.port + 3
+
+  @property
+  def service(self) -> str:
+    # Not `name`: JobSet gives its headless Service (the subdomain) that one.
+    return f"{self.name}-{CONTROLLER}"
+
+  @property
+  def secret(self) -> str:
+    return self.token_secret or f"{self.name}-token"
+
+  @property
+  def controller_hostname(self) -> str:
+    """JobSet's hostname of the controller's pod: <JobSet>-<replicated
+    job>-<Job index>-<pod index>."""
+    return f"{self.name}-{CONTROLLER}-0-0"
+
+  @property
+  def controller_address(self) -> str:
+    """Where workers join: the controller pod's name in JobSet's DNS
+    (<hostname>.<subdomain>, the subdomain being the JobSet's name)."""
+    return f"{self.controller_hostname}.{self.name}:{self.worker_port}"
+
+
+def manifests(spec: Spec, token: str | None = None) -> list[dict[str, Any]]:
+  """The cluster's objects, in the order to apply them. The Secret (with
+  `token`, or a fresh one) only when spec.token_secret names none."""
+  objects = []
+  if spec.token_secret is None:
+    objects.append(secret(spec, token or tokens.new()))
+  return objects + [service(spec), network_policy(spec), jobset(spec)]
+
+
+class _Dumper(yaml.SafeDumper):
+  """Writes a value that occurs twice twice, not as an anchor and alias."""
+
+  def ignore_aliases(self, data: Any) -> bool:
+    return True
+
+
+def to_yaml(objects: list[dict[str, Any]]) -> str:
+  return yaml.dump_all(objects, Dumper=_Dumper, explicit_start=True,
+                       sort_keys=False)
+
+
+def write(objects: list[dict[str, Any]], directory: str) -> list[str]:
+  """One file per object in `directory` (`kubectl apply -f DIRECTORY`);
+  the Secret's readable by its owner only. Returns the paths."""
+  os.makedirs(directory, exist_ok=True)
+  paths = []
+  for obj in objects:
+    path = os.path.join(directory, f"{obj['kind'].lower()}.yaml")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+      os.fchmod(f.fileno(), 0o600 if obj["kind"] == "Secret" else 0o644)
+      f.write(to_yaml([obj]))
+    paths.append(path)
+  return paths
+
+
+def labels(spec: Spec, component: str | None = None) -> dict[str, str]:
+  """The labels of the cluster's objects; `component`: of its pods."""
+  out = {"app.kubernetes.io/name": "jax-pathways",
+         "app.kubernetes.io/instance": spec.name}
+  if component:
+    out["app.kubernetes.io/component"] = component
+  return out
+
+
+def _metadata(spec: Spec, name: str, component: str | None = None
+              ) -> dict[str, Any]:
+  meta: dict[str, Any] = {"name": name, "labels": labels(spec, component)}
+  if spec.namespace:
+    meta["namespace"] = spec.namespace
+  return meta
+
+
+def secret(spec: Spec, token: str) -> dict[str, Any]:
+  return {"apiVersion": "v1", "kind": "Secret",
+          "metadata": _metadata(spec, spec.secret), "type": "Opaque",
+          "stringData": {TOKEN_KEY: token}}
+
+
+def service(spec: Spec) -> dict[str, Any]:
+  """The client port of the controller, for clients in the cluster and
+  `kubectl port-forward`."""
+  return {"apiVersion": "v1", "kind": "Service",
+          "metadata": _metadata(spec, spec.service, CONTROLLER),
+          "spec": {"type": "ClusterIP",
+                   "selector": labels(spec, CONTROLLER),
+                   "ports": [{"name": "client", "port": spec.port,
+                              "targetPort": "client", "protocol": "TCP"}]}}
+
+
+def network_policy(spec: Spec) -> dict[str, Any]:
+  """Any port between the cluster's pods (gloo's ports are random), only
+  the client port from elsewhere."""
+  return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+          "metadata": _metadata(spec, spec.name),
+          "spec": {"podSelector": {"matchLabels": labels(spec)},
+                   "policyTypes": ["Ingress"],
+                   "ingress": [
+                       {"from": [{"podSelector":
+                                  {"matchLabels": labels(spec)}}]},
+                       {"ports": [{"port": spec.port, "protocol": "TCP"}]}]}}
+
+
+def jobset(spec: Spec) -> dict[str, Any]:
+  return {"apiVersion": JOBSET_API_VERSION, "kind": "JobSet",
+          "metadata": _metadata(spec, spec.name),
+          "spec": {
+              "network": {"enableDNSHostnames": True, "subdomain": spec.name},
+              "startupPolicy": {"startupPolicyOrder": "InOrder"},
+              "successPolicy": {"operator": "All",
+                                "targetReplicatedJobs": [CONTROLLER]},
+              "failurePolicy": {"maxRestarts": spec.max_restarts},
+              "replicatedJobs": [
+                  {"name": CONTROLLER, "replicas": 1,
+                   "template": _job(spec, CONTROLLER, _controller(spec),
+                                    "Never", backoff_limit=0)},
+                  {"name": WORKER, "replicas": spec.islands,
+                   "template": _job(spec, WORKER, _worker(spec), "OnFailure",
+                                    backoff_limit=spec.worker_restarts)},
+              ]}}
+
+
+def _job(spec: Spec, component: str, container: dict[str, Any],
+         restart_policy: str, backoff_limit: int) -> dict[str, Any]:
+  """A JobTemplateSpec of one pod (index 0: its DNS name ends in -0)."""
+  return {"spec": {
+      "completions": 1, "parallelism": 1, "completionMode": "Indexed",
+      "backoffLimit": backoff_limit,
+      "template": {
+          "metadata": {"labels": labels(spec, component)},
+          "spec": {"restartPolicy": restart_policy,
+                   # No FOO_SERVICE_HOST variables from other Services.
+                   "enableServiceLinks": False,
+                   "containers": [container]}}}}
+
+
+def _token_env(spec: Spec) -> dict[str, Any]:
+  return {"name": config.TOKEN, "valueFrom": {"secretKeyRef": {
+      "name": spec.secret, "key": TOKEN_KEY}}}
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+  return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _resources(cpu: str, memory: str, gpus: int = 0) -> dict[str, Any]:
+  amounts: dict[str, Any] = {"cpu": cpu, "memory": memory}
+  if gpus:
+    amounts["nvidia.com/gpu"] = str(gpus)
+  return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def status_command(spec: Spec) -> list[str]:
+  """The controller's probe: it answers `jax-pathways status` (with the
+  token from the container's env)."""
+  return ["jax-pathways", "status", "--address",
+          f"grpc://127.0.0.1:{spec.port}"]
+
+
+def _controller(spec: Spec) -> dict[str, Any]:
+  probe = {"exec": {"command": status_command(spec)}, "timeoutSeconds": 10}
+  return {
+      "name": CONTROLLER, "image": spec.image,
+      "command": ["jax-pathways", "controller",
+                  "--islands", str(spec.islands),
+                  "--listen", f"{ALL_ADDRESSES}:{spec.port}",
+                  "--worker-listen", f"{ALL_ADDRESSES}:{spec.worker_port}",
+                  # Workers are told this address: the pod's, not 0.0.0.0.
+                  "--coordinator-listen",
+                  f"$({POD_IP}):{spec.coordinator_port}"],
+      "env": [_token_env(spec), _field_env(POD_IP, "status.podIP")],
+      "ports": [{"name": "client", "containerPort": spec.port},
+                {"name": "workers", "containerPort": spec.worker_port},
+                {"name": "coordination",
+                 "containerPort": spec.coordinator_port}],
+      "readinessProbe": dict(probe, periodSeconds=5),
+      # Lenient: killing the controller restarts the whole cluster.
+      "livenessProbe": dict(probe, periodSeconds=10, failureThreshold=6),
+      "resources": _resources(spec.controller_cpu, spec.controller_memory),
+  }
+
+
+def _worker(spec: Spec) -> dict[str, Any]:
+  return {
+      "name": WORKER, "image": spec.image,
+      "command": ["jax-pathways", "worker",
+                  "--controller", spec.controller_address,
+                  "--island", f"$({JOB_INDEX})",
+                  "--devices", str(spec.devices_per_island),
+                  # Other workers are told this address: the pod's.
+                  "--data-listen", f"$({POD_IP}):{spec.data_port}"],
+      "env": [_token_env(spec), _field_env(POD_IP, "status.podIP"),
+              _field_env(JOB_INDEX, f"metadata.labels['{JOB_INDEX_LABEL}']")],
+      "ports": [{"name": "data", "containerPort": spec.data_port}],
+      "resources": _resources(spec.cpu, spec.memory, spec.gpus),
+  }
