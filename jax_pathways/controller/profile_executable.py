@@ -1,0 +1,118 @@
+"""ProfileExecutable: pathwaysutils' profiling program, run by the islands' tracers.
+
+pathwaysutils compiles one PluginProgram per `jax.profiler.start_trace` and
+executes it twice: the first execution starts recording, the second stops it
+(pathwaysutils/profiling.py). Starting puts a "start" TRACE op into the order
+of every island of the client's slice (controller/tracing.py, the same
+recording as `jax_pathways.trace()`); stopping puts a "stop" one there, which
+the islands answer once everything submitted before it has finished, and
+writes each island's ops as `<log_dir>/plugins/profile/<run>/island_<k>.xplane.pb`.
+`<run>` is the session name pathwaysutils also gives JAX, which names its own
+run directory after it, so TensorBoard and Perfetto show the islands beside
+the client's trace.
+
+The controller writes the files itself: the directory must be on its
+filesystem (the embedded cluster's always is; a remote controller needs a
+shared one). pathwaysutils reads nothing from the executions' results, so
+carrying the bytes back to the client would not get them written there.
+
+Nothing waits: both executions answer through the status the client awaits
+(its execution token), set when the islands have done the TRACE op.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Any, Callable, Sequence
+
+from absl import logging
+
+from jax_pathways import xplane
+from jax_pathways.controller import tracing
+from jax_pathways.programs.plugin_program import ProfileRequest
+from jax_pathways.programs.sharding import Sharding
+from jax_pathways.status import Code, Status, failed_precondition, invalid_argument
+from jax_pathways.tracing import Trace
+
+OnDone = Callable[..., None]  # (status, *_), as launches report
+
+
+class ProfileExecutable:
+  """One start_trace/stop_trace pair of one client; the execute handler's
+  view of an executable with no parameters and no outputs."""
+
+  donated: tuple[int, ...] = ()
+  num_parameters = 0
+
+  def __init__(self, request: ProfileRequest, owner: int,
+               devices: tuple[int, ...], islands: Sequence[int]):
+    self.request = request
+    self.devices = devices
+    # Its one result (when pathwaysutils expects one) holds no data: the
+    # execute handler makes it a failed array, which pathwaysutils drops.
+    n = 1 if request.has_result else 0
+    self.outputs: list[tuple[tuple[int, ...], str]] = [((1,), "uint8")] * n
+    self.output_shardings = [Sharding(devices[:1])] * n
+    self.output_islands: list[tuple[Any, ...]] = [()] * n
+    self._owner = owner
+    self._islands = list(islands)
+    self._executions = 0
+    self.metadata: dict[str, Any] = {
+        "name": "pathways_profile", "parameter_shardings": None,
+        "output_shardings": None, "parameter_layouts": [],
+        "output_layouts": [[0]] * n, "output_memory_kinds": [],
+        "donated_input_indices": [], "memory_stats": {},
+        "cost_analysis": {}, "hlo_text": ""}
+
+  def check_argument(self, i: int, array: Any) -> None:
+    raise invalid_argument("the profiling program takes no arguments")
+
+  def launch(self, services: Any, args: Sequence[Any], results: Sequence[int],
+             on_done: OnDone | None) -> None:
+    """Starts recording on the first call, stops and writes on the second."""
+    self._executions += 1
+    report = on_done or (lambda status, *_: None)
+    if self._executions == 1:
+      services.recording.claim(self._owner)
+      tracing.trace(services.topology, services.dispatcher, "start",
+                    lambda status, _: report(status), self._islands)
+    elif self._executions == 2:
+      tracing.trace(services.topology, services.dispatcher, "stop",
+                    lambda status, body: report(self._stopped(services, status,
+                                                              body)),
+                    self._islands)
+    else:
+      raise failed_precondition(
+          "this profile has stopped; start_trace compiles a new one")
+
+  def abandon(self, services: Any) -> None:
+    """The client let go of it (or ended) while recording: stop, discard."""
+    if services.recording.release(self._owner):
+      tracing.trace(services.topology, services.dispatcher, "stop",
+                    lambda *_: None, self._islands)
+
+  def _stopped(self, services: Any, status: Status, body: bytes) -> Status:
+    services.recording.release(self._owner)
+    if not status.ok:
+      return status
+    trace = Trace()
+    trace.fill(json.loads(body))
+    run = self.request.session_name or time.strftime("%Y_%m_%d_%H_%M_%S")
+    run_dir = os.path.join(self.request.trace_dir, "plugins", "profile", run)
+    host = socket.gethostname()
+    try:
+      os.makedirs(run_dir, exist_ok=True)
+      for island in self._islands:
+        path = os.path.join(run_dir, f"island_{island}.xplane.pb")
+        with open(f"{path}.tmp", "wb") as f:
+          f.write(xplane.xspace(trace, island, f"{host}:island_{island}"))
+        os.replace(f"{path}.tmp", path)
+    except OSError as e:
+      return Status(Code.FAILED_PRECONDITION,
+                    f"could not write the islands' traces to {run_dir} on the "
+                    f"controller's host {host}: {e}")
+    logging.info("client %d: %d ops of islands %s written to %s", self._owner,
+                 len(trace.ops), self._islands, run_dir)
+    return status
