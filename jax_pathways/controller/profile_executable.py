@@ -98,7 +98,10 @@ class ProfileExecutable:
     if not status.ok:
       return status
     trace = Trace()
-    trace.fill(json.loads(body))
+    try:
+      trace.fill(json.loads(body))
+    except (ValueError, TypeError) as e:  # a worker's records, malformed
+      return Status(Code.DATA_LOSS, f"unreadable island trace: {e!r}")
     run = self.request.session_name or time.strftime("%Y_%m_%d_%H_%M_%S")
     run_dir = os.path.join(self.request.trace_dir, "plugins", "profile", run)
     host = socket.gethostname()

@@ -66,7 +66,8 @@ def parse(program: Any, compile_options: Any) -> ProfileRequest:
         f"PluginProgram {bytes(data[:80])!r} is not JSON; jax_pathways serves "
         "pathwaysutils' profileRequest only") from None
   if not isinstance(body, dict) or set(body) != {"profileRequest"}:
-    asked = sorted(body) if isinstance(body, dict) else type(body).__name__
+    asked = (sorted(body) if isinstance(body, dict)
+             else f"of JSON type {type(body).__name__}")
     raise unimplemented(
         f"PluginProgram {asked} is not served: jax_pathways serves "
         "pathwaysutils' profileRequest only")
