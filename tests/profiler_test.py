@@ -49,14 +49,20 @@ def test_jax_profiler_trace_holds_each_islands_launches(pathways, tmp_path):
   assert any(f.endswith(".xplane.pb") and not f.startswith("island_")
              for f in files), files  # JAX's client-side trace
   for island in (0, 1):
-    events = _events(os.path.join(runs[0], f"island_{island}.xplane.pb"))
+    path = os.path.join(runs[0], f"island_{island}.xplane.pb")
+    events = _events(path)
     launches = [e for e in events if e[1] == "launch"]
     assert {e[0] for e in events} == {f"/device:CUSTOM:{island}"}
     assert [e[2] for e in launches] == ["jit_scaled_square"] * 3
-    for _, _, _, start, duration in launches:
-      assert before <= start <= start + duration <= after
-    starts = [e[3] for e in launches]
-    assert starts == sorted(starts)
+    # As in JAX's files: times from the profile's start, given as wall clock.
+    env = dict(jax.profiler.ProfileData.from_file(path)
+               .find_plane_with_name("Task Environment").stats)
+    start, stop = env["profile_start_time"], env["profile_stop_time"]
+    assert before <= start < stop <= after
+    for *_, offset, duration in launches:
+      assert 0 <= offset <= offset + duration <= stop - start
+    offsets = [e[3] for e in launches]
+    assert offsets == sorted(offsets)
 
 
 def _compile_plugin_program(text: str):

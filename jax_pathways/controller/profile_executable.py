@@ -59,6 +59,7 @@ class ProfileExecutable:
     self._owner = owner
     self._islands = list(islands)
     self._executions = 0
+    self._start_ns = 0  # wall clock, when recording was asked for
     self.metadata: dict[str, Any] = {
         "name": "pathways_profile", "parameter_shardings": None,
         "output_shardings": None, "parameter_layouts": [],
@@ -76,6 +77,7 @@ class ProfileExecutable:
     report = on_done or (lambda status, *_: None)
     if self._executions == 1:
       services.recording.claim(self._owner)
+      self._start_ns = time.time_ns()
       tracing.trace(services.topology, services.dispatcher, "start",
                     lambda status, _: report(status), self._islands)
     elif self._executions == 2:
@@ -94,6 +96,7 @@ class ProfileExecutable:
                     lambda *_: None, self._islands)
 
   def _stopped(self, services: Any, status: Status, body: bytes) -> Status:
+    stop_ns = time.time_ns()
     services.recording.release(self._owner)
     if not status.ok:
       return status
@@ -110,7 +113,8 @@ class ProfileExecutable:
       for island in self._islands:
         path = os.path.join(run_dir, f"island_{island}.xplane.pb")
         with open(f"{path}.tmp", "wb") as f:
-          f.write(xplane.xspace(trace, island, f"{host}:island_{island}"))
+          f.write(xplane.xspace(trace, island, f"{host}:island_{island}",
+                                self._start_ns, stop_ns))
         os.replace(f"{path}.tmp", path)
     except OSError as e:
       return Status(Code.FAILED_PRECONDITION,
