@@ -17,7 +17,8 @@ shared one). pathwaysutils reads nothing from the executions' results, so
 carrying the bytes back to the client would not get them written there.
 
 Nothing waits: both executions answer through the status the client awaits
-(its execution token), set when the islands have done the TRACE op.
+(its execution token), set when the islands have done the TRACE op (and,
+for stop, the files are written, on a thread of their own).
 """
 from __future__ import annotations
 
@@ -25,23 +26,27 @@ import json
 import os
 import socket
 import time
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from absl import logging
 
-from jax_pathways import xplane
+from jax_pathways import threads, xplane
 from jax_pathways.controller import tracing
 from jax_pathways.programs.plugin_program import ProfileRequest
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.status import Code, Status, failed_precondition, invalid_argument
 from jax_pathways.tracing import Trace
 
+if TYPE_CHECKING:
+  from jax_pathways.controller.session import Services
+
 OnDone = Callable[..., None]  # (status, *_), as launches report
 
 
 class ProfileExecutable:
-  """One start_trace/stop_trace pair of one client; the execute handler's
-  view of an executable with no parameters and no outputs."""
+  """One start_trace/stop_trace pair of one client, as the execute handler
+  sees an executable: no parameters, and the one output pathwaysutils
+  expects with xprof options (a failed array: it reads nothing)."""
 
   donated: tuple[int, ...] = ()
   num_parameters = 0
@@ -50,56 +55,69 @@ class ProfileExecutable:
                devices: tuple[int, ...], islands: Sequence[int]):
     self.request = request
     self.devices = devices
-    # Its one result (when pathwaysutils expects one) holds no data: the
-    # execute handler makes it a failed array, which pathwaysutils drops.
     n = 1 if request.has_result else 0
     self.outputs: list[tuple[tuple[int, ...], str]] = [((1,), "uint8")] * n
     self.output_shardings = [Sharding(devices[:1])] * n
     self.output_islands: list[tuple[Any, ...]] = [()] * n
-    self._owner = owner
-    self._islands = list(islands)
-    self._executions = 0
-    self._start_ns = 0  # wall clock, when recording was asked for
     self.metadata: dict[str, Any] = {
         "name": "pathways_profile", "parameter_shardings": None,
         "output_shardings": None, "parameter_layouts": [],
         "output_layouts": [[0]] * n, "output_memory_kinds": [],
         "donated_input_indices": [], "memory_stats": {},
         "cost_analysis": {}, "hlo_text": ""}
+    self._owner = owner
+    self._islands = list(islands)
+    self._state = "new"  # -> recording -> stopping (or abandoned)
+    self._start_ns = 0  # wall clock, when recording was asked for
 
   def check_argument(self, i: int, array: Any) -> None:
     raise invalid_argument("the profiling program takes no arguments")
 
-  def launch(self, services: Any, args: Sequence[Any], results: Sequence[int],
-             on_done: OnDone | None) -> None:
+  def launch(self, services: Services, args: Sequence[Any],
+             results: Sequence[int], on_done: OnDone | None) -> None:
     """Starts recording on the first call, stops and writes on the second."""
-    self._executions += 1
     report = on_done or (lambda status, *_: None)
-    if self._executions == 1:
+    if self._state == "new":
       services.recording.claim(self._owner)
-      self._start_ns = time.time_ns()
-      tracing.trace(services.topology, services.dispatcher, "start",
-                    lambda status, _: report(status), self._islands)
-    elif self._executions == 2:
-      tracing.trace(services.topology, services.dispatcher, "stop",
-                    lambda status, body: report(self._stopped(services, status,
-                                                              body)),
+      self._state, self._start_ns = "recording", time.time_ns()
+
+      def started(status: Status, _: bytes) -> None:
+        if not status.ok:
+          services.recording.release(self._owner)
+        report(status)
+
+      tracing.trace(services.topology, services.dispatcher, "start", started,
+                    self._islands)
+    elif self._state == "recording":
+      self._state = "stopping"
+
+      def stopped(status: Status, body: bytes) -> None:
+        stop_ns = time.time_ns()
+        services.recording.release(self._owner)
+        if not status.ok:
+          report(status)
+          return
+        # Seconds of work for a full recording: not on the dispatcher's
+        # completion thread, which every client's launches report through.
+        threads.start(lambda: report(self._write(body, stop_ns)),
+                      "jp-profile")
+
+      tracing.trace(services.topology, services.dispatcher, "stop", stopped,
                     self._islands)
     else:
       raise failed_precondition(
-          "this profile has stopped; start_trace compiles a new one")
+          f"this profile is {self._state}; start_trace compiles a new one")
 
-  def abandon(self, services: Any) -> None:
+  def abandon(self, services: Services) -> None:
     """The client let go of it (or ended) while recording: stop, discard."""
-    if services.recording.release(self._owner):
+    if self._state == "recording":
+      self._state = "abandoned"
+      services.recording.release(self._owner)
       tracing.trace(services.topology, services.dispatcher, "stop",
                     lambda *_: None, self._islands)
 
-  def _stopped(self, services: Any, status: Status, body: bytes) -> Status:
-    stop_ns = time.time_ns()
-    services.recording.release(self._owner)
-    if not status.ok:
-      return status
+  def _write(self, body: bytes, stop_ns: int) -> Status:
+    """Writes each island's XSpace; why not, if it could not."""
     trace = Trace()
     try:
       trace.fill(json.loads(body))
@@ -122,4 +140,4 @@ class ProfileExecutable:
                     f"controller's host {host}: {e}")
     logging.info("client %d: %d ops of islands %s written to %s", self._owner,
                  len(trace.ops), self._islands, run_dir)
-    return status
+    return Status()
