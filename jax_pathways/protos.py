@@ -31,6 +31,7 @@ _ROOTS = (
     "xla/python/ifrt/ir/ifrt_ir_compile_options.proto",
     "xla/pjrt/proto/compile_options.proto",
     "xla/service/hlo.proto",
+    "tsl/profiler/protobuf/xplane.proto",  # traces written for jax.profiler
 )
 
 # Field numbers and wire types of FileDescriptorProto, used to find where one

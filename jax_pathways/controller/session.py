@@ -29,6 +29,8 @@ from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.compile_cache import CompileCache
 from jax_pathways.controller.coordination import GlobalClient
 from jax_pathways.controller.handle_store import HandleStore, ServerHandles
+from jax_pathways.controller.profile_executable import ProfileExecutable
+from jax_pathways.controller.tracing import Recording
 from jax_pathways.dispatch.dispatcher import Dispatcher
 from jax_pathways.resources.resource_manager import ResourceManager
 from jax_pathways.resources.topology import Topology
@@ -51,6 +53,8 @@ class Services:
   global_client: GlobalClient | None = None
   wait_for_topology_s: float = 120.0
   upload_timeout_s: float = 600.0
+  # Whose jax.profiler trace the islands record (shared by all sessions).
+  recording: Recording = dataclasses.field(default_factory=Recording)
 
 
 class Waiting(Exception):
@@ -340,7 +344,9 @@ class Session:
   def close(self) -> None:
     """Frees everything the session held, on controller and workers."""
     moves.release(self.services, self.arrays.drain())
-    self.executables.drain()
+    for exe in self.executables.drain():
+      if isinstance(exe, ProfileExecutable):  # perhaps still recording
+        exe.abandon(self.services)
     self.futures.drain()
     self.execute_results.drain()
     self.services.resources.release(self.id)

@@ -1,7 +1,8 @@
 """Compile: place the program on its islands, compile it there once.
 
 An XlaProgram becomes one program on the islands of its devices; an
-IfrtIRProgram (MPMD) one program per fragment, each on its mesh's islands.
+IfrtIRProgram (MPMD) one program per fragment, each on its mesh's islands;
+pathwaysutils' profiling PluginProgram a ProfileExecutable, nothing compiled.
 
 The reply waits for the worker's compile (the client waits for it anyway)
 and carries the executable's handle; everything the client asks about the
@@ -17,9 +18,12 @@ from jax_pathways.controller.compile_cache import CompiledProgram
 from jax_pathways.controller.handlers.future import done_future
 from jax_pathways.controller.handlers.registry import handles
 from jax_pathways.controller.mpmd_executable import MpmdExecutable
+from jax_pathways.controller.profile_executable import ProfileExecutable
 from jax_pathways.controller.session import Reply, Session
-from jax_pathways.programs import ifrt_ir_program, xla_program
+from jax_pathways.programs import ifrt_ir_program, plugin_program, xla_program
 from jax_pathways.status import Status, unimplemented
+
+Loaded = CompiledProgram | MpmdExecutable | ProfileExecutable
 
 
 @handles("compile_request")
@@ -29,13 +33,8 @@ def compile_program(session: Session, req: Any, reply: Reply) -> None:
         "host callbacks (jax.debug.print, pure_callback, io_callback) cannot "
         "cross the IFRT proxy; see docs/limitations.md")
   services = session.services
-  mpmd = req.program.type_name == ifrt_ir_program.IFRT_IR_PROGRAM
-  program = (ifrt_ir_program if mpmd else xla_program).place(
-      req.program, req.compile_options, services.topology,
-      services.spmd_across_islands, session.slice)
 
-  def compiled(status: Status,
-               result: CompiledProgram | MpmdExecutable | None) -> None:
+  def compiled(status: Status, result: Loaded | None) -> None:
     if not status.ok:
       reply.error(status)
       return
@@ -65,6 +64,17 @@ def compile_program(session: Session, req: Any, reply: Reply) -> None:
 
     reply.ok(fill)
 
+  if req.program.type_name == plugin_program.PLUGIN_PROGRAM:
+    request = plugin_program.parse(req.program, req.compile_options)
+    devices = session.slice.physical_ids
+    islands = services.topology.islands_of(devices, "the client's slice")
+    compiled(Status(), ProfileExecutable(request, session.number, devices,
+                                          [i.id for i in islands]))
+    return
+  mpmd = req.program.type_name == ifrt_ir_program.IFRT_IR_PROGRAM
+  program = (ifrt_ir_program if mpmd else xla_program).place(
+      req.program, req.compile_options, services.topology,
+      services.spmd_across_islands, session.slice)
   if mpmd:
     mpmd_executable.compile_program(program, services.compile_cache,
                                     services.topology, compiled)

@@ -15,17 +15,22 @@ from jax_pathways import dtypes
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.compile_cache import CompiledProgram
 from jax_pathways.controller.mpmd_executable import MpmdExecutable
+from jax_pathways.controller.profile_executable import ProfileExecutable
 from jax_pathways.controller.handlers.future import done_future
 from jax_pathways.controller.handlers.registry import handles
 from jax_pathways.controller.session import Reply, Session
 from jax_pathways.programs import sharding as sharding_lib
-from jax_pathways.status import StatusError, invalid_argument, unimplemented
+from jax_pathways.status import (StatusError, failed_precondition,
+                                 invalid_argument, unimplemented)
 
-Executable = CompiledProgram | MpmdExecutable
+Executable = CompiledProgram | MpmdExecutable | ProfileExecutable
 
 # Protocol version from which the execution status is fetched with
 # LoadedExecutableFetchExecuteResult instead of CheckFuture.
 _EXECUTE_RESULT_VERSION = 21
+# What reading the profiling program's result (pathwaysutils does not) gets.
+_NO_DATA = failed_precondition(
+    "the profiling program's result holds no data").status
 
 
 def _layouts(field_list: Any, field_error: Any, layouts: Any) -> None:
@@ -125,7 +130,8 @@ def execute(session: Session, req: Any, reply: Reply) -> None:
   else:
     for h, b, (shape, dtype), s, islands in zip(
         handles_, buffers, outputs, shardings, exe.output_islands):
-      session.arrays.put(h, Array(b, islands, dtype, shape, s))
+      session.arrays.put(h, Array.failed(_NO_DATA) if isinstance(
+          exe, ProfileExecutable) else Array(b, islands, dtype, shape, s))
     # Nobody waits for a launch unless the client asked for its status:
     # readiness and errors travel through the output buffers' futures.
     on_done = None
@@ -226,7 +232,9 @@ def is_deleted(session: Session, req: Any, reply: Reply) -> None:
 @handles("loaded_executable_destruct_request")
 def destruct(session: Session, req: Any, reply: Reply) -> None:
   # The compiled program stays cached on its worker for the next client.
-  session.executables.pop(req.loaded_executable_handle)
+  exe = session.executables.pop(req.loaded_executable_handle)
+  if isinstance(exe, ProfileExecutable):  # perhaps still recording
+    exe.abandon(session.services)
   reply.ok()
 
 

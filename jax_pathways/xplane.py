@@ -1,0 +1,69 @@
+"""xspace(): one island's part of a Trace in the profiler's XSpace format.
+
+TensorBoard's profile plugin (xprof) and `jax.profiler.ProfileData` read
+`<log_dir>/plugins/profile/<run>/<host>.xplane.pb` files, each a serialized
+`tensorflow.profiler.XSpace` (the schema is jaxlib's own,
+tsl/profiler/protobuf/xplane.proto). An island becomes one "host" with one
+device plane, `/device:CUSTOM:<island>` (xprof shows custom device planes
+where a machine has no GPU or TPU planes), one line per op kind ("launch",
+"receive", ...) and one event per op, named after its program for launches.
+As in the files JAX writes, times are relative to the profile's start, which
+a "Task Environment" plane gives as wall-clock ns (profile_start_time), so
+the islands' files line up with the client's.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from jax_pathways import protos
+from jax_pathways.tracing import Trace
+
+PLANE_PREFIX = "/device:CUSTOM:"
+TASK_ENVIRONMENT = "Task Environment"  # tsl's kTaskEnvPlaneName
+_OP_STATS = ("seq", "issued_ns", "issue_end_ns")
+
+
+def xspace(trace: Trace, island: int, hostname: str, start_ns: int,
+           stop_ns: int) -> bytes:
+  """The serialized XSpace of `island`'s ops in `trace`, recorded from
+  `start_ns` to `stop_ns` (wall clock)."""
+  space = protos.msg("tensorflow.profiler.XSpace")()
+  space.hostnames.append(hostname)
+  _device_plane(space.planes.add(id=island, name=f"{PLANE_PREFIX}{island}"),
+                trace, island, start_ns)
+  env = space.planes.add(id=island, name=TASK_ENVIRONMENT)
+  _stat_names(env, ("profile_start_time", "profile_stop_time"))
+  env.stats.add(metadata_id=1, uint64_value=start_ns)
+  env.stats.add(metadata_id=2, uint64_value=stop_ns)
+  return space.SerializeToString()
+
+
+def _device_plane(plane: Any, trace: Trace, island: int,
+                  start_ns: int) -> None:
+  _stat_names(plane, _OP_STATS)
+  event_ids: dict[str, int] = {}
+  lines: dict[str, Any] = {}
+  for op in sorted((op for op in trace.ops if op.island == island),
+                   key=lambda op: op.start_ns):
+    line = lines.get(op.kind)
+    if line is None:
+      line = lines[op.kind] = plane.lines.add(
+          id=len(lines), name=op.kind, timestamp_ns=op.start_ns - start_ns)
+    metadata_id = event_ids.setdefault(op.name, len(event_ids) + 1)
+    plane.event_metadata[metadata_id].id = metadata_id
+    plane.event_metadata[metadata_id].name = op.name
+    event = line.events.add(
+        metadata_id=metadata_id,
+        offset_ps=(op.start_ns - start_ns - line.timestamp_ns) * 1000,
+        duration_ps=max(op.ready_ns - op.start_ns, 0) * 1000)
+    for stat_id, value in enumerate(
+        (op.seq, op.issued_ns - start_ns, op.issue_end_ns - start_ns), start=1):
+      event.stats.add(metadata_id=stat_id, int64_value=value)
+  for line in lines.values():
+    line.duration_ps = max(e.offset_ps + e.duration_ps for e in line.events)
+
+
+def _stat_names(plane: Any, names: Sequence[str]) -> None:
+  for i, name in enumerate(names, start=1):
+    plane.stat_metadata[i].id = i
+    plane.stat_metadata[i].name = name
