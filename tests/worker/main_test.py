@@ -1,4 +1,5 @@
 """What a worker reports of its platform, and a platform the host lacks."""
+import importlib.util
 import os
 import subprocess
 import sys
@@ -76,7 +77,11 @@ def test_an_accelerator_island_refuses_programs_across_islands():
 
 @pytest.mark.integration
 @pytest.mark.parametrize("platform,why", [
-    ("cuda", "it sees no cuda device"),
+    pytest.param("cuda", "it sees no cuda device", marks=pytest.mark.skipif(
+        os.path.exists("/dev/nvidiactl"), reason="this host has a GPU")),
+    pytest.param("tpu", "libtpu", marks=pytest.mark.skipif(
+        importlib.util.find_spec("libtpu") is not None,
+        reason="libtpu is installed")),
     ("nosuchplatform", "not in the list of known backends"),
 ])
 def test_a_platform_the_host_lacks_fails_at_start(platform, why):
