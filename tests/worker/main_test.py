@@ -106,3 +106,34 @@ def test_a_platform_name_is_checked_by_the_parser():
     cli.main(["worker", "--controller", "127.0.0.1:1", "--platform",
               "cuda,cpu"])
   assert e.value.code == 2
+
+
+# A platform from JAX's registry, as a plugin's would be (a CPU client
+# under another name: this machine has no accelerator), in a process whose
+# JAX asks for nothing else.
+_REGISTERED_PLATFORM = """
+import os, sys
+os.environ["JAX_PLATFORMS"] = "fakeaccel"
+from jax._src import xla_bridge
+from jax._src.lib import xla_client as xc
+from jax_pathways.worker import pjrt_backend
+xla_bridge.register_backend_factory(
+    "fakeaccel", lambda: xc.make_cpu_client(num_devices=2), priority=500)
+client = pjrt_backend.island_client("fakeaccel", None)
+assert client is xla_bridge.get_backend("fakeaccel")
+assert len(client.local_devices()) == 2
+try:
+  pjrt_backend.island_client("fakeaccel", 3)
+except pjrt_backend.PlatformError as e:
+  print(e)
+"""
+
+
+@pytest.mark.integration
+def test_another_platform_is_jaxs_own_client_with_all_its_devices():
+  out = subprocess.run([sys.executable, "-c", _REGISTERED_PLATFORM],
+                       capture_output=True, text=True, timeout=60, cwd=CWD)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.startswith("--devices=3, but cpu shows 2 devices on this "
+                               "host: an accelerator island takes all"), (
+                                   out.stdout)
