@@ -29,6 +29,28 @@ def _tiled_matmul(x, y):
       interpret=True)(x, y)
 
 
+def _accumulate_kernel(x_ref, y_ref, o_ref):
+  @pl.when(pl.program_id(2) == 0)
+  def _():
+    o_ref[...] = jnp.zeros_like(o_ref)
+  o_ref[...] += jnp.dot(x_ref[...], y_ref[...],
+                        preferred_element_type=jnp.float32)
+
+
+def _blocked_matmul(x, y):
+  """Pallas' canonical matmul: 8x8 output blocks summed over k blocks
+  (grid axis 2), the order of the sums fixed by the grid."""
+  m, k = x.shape
+  n = y.shape[1]
+  return pl.pallas_call(
+      _accumulate_kernel, out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+      grid=(m // 8, n // 8, k // 8),
+      in_specs=[pl.BlockSpec((8, 8), lambda i, j, kk: (i, kk)),
+                pl.BlockSpec((8, 8), lambda i, j, kk: (kk, j))],
+      out_specs=pl.BlockSpec((8, 8), lambda i, j, kk: (i, j)),
+      interpret=True)(x, y)
+
+
 def test_devices_report_the_workers_platform(proxy_devices):
   worker = pjrt_backend.island_client("cpu", 1).local_devices()[0]
   assert {(d.platform, d.device_kind) for d in proxy_devices} == {
@@ -59,4 +81,14 @@ def test_pallas_kernel_in_shard_map_is_bit_exact(run_both):
                               in_specs=(P("d"), P()), out_specs=P("d"),
                               check_vma=False))
     return f(x, y)
+  run_both(program)
+
+
+def test_pallas_blocked_matmul_is_bit_exact(run_both):
+  def program(devices):
+    x = jax.device_put(jnp.sin(jnp.arange(24 * 32, dtype=jnp.float32)
+                               ).reshape(24, 32), devices[2])
+    y = jax.device_put(jnp.cos(jnp.arange(32 * 16, dtype=jnp.bfloat16)
+                               ).reshape(32, 16), devices[2])
+    return jax.jit(_blocked_matmul)(x, y.astype(jnp.float32))
   run_both(program)
