@@ -106,6 +106,14 @@ setup(
     ],
     extras_require={
         "examples": ["optax"],
+        # Workers on accelerators (`jax-pathways worker --platform ...`):
+        # JAX's own PJRT plugins, at the jax every process runs. Clients
+        # lowering custom kernels for them (Pallas, jax-triton) want the
+        # same extra.
+        "cuda12": ["jax[cuda12]==0.10.2"],
+        "cuda13": ["jax[cuda13]==0.10.2"],
+        "rocm": ["jax[rocm7-local]==0.10.2"],
+        "tpu": ["jax[tpu]==0.10.2"],
         # pybind11, setuptools: tests/sanitizers_test.py builds csrc/.
         # pathwaysutils (brings orbax-checkpoint): tests/elastic/.
         # kubernetes: tests/deploy/k8s_test.py checks the manifests against

@@ -1,7 +1,7 @@
 """The `jax-pathways` command: controller, worker, status and k8s.
 
     jax-pathways controller --islands 2 [--listen 127.0.0.1:8470] [--worker-listen 127.0.0.1:8471]
-    jax-pathways worker --controller HOST:PORT [--island 0] [--devices 4] [--device-cores 0-3]
+    jax-pathways worker --controller HOST:PORT [--island 0] [--devices 4] [--platform cpu] [--device-cores 0-3]
     jax-pathways status [--address grpc://HOST:PORT] [--json]
     jax-pathways k8s --image IMAGE [--islands 2] [--out DIR]  (docs/deploy.md)
 
@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import faulthandler
 import json
+import re
 import sys
 import time
 from typing import Any, Sequence
@@ -135,7 +136,16 @@ def make_parser() -> argparse.ArgumentParser:
   w.add_argument("--island", type=int, default=None,
                  help="island id to take (default: the next free one)")
   w.add_argument("--devices", type=int, default=None,
-                 help="CPU devices this worker emulates (default 4)")
+                 help="CPU devices this worker emulates (default "
+                 f"${config.DEVICES_PER_ISLAND} or "
+                 f"{config.DEFAULT_DEVICES_PER_ISLAND}); on another platform "
+                 "the island has all the devices it shows, and --devices, "
+                 "if given, must match")
+  w.add_argument("--platform", default=None,
+                 help="the PJRT platform of the island: cpu, cuda, rocm, tpu "
+                 "or another JAX knows (default: the one JAX finds on this "
+                 "host); all but cpu come from JAX's own plugin "
+                 "(pip install 'jax_pathways[cuda12]' etc.)")
   w.add_argument("--data-listen", default="127.0.0.1:0",
                  help="where other workers send data (HOST:PORT or "
                  "unix:/path; default 127.0.0.1:0)")
@@ -189,7 +199,9 @@ def _add_k8s(k: argparse.ArgumentParser) -> None:
   k.add_argument("--memory", default=default["memory"],
                  help="memory per worker (default %(default)s)")
   k.add_argument("--gpus", type=int, default=default["gpus"],
-                 help="nvidia.com/gpu per worker (default %(default)s)")
+                 help="nvidia.com/gpu per worker (default %(default)s); "
+                 "more than 0: the workers are CUDA islands (--platform "
+                 "cuda), and --devices-per-island must equal it")
   k.add_argument("--controller-cpu", default=default["controller_cpu"],
                  help="(default %(default)s)")
   k.add_argument("--controller-memory", default=default["controller_memory"],
@@ -277,10 +289,14 @@ def main(argv: Sequence[str] | None = None) -> int:
       parser.error(f"--controller-timeout={args.controller_timeout} must be "
                    ">= 2 seconds (the controller sends a heartbeat every "
                    "second)")
-    return worker_main.run(args.controller, args.island,
-                           args.devices or cfg.devices_per_island, cfg.token,
-                           args.data_listen, args.connect_timeout, memory,
-                           device_cores, args.controller_timeout)
+    if args.platform is not None and not re.fullmatch(r"[a-z][a-z0-9_]*",
+                                                       args.platform):
+      parser.error(f"--platform={args.platform!r} is not a platform name "
+                   "(cpu, cuda, rocm, tpu, ...)")
+    return worker_main.run(args.controller, args.island, args.devices,
+                           cfg.token, args.data_listen, args.connect_timeout,
+                           memory, device_cores, args.controller_timeout,
+                           args.platform)
   from jax_pathways import admin  # pylint: disable=import-outside-toplevel
   address = args.address or cfg.address
   if not address:

@@ -166,6 +166,8 @@ class LocalCluster:
         self._worker_args.append([
             "worker", "--controller", ready["worker_address"],
             "--island", str(i), "--devices", str(self.devices_per_island),
+            # Emulated CPU devices, also on a host with accelerators.
+            "--platform", "cpu",
             "--data-listen", f"unix:{sockets}/data{i}.sock"] + (
                 ["--device-cores", cores.format_list(self.device_cores[i])]
                 if self.device_cores else []))

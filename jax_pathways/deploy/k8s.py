@@ -81,7 +81,7 @@ class Spec:
   devices_per_island: int = config.DEFAULT_DEVICES_PER_ISLAND
   cpu: str = "4"  # per worker: request and limit
   memory: str = "8Gi"
-  gpus: int = 0  # nvidia.com/gpu per worker
+  gpus: int = 0  # nvidia.com/gpu per worker; > 0: CUDA islands
   controller_cpu: str = "2"
   controller_memory: str = "4Gi"
   port: int = 8470
@@ -116,6 +116,11 @@ class Spec:
                          "such as 500m, 4, 8Gi or 16G")
     if self.gpus < 0:
       raise ValueError(f"--gpus={self.gpus} must be >= 0")
+    if self.gpus and self.devices_per_island != self.gpus:
+      raise ValueError(
+          f"--devices-per-island={self.devices_per_island} with "
+          f"--gpus={self.gpus}: a GPU worker's island is every GPU of its "
+          f"pod; give both the same number")
     if not 1 <= self.port <= 65535 - 3:
       raise ValueError(f"--port={self.port} must be in 1..65532 (the "
                        "cluster uses it and the next three)")
@@ -330,6 +335,10 @@ def _worker(spec: Spec) -> dict[str, Any]:
                   "--controller", spec.controller_address,
                   "--island", f"$({JOB_INDEX})",
                   "--devices", str(spec.devices_per_island),
+                  # GPUs through JAX's CUDA plugin (the image's
+                  # jax_pathways[cuda12]); else emulated CPU devices, also
+                  # on a node that has GPUs.
+                  "--platform", "cuda" if spec.gpus else "cpu",
                   # Other workers are told this address: the pod's.
                   "--data-listen", f"$({POD_IP}):{spec.data_port}"],
       "env": [_token_env(spec), _field_env(POD_IP, "status.podIP"),

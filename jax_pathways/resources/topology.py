@@ -60,7 +60,15 @@ class Topology:
             f"island {wanted} had {before.num_devices} devices and its new "
             f"worker reports {num}: a worker taking a lost island's place "
             "must have as many (--devices)")
-      island = Island(IslandId(wanted), num, str(hello.get("platform", "")),
+      platform = str(hello.get("platform", ""))
+      others = {i.platform for i in self._islands.values() if i.id != wanted}
+      if others and platform not in others:
+        # The client lowers every program for one platform (InitResponse).
+        raise ValueError(
+            f"island {wanted}'s worker runs on {platform or '?'}, the "
+            f"cluster's other islands on {', '.join(sorted(others))}: all "
+            f"islands of a cluster have one platform (worker --platform)")
+      island = Island(IslandId(wanted), num, platform,
                       str(hello.get("device_kind", "")),
                       int(hello.get("pid", 0)), str(hello.get("host", "")),
                       str(hello.get("data_address", "")))

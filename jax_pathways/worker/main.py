@@ -1,7 +1,12 @@
 """The worker process: joins a controller and runs its island's ops.
 
     jax-pathways worker --controller HOST:PORT [--island N] [--devices N]
-        [--device-memory 16G] [--device-cores 0-3] [--controller-timeout 10]
+        [--platform cpu|cuda|rocm|tpu] [--device-memory 16G]
+        [--device-cores 0-3] [--controller-timeout 10]
+
+--platform picks the PJRT platform of the island's devices (default: the
+one JAX finds on this host); every platform but CPU comes from JAX's own
+PJRT plugin (pjrt_backend.island_client).
 
 The cluster token comes from JAX_PATHWAYS_TOKEN. The worker exits when the
 controller tells it to, when the controller connection is lost, or when the
@@ -18,7 +23,8 @@ cluster's supervisor):
      answering): a new worker could not join it either
   1  the controller was lost while the worker joined the other islands, or
      an unexpected error
-  2  bad --device-cores, or the worker could not join the controller
+  2  bad --device-cores, a --platform or --devices this host lacks, or the
+     worker could not join the controller
   3  EXIT_LOST: the controller is up but dropped this worker: start a new one
 """
 from __future__ import annotations
@@ -37,16 +43,23 @@ EXIT_LOST = 3
 PROBE_TIMEOUT_S = 2.0
 
 
-def run(controller: str, island: int | None, devices: int,
+def run(controller: str, island: int | None, devices: int | None,
         token: str | None, data_listen: str, connect_timeout: float,
         device_memory: int = 0, device_cores: list[int] | None = None,
-        controller_timeout: float = 10.0) -> int:
+        controller_timeout: float = 10.0, platform: str | None = None) -> int:
   """Joins `controller` and serves until told to stop; returns an exit code.
+  `devices`, `platform`: see pjrt_backend.island_client.
   `device_cores`: the CPU cores the devices compute on (cluster/cores.py)."""
   # Configure JAX before anything initializes its backends: this process
-  # must keep every dtype the client sends; its CPU backend is the
-  # backend's own client (PjrtBackend registers it).
-  os.environ["JAX_PLATFORMS"] = "cpu"
+  # must keep every dtype the client sends; it initializes only the
+  # platform asked for, and is never a client of a controller itself.
+  if platform:
+    os.environ["JAX_PLATFORMS"] = platform
+  else:
+    wanted = [p for p in os.environ.get("JAX_PLATFORMS", "").split(",")
+              if p and p != "proxy"]
+    os.environ["JAX_PLATFORMS"] = ",".join(wanted)
+  os.environ.pop("JAX_BACKEND_TARGET", None)
   import jax  # pylint: disable=import-outside-toplevel
   jax.config.update("jax_enable_x64", True)
 
@@ -56,37 +69,27 @@ def run(controller: str, island: int | None, devices: int,
   from jax_pathways.cluster import cores
   from jax_pathways.cluster import handshake
   from jax_pathways.worker.peers import Peers
-  from jax_pathways.worker.pjrt_backend import PjrtBackend
+  from jax_pathways.worker.pjrt_backend import PjrtBackend, PlatformError
   from jax_pathways.worker.transfers import Transfers
   from jax_pathways.worker.worker import Worker
 
   try:
     with cores.pinned(device_cores):
-      backend = PjrtBackend(devices, device_cores)
+      backend = PjrtBackend(devices, device_cores, platform)
   except ValueError as e:
     print(f"jax-pathways worker: --device-cores: {e}", file=sys.stderr)
+    return 2
+  except PlatformError as e:
+    print(f"jax-pathways worker: --platform {platform or '(default)'}: {e}",
+          file=sys.stderr)
     return 2
   peers = Peers(token, data_listen)
   # jaxlib's transfer server does not authenticate: only between workers
   # of one host (its ids are random; other hosts use the token's links).
   transfers = (Transfers(backend.client, "127.0.0.1")
                if addresses.is_loopback(data_listen) else None)
-  hello = {
-      "role": "worker",
-      "island": island,
-      "num_devices": len(backend.devices),
-      # The island's device memory, which the controller budgets.
-      "memory_bytes": (device_memory or backend.memory_per_device()) *
-                      len(backend.devices),
-      "platform": backend.devices[0].platform,
-      "device_kind": backend.devices[0].device_kind,
-      "pid": os.getpid(),
-      "host": socket.gethostname(),
-      "data_address": peers.address,
-      "transfer_address": transfers.address if transfers else "",
-      "wire_version": _core.WIRE_VERSION,
-      "jax_version": jax.__version__,
-  }
+  hello = worker_hello(backend, island, device_memory, peers.address,
+                       transfers.address if transfers else "")
   try:
     sock = addresses.connect(controller, connect_timeout)
     welcome = handshake.connect(sock, token, hello, timeout=connect_timeout)
@@ -108,15 +111,20 @@ def run(controller: str, island: int | None, devices: int,
   # while it joins the other islands.
   executor = _core.Executor(sock.detach(), controller, controller_timeout)
   try:
-    if welcome.get("coordinator"):
+    if welcome.get("coordinator") and not backend.spans_islands:
+      logging.warning("island %d runs on %s: it runs its own programs only, "
+                      "none that span islands (those need CPU islands so "
+                      "far)", peers.island, backend.platform)
+    elif welcome.get("coordinator"):
       # Every island's worker does this at once; it returns when all have.
       # (A worker taking a lost one's place gets none: it builds a later
       # generation with the others, told by a JOIN_GLOBAL op.)
       _join_watching(lambda: backend.join_global(
           range(int(welcome["islands"])), welcome["coordinator"]),
                      executor)
-    logging.info("worker pid %d joined as island %d (%d devices%s); data at %s",
-                 os.getpid(), peers.island, len(backend.devices),
+    logging.info("worker pid %d joined as island %d (%d %s devices%s); data "
+                 "at %s", os.getpid(), peers.island, len(backend.devices),
+                 backend.platform,
                  f" on cores {cores.format_list(device_cores)}"
                  if device_cores else "", peers.address)
     ended = Worker(executor, backend, peers, transfers).run()
@@ -126,6 +134,32 @@ def run(controller: str, island: int | None, devices: int,
   if ended is None:
     return 0
   return _exit_code(ended, controller, token, peers.island)
+
+
+def worker_hello(backend: Any, island: int | None, device_memory: int,
+                 data_address: str, transfer_address: str) -> dict[str, Any]:
+  """What the worker tells the controller of itself and its island's devices
+  (resources/topology.py admits it; the client sees platform and
+  device_kind)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from jax_pathways import _core  # pylint: disable=import-outside-toplevel
+  return {
+      "role": "worker",
+      "island": island,
+      "num_devices": len(backend.devices),
+      # The island's device memory, which the controller budgets: what the
+      # platform reports (bytes_limit) unless --device-memory says.
+      "memory_bytes": (device_memory or backend.memory_per_device()) *
+                      len(backend.devices),
+      "platform": backend.platform,
+      "device_kind": backend.devices[0].device_kind,
+      "pid": os.getpid(),
+      "host": socket.gethostname(),
+      "data_address": data_address,
+      "transfer_address": transfer_address,
+      "wire_version": _core.WIRE_VERSION,
+      "jax_version": jax.__version__,
+  }
 
 
 def _exit_code(ended: str, controller: str, token: str | None,

@@ -1,15 +1,16 @@
 """PjrtBackend: runs programs and moves arrays on this worker's devices.
 
-Execution goes through jaxlib's own PJRT CPU client, the same XLA that lowered
-the client's program, so results are bit-identical to running the program in
-the client's process. This module is the only one in the worker that touches
-jaxlib; another device backend (a PJRT C-API plugin, see BUILD.md) replaces
-it behind the same methods.
+Execution goes through PJRT, the same XLA that lowered the client's
+program, so results are bit-identical to running the program in the client's
+process. The island's client is jaxlib's CPU client (emulated devices) or,
+for another platform, the client JAX's own PJRT plugin for it makes
+(island_client; see BUILD.md). This module is the only one in the worker
+that touches jaxlib.
 
 A worker has two clients:
   * the island client, with in-process collectives, for programs and arrays
     within the island (most of them);
-  * when the cluster has several islands, a global client that sees every
+  * when the cluster has several CPU islands, a global client that sees every
     island's devices (jaxlib's multi-process CPU client: the controller hosts
     the coordination service, collectives go over gloo), for programs and
     arrays that span islands. Island-local collectives on it would cost ~5x
@@ -29,6 +30,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import hashlib
+import re
 import threading
 from typing import Any, Hashable, NamedTuple, Sequence
 
@@ -45,7 +47,9 @@ from jax._src.lib import _jax
 from jax._src.lib import xla_client as xc
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import hlo
+from jax.extend import backend as jax_backend
 
+from jax_pathways import config
 from jax_pathways import protos
 from jax_pathways import threads
 from jax_pathways import validation
@@ -144,26 +148,76 @@ class GlobalGeneration(NamedTuple):
   members: tuple[int, ...]  # its islands; node i is island members[i]
 
 
+class PlatformError(Exception):
+  """This host cannot give the island the platform or devices asked for."""
+
+
+def island_client(platform: str | None, num_devices: int | None) -> Any:
+  """The island's PJRT client. `platform`: a JAX platform name (cpu, cuda,
+  rocm, tpu, ...; None: JAX's default backend on this host, among those
+  JAX_PLATFORMS allows). CPU gets a client of its own with `num_devices`
+  emulated devices (None: the configured default); any other platform's
+  comes from JAX's own backend registry, i.e. the PJRT plugin its jax extra
+  installs (jax-cuda12-plugin, libtpu), with every device it shows
+  (`num_devices`, when given, must match)."""
+  try:
+    if platform is None:
+      platform = jax_backend.get_backend().platform
+      if platform == "cpu":
+        # Not JAX's CPU client: the island's, made below, and JAX's 'cpu'
+        # backend becomes it (PjrtBackend.__init__).
+        jax_backend.clear_backends()
+    if platform == "cpu":
+      return xc.make_cpu_client(
+          asynchronous=True,
+          num_devices=num_devices or config.from_env().devices_per_island)
+    found = jax_backend.get_backend(platform)
+  except (RuntimeError, AssertionError) as e:
+    # JAX skips CUDA without a visible GPU and then asserts it found a
+    # backend; its own hint (about JAX_PLATFORMS) is not the worker's fix.
+    why = re.sub(r"\s*\(set JAX_PLATFORMS=.*\)\s*$", "", str(e))
+    why = why.rstrip(".") or f"it sees no {platform} device"
+    raise PlatformError(
+        f"JAX cannot make a {platform or 'default'} client on this host: "
+        f"{why}. Install the platform's PJRT plugin where its devices are "
+        f"(e.g. pip install 'jax_pathways[cuda12]'), or pick another "
+        f"--platform") from None
+  count = len(found.local_devices())
+  if num_devices is not None and num_devices != count:
+    raise PlatformError(
+        f"--devices={num_devices}, but {found.platform} shows {count} "
+        f"devices on this host: an accelerator island takes all of its "
+        f"host's (choose them with the platform's own variable, e.g. "
+        f"CUDA_VISIBLE_DEVICES)")
+  return found
+
+
 class PjrtBackend:
   """One worker's devices, compiled programs and the arrays they produce."""
 
-  def __init__(self, num_devices: int, device_cores: list[int] | None = None):
-    """device_cores: where the devices' threads run (cluster/cores.py);
+  def __init__(self, num_devices: int | None,
+               device_cores: list[int] | None = None,
+               platform: str | None = "cpu"):
+    """num_devices, platform: see island_client (raises PlatformError).
+    device_cores: where the devices' threads run (cluster/cores.py);
     the caller pins the island client's, global clients pin their own."""
     # Programs lowered by the client may call LAPACK kernels, whose function
     # pointers jaxlib fills in lazily in the process that lowers; this one
     # only runs them (as jax.export does for deserialized modules).
     linalg.initialize_lapack()
-    self.client = xc.make_cpu_client(asynchronous=True,
-                                     num_devices=num_devices)
-    # JAX's own calls in this process (device_put, make_array_...) run on
-    # its 'cpu' backend: the global client when there is one, so that JAX
-    # sees this process as one of several (which arrays are addressable
-    # here). Nothing in the worker touches JAX's backends before
-    # join_global() has run; a new generation clears JAX's cache.
-    xla_bridge.register_backend_factory(
-        "cpu", lambda: self.global_client or self.client, priority=0,
-        fail_quietly=False)
+    self.client = island_client(platform, num_devices)
+    # The PJRT client's name (cuda, rocm): JAX lowers for it. Its devices
+    # say "gpu" for either (jaxlib's compatibility shim).
+    self.platform: str = self.client.platform
+    if self.spans_islands:
+      # JAX's own calls in this process (device_put, make_array_...) run on
+      # its 'cpu' backend: the global client when there is one, so that JAX
+      # sees this process as one of several (which arrays are addressable
+      # here). Nothing in the worker touches JAX's backends before
+      # join_global() has run; a new generation clears JAX's cache.
+      xla_bridge.register_backend_factory(
+          "cpu", lambda: self.global_client or self.client, priority=0,
+          fail_quietly=False)
     self.devices = tuple(sorted(self.client.local_devices(),
                                 key=lambda d: d.id))
     self._device_cores = device_cores
@@ -186,6 +240,13 @@ class PjrtBackend:
     self._cache: dict[str, Program] = {}  # compile key -> Program
     self._built_shardings: dict[Hashable, jax.sharding.Sharding] = {}
     self._ir_context = mlir.make_ir_context()
+
+  @property
+  def spans_islands(self) -> bool:
+    """Whether this island can join a global client with the others: only
+    CPU islands (gloo) so far; other platforms' islands run island-local
+    programs only."""
+    return self.platform == "cpu"
 
   def join_global(self, members: Sequence[int], coordinator: str) -> None:
     """Builds the global client of islands `members` and makes it current
@@ -213,6 +274,8 @@ class PjrtBackend:
 
   def _build_global(self, members: Sequence[int], coordinator: str
                     ) -> GlobalGeneration:
+    if not self.spans_islands:
+      raise StatusError(Code.UNIMPLEMENTED, self._no_spanning())
     # After a loss the islands left build one of their own: its nodes are
     # numbered 0.. in island order.
     members = tuple(sorted(members))
@@ -296,10 +359,17 @@ class PjrtBackend:
   def device(self, ref: DeviceRef) -> Any:
     if isinstance(ref, int):
       return self.devices[ref]
+    if not self.spans_islands:
+      raise StatusError(Code.UNIMPLEMENTED, self._no_spanning())
     if self.current_global() is None:
       raise ValueError("this worker has no global client: the cluster has "
                        "one island")
     return self._global_devices[tuple(ref)]
+
+  def _no_spanning(self) -> str:
+    return (f"island {self.island} runs on {self.platform}: programs and "
+            f"arrays that span islands need CPU islands so far (each "
+            f"island's own programs run)")
 
   def sharding(self, spec: dict[str, Any]) -> jax.sharding.Sharding:
     """{'devices': [refs], 'op_sharding': base64 | None} -> Sharding.

@@ -303,6 +303,7 @@ def test_wiring(spec):
     assert w.command == "worker"
     assert w.controller == f"{controller_host}.{subdomain}:{worker_port}"
     assert w.devices == spec.devices_per_island
+    assert w.platform == ("cuda" if spec.gpus else "cpu")
     data_host, data_port = _host_port(w.data_listen)
     assert data_host == POD_IP  # other workers are told this address
     assert {"name": "data", "containerPort": data_port} in worker["ports"]
@@ -359,6 +360,7 @@ def test_fresh_token_each_time():
     (["--memory", "8 GB"], "--memory='8 GB'"),
     (["--port", "65535"], "--port=65535"),
     (["--gpus", "-1"], "--gpus=-1"),
+    (["--gpus", "8"], "--devices-per-island=4 with --gpus=8"),
 ])
 def test_cli_refuses(flags, message, capsys):
   with pytest.raises(SystemExit) as e:

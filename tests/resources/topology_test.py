@@ -100,3 +100,13 @@ def test_one_new_worker_at_a_time_takes_a_lost_island():
   t.connected(1)
   assert (again.generation, again.worker_pid) == (1, 7)
   assert t.joining() == set()
+
+
+def test_islands_share_one_platform():
+  t = Topology(2)
+  t.register(_hello(0))
+  gpu = dict(_hello(1), platform="cuda", device_kind="NVIDIA H100")
+  with pytest.raises(ValueError, match="island 1's worker runs on cuda, the "
+                     "cluster's other islands on cpu"):
+    t.register(gpu)
+  assert t.register(_hello(1)).platform == "cpu"
