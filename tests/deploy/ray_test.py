@@ -1,0 +1,152 @@
+"""jax_pathways on Ray: a Ray cluster of three nodes on this machine
+(ray.cluster_utils, one CPU each), a jax_pathways cluster of two islands
+started on it by `jax-pathways ray start` (its actors outlive that
+driver), a client that trains through it while a worker actor's process
+is SIGKILLed. Ray restarts the actor, its new worker takes the island back,
+training goes on (jax_pathways.elastic) and ends with the same bits as
+plain JAX on CPU; `jax-pathways ray stop` and the Ray cluster's shutdown
+leave no process behind."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+import pytest
+import ray
+from ray import cluster_utils
+
+from jax_pathways import admin
+from jax_pathways import ray as on_ray
+from jax_pathways.deploy.ray import NAMESPACE
+
+import processes
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
+
+RUN = os.path.join(os.path.dirname(__file__), "..", "elastic",
+                   "training_run.py")
+TOKEN = "ray-test-token"
+ISLANDS, DEVICES = 2, 2
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+  env = dict(os.environ, JAX_PATHWAYS_TOKEN=TOKEN)
+  env.pop("JAX_PLATFORMS", None)
+  return subprocess.run([sys.executable, "-m", "jax_pathways.cli", *args],
+                        env=env, capture_output=True, text=True, timeout=180,
+                        cwd=tempfile.gettempdir())
+
+
+def _actor_processes() -> list[psutil.Process]:
+  """This process's descendants that are jax_pathways actors (Ray names an
+  actor's process ray::CLASS)."""
+  return [p for p in psutil.Process().children(recursive=True)
+          if p.cmdline()[:1] and
+          p.cmdline()[0].startswith(("ray::_Controller", "ray::_Worker"))]
+
+
+@pytest.fixture(scope="module")
+def ray_nodes():
+  """Three Ray nodes, shared by the module's tests (each stops the
+  jax_pathways cluster it started); every process of theirs gone by pid at
+  the end."""
+  nodes = cluster_utils.Cluster(
+      initialize_head=True,
+      head_node_args={"num_cpus": 1, "include_dashboard": False})
+  for _ in range(2):
+    nodes.add_node(num_cpus=1)
+  here = os.getcwd()
+  try:
+    # Ray puts its driver's directory on the actors' sys.path: not the
+    # checkout, whose unbuilt jax_pathways/ would shadow the installed one.
+    os.chdir(tempfile.gettempdir())
+    ray.init(address=nodes.address, namespace=NAMESPACE,
+             log_to_driver=False)
+    os.chdir(here)
+    yield nodes
+  finally:
+    started = psutil.Process().children(recursive=True)
+    ray.shutdown()
+    nodes.shutdown()
+    psutil.wait_procs(started, timeout=30)
+    left = [p.pid for p in started if processes.alive(p.pid)]
+    assert not left, f"Ray processes outlived the cluster: {left}"
+
+
+def test_trains_through_a_killed_worker_actor(ray_nodes):
+  started = _cli("ray", "start", "--ray-address", ray_nodes.address,
+                 "--islands", str(ISLANDS), "--devices-per-island",
+                 str(DEVICES), "--cpus", "1", "--worker-timeout", "2")
+  assert started.returncode == 0, started.stderr[-4000:]
+  address = json.loads(started.stdout.strip().splitlines()[-1])["address"]
+  actors: list[psutil.Process] = []
+  try:
+    cluster = on_ray.connect()
+    assert (cluster.address, cluster.token) == (address, TOKEN)
+    assert TOKEN not in repr(cluster)
+    # One island per node, neither on a node with the other.
+    group = ray.util.get_placement_group(cluster.name)
+    nodes = ray.util.placement_group_table(group)["bundles_to_node_id"]
+    assert len(set(nodes.values())) == ISLANDS
+    # The token reached the actors through Ray, not their command lines.
+    actors = _actor_processes()
+    assert len(actors) == ISLANDS + 1
+    assert not any(TOKEN in " ".join(p.cmdline()) for p in actors)
+
+    proc = subprocess.run(
+        [sys.executable, RUN, json.dumps({
+            "address": address, "token": TOKEN, "steps": 16,
+            "commit_every": 4, "rejoin_timeout": 60.0,
+            "faults": [[6, "kill", 1]],
+            # SGD: Adam's step over islands differs from one host's in the
+            # last bits (docs/limitations.md), with or without Ray.
+            "optimizer": "sgd", "cpu_reference": ISLANDS * DEVICES})],
+        capture_output=True, text=True, timeout=240,
+        cwd=tempfile.gettempdir())
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    [killed] = result["hurt"]
+    assert not processes.alive(killed["pid"])
+    assert [(e["kind"], e["lost"], e["islands"]) for e in result["events"]
+            ] == [("lost", [1], [0, 1])], result["events"]
+    assert result["islands"] == [0, 1]
+    assert result["params"] == result["cpu_reference"]
+
+    island = {i["island"]: i for i in admin.status(address, TOKEN)["islands"]
+              }[1]
+    assert island["alive"] and island["restarts"] == 1, island
+    worker = ray.get_actor(f"{cluster.name}-island-1", namespace=NAMESPACE)
+    assert ray.get(worker.__ray_ready__.remote(), timeout=30)
+    restarted = [p.pid for p in _actor_processes()]
+    assert island["pid"] in restarted and killed["pid"] not in restarted
+    actors = _actor_processes()
+  finally:
+    stopped = _cli("ray", "stop", "--ray-address", ray_nodes.address)
+  assert stopped.returncode == 0, stopped.stderr[-4000:]
+  psutil.wait_procs(actors, timeout=30)
+  assert not [p.pid for p in actors if processes.alive(p.pid)]
+  assert ray.util.placement_group_table(group)["state"] == "REMOVED"
+  with pytest.raises(ValueError):
+    ray.get_actor(on_ray.DEFAULT_NAME, namespace=NAMESPACE)
+
+
+def test_workers_leave_with_their_controller(ray_nodes):
+  """Workers whose controller is gone leave for good (Ray does not restart
+  their actors); stop() then removes the placement group."""
+  cluster = on_ray.start(ISLANDS, 1, name="short-lived")
+  try:
+    actors = _actor_processes()
+    assert len(actors) == ISLANDS + 1
+    ray.kill(ray.get_actor(cluster.name, namespace=NAMESPACE))
+    psutil.wait_procs(actors, timeout=60)
+    time.sleep(2)  # time for a restart that must not come
+    assert not [p.pid for p in actors if processes.alive(p.pid)]
+    assert not _actor_processes()
+  finally:
+    assert on_ray.stop(cluster.name)
+  assert not on_ray.stop(cluster.name)
