@@ -122,9 +122,14 @@ class _Worker:
   def _serve(controller: str, island: int, devices: int, token: str, ip: str,
              controller_timeout_s: float) -> None:
     from jax_pathways.worker import main  # pylint: disable=import-outside-toplevel
-    code = main.run(controller, island, devices, token, f"{ip}:0",
-                    connect_timeout=60.0,
-                    controller_timeout=controller_timeout_s)
+    try:
+      code = main.run(controller, island, devices, token, f"{ip}:0",
+                      connect_timeout=60.0,
+                      controller_timeout=controller_timeout_s)
+    except BaseException:  # pylint: disable=broad-except
+      # Not a live actor with a dead worker in it: Ray must restart it.
+      logging.exception("worker of island %d failed", island)
+      code = 1
     if code == 0:
       # Its controller stopped it or is gone: a new worker could not join
       # either, so the actor ends without a restart.
@@ -145,9 +150,13 @@ def _connect(ray_address: str | None) -> None:
 
 
 def _actor_options(resources: Mapping[str, float]) -> dict[str, Any]:
-  rest = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
+  """An actor's options reserving a bundle's `resources` (Ray names CPUs,
+  GPUs and memory in options of their own, others in `resources`)."""
+  rest = {k: v for k, v in resources.items()
+          if k not in ("CPU", "GPU", "memory")}
   return {"num_cpus": resources.get("CPU", 0),
-          "num_gpus": resources.get("GPU", 0), "resources": rest}
+          "num_gpus": resources.get("GPU", 0),
+          "memory": resources.get("memory"), "resources": rest}
 
 
 def _worker_name(name: str, island: int) -> str:

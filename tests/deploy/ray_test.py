@@ -65,9 +65,11 @@ def ray_nodes():
     # Ray puts its driver's directory on the actors' sys.path: not the
     # checkout, whose unbuilt jax_pathways/ would shadow the installed one.
     os.chdir(tempfile.gettempdir())
-    ray.init(address=nodes.address, namespace=NAMESPACE,
-             log_to_driver=False)
-    os.chdir(here)
+    try:
+      ray.init(address=nodes.address, namespace=NAMESPACE,
+               log_to_driver=False)
+    finally:
+      os.chdir(here)
     yield nodes
   finally:
     started = psutil.Process().children(recursive=True)
@@ -138,7 +140,8 @@ def test_trains_through_a_killed_worker_actor(ray_nodes):
 def test_workers_leave_with_their_controller(ray_nodes):
   """Workers whose controller is gone leave for good (Ray does not restart
   their actors); stop() then removes the placement group."""
-  cluster = on_ray.start(ISLANDS, 1, name="short-lived")
+  cluster = on_ray.start(ISLANDS, 1, {"CPU": 1, "memory": 2**26},
+                         name="short-lived")
   try:
     actors = _actor_processes()
     assert len(actors) == ISLANDS + 1
@@ -150,3 +153,8 @@ def test_workers_leave_with_their_controller(ray_nodes):
   finally:
     assert on_ray.stop(cluster.name)
   assert not on_ray.stop(cluster.name)
+
+
+def test_a_bundle_must_reserve_something():
+  with pytest.raises(ValueError, match="reserves nothing"):
+    on_ray.start(resources_per_island={"CPU": 0})
