@@ -114,8 +114,11 @@ def test_trains_through_a_killed_worker_actor(ray_nodes):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     [killed] = result["hurt"]
     assert not processes.alive(killed["pid"])
-    assert [(e["kind"], e["lost"], e["islands"]) for e in result["events"]
-            ] == [("lost", [1], [0, 1])], result["events"]
+    [event] = result["events"]
+    assert event["kind"] == "lost" and event["islands"] == [0, 1], event
+    assert "DATA_LOSS" in event["error"], event
+    # Ray may have the island back before the loop asks which are down.
+    assert event["lost"] in ([1], []), event
     assert result["islands"] == [0, 1]
     assert result["params"] == result["cpu_reference"]
 
