@@ -13,7 +13,9 @@ islands share a node. Both run in the actor's own process, not in a child
 it would have to supervise: the process Ray kills, watches and restarts is
 the worker itself, so a SIGKILLed actor leaves nothing behind, and Ray's
 restart of the actor (`max_restarts`) is the worker's restart: the new
-process joins the same island as its next generation. A worker that leaves
+process joins the same island as its next generation. A worker the
+controller dropped while its process lives (stopped, wedged), Ray would
+never restart: the controller actor kills its actor for Ray to restart. A worker that leaves
 on purpose (its controller stopped it or is gone) ends its actor for good.
 The controller is not restarted (a new one would know none of its clients'
 arrays): a cluster whose controller died is stopped and started again.
@@ -43,6 +45,11 @@ DEFAULT_NAME = "jax-pathways"
 # Detached actors are found by name in this namespace, whatever the
 # namespace of the driver that started them.
 NAMESPACE = "jax_pathways"
+# How often the controller actor looks for workers declared lost whose
+# process lives; how long such a worker has to answer (a restarting actor
+# answers once its new process runs, a stopped one never).
+_LOSS_POLL_S = 1.0
+_PID_TIMEOUT_S = 10.0
 # A client's JAX configuration, which an actor must not inherit from the
 # environment `ray start` (or a test) ran in.
 _CLIENT_ENV = ("JAX_PLATFORMS", "JAX_BACKEND_TARGET", "XLA_FLAGS",
@@ -78,12 +85,13 @@ def _prepare_process() -> str:
 class _Controller:
   """The controller, serving in this actor's process until it is killed."""
 
-  def __init__(self, islands: int, port: int, token: str, max_in_flight: int,
-               worker_timeout_s: float | None,
+  def __init__(self, name: str, islands: int, port: int, token: str,
+               max_in_flight: int, worker_timeout_s: float | None,
                group: PlacementGroup):
     # pylint: disable=import-outside-toplevel
     from jax_pathways.controller.controller import Controller
     ip = _prepare_process()
+    self._name = name
     self._token = token
     self._islands = islands
     self._placement_group = group
@@ -91,6 +99,36 @@ class _Controller:
         islands, f"{ip}:{port}", f"{ip}:0", f"{ip}:0", token, max_in_flight,
         worker_timeout_s=worker_timeout_s)
     self._controller.start()
+    threading.Thread(target=self._kill_lost, name="jp-ray-kill-lost",
+                     daemon=True).start()
+
+  def _kill_lost(self) -> None:
+    """Has Ray restart the actor of a worker the controller declared lost
+    while its process lives (stopped, or wedged past --worker-timeout): Ray
+    sees a live process and would leave the island lost. A worker that
+    answers with another pid is the lost one's successor, already there."""
+    handled: dict[int, int] = {}  # island -> the lost worker's pid
+    while True:
+      time.sleep(_LOSS_POLL_S)
+      for island in self._controller.status()["islands"]:
+        i, pid = island["island"], island["pid"]
+        if island["alive"] or island["joining"] or handled.get(i) == pid:
+          continue
+        handled[i] = pid
+        worker = _actor(_worker_name(self._name, i))
+        if worker is None:  # it left for good
+          continue
+        try:
+          if ray.get(worker.pid.remote(), timeout=_PID_TIMEOUT_S) != pid:
+            continue
+        except ray.exceptions.GetTimeoutError:
+          pass  # stopped: it cannot answer
+        except ray.exceptions.RayActorError:
+          continue  # dead: Ray restarts it, or it left
+        logging.warning("the controller declared island %d's worker (pid "
+                        "%d) lost, but its process lives: killing its actor "
+                        "for Ray to restart (%s)", i, pid, island["last_lost"])
+        ray.kill(worker, no_restart=False)
 
   def connection(self) -> dict[str, Any]:
     return {"address": f"grpc://{self._controller.address}",
@@ -141,6 +179,9 @@ class _Worker:
     logging.warning("worker of island %d exited with code %d; Ray restarts "
                     "its actor", island, code)
     os._exit(code)  # pylint: disable=protected-access
+
+  def pid(self) -> int:
+    return os.getpid()
 
 
 def _connect(ray_address: str | None) -> None:
@@ -227,7 +268,8 @@ def start(islands: int = 2,
     controller = _Controller.options(
         name=name, namespace=NAMESPACE, lifetime="detached", max_restarts=0,
         **_actor_options(controller_resources or {"CPU": 1})).remote(
-            islands, port, token, max_in_flight, worker_timeout_s, group)
+            name, islands, port, token, max_in_flight, worker_timeout_s,
+            group)
     info = ray.get(controller.connection.remote(),
                    timeout=max(1.0, deadline - time.monotonic()))
     for i in range(islands):
