@@ -214,6 +214,13 @@ def _add_ray(r: argparse.ArgumentParser) -> None:
                      help="the controller's --worker-timeout")
 
 
+def _check_worker_timeout(parser: argparse.ArgumentParser,
+                          seconds: float | None) -> None:
+  if seconds is not None and not seconds >= 2:
+    parser.error(f"--worker-timeout={seconds} must be >= 2 seconds "
+                 "(workers send a heartbeat every second)")
+
+
 def _ray(parser: argparse.ArgumentParser, args: argparse.Namespace,
          cfg: config.Config) -> int:
   try:
@@ -228,6 +235,7 @@ def _ray(parser: argparse.ArgumentParser, args: argparse.Namespace,
             file=sys.stderr)
       return 1
     return 0
+  _check_worker_timeout(parser, args.worker_timeout)
   resources = {"CPU": args.cpus, "GPU": args.gpus}
   for item in args.resource:
     key, _, amount = item.partition("=")
@@ -338,9 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    f"1..{config.MAX_SAFE_IN_FLIGHT} (XLA:CPU hangs at 64)")
     if args.memory_wait is not None and not args.memory_wait > 0:
       parser.error(f"--memory-wait={args.memory_wait} must be > 0 seconds")
-    if args.worker_timeout is not None and not args.worker_timeout >= 2:
-      parser.error(f"--worker-timeout={args.worker_timeout} must be >= 2 "
-                   "seconds (workers send a heartbeat every second)")
+    _check_worker_timeout(parser, args.worker_timeout)
     worker_timeout = (args.worker_timeout if args.worker_timeout is not None
                       else cfg.worker_timeout)
     return controller_main.run(args.islands or cfg.islands, args.listen,

@@ -15,8 +15,9 @@ the worker itself, so a SIGKILLed actor leaves nothing behind, and Ray's
 restart of the actor (`max_restarts`) is the worker's restart: the new
 process joins the same island as its next generation. A worker the
 controller dropped while its process lives (stopped, wedged), Ray would
-never restart: the controller actor kills its actor for Ray to restart. A worker that leaves
-on purpose (its controller stopped it or is gone) ends its actor for good.
+never restart: the controller actor kills its actor for Ray to restart. A
+worker that leaves on purpose (its controller stopped it or is gone) ends
+its actor for good.
 The controller is not restarted (a new one would know none of its clients'
 arrays): a cluster whose controller died is stopped and started again.
 
@@ -241,7 +242,8 @@ def start(islands: int = 2,
       (default "auto": the cluster of this node, or $RAY_ADDRESS).
     timeout_s: for the placement group and the workers to join.
   """
-  resources = dict(resources_per_island or {"CPU": 1})
+  resources = dict({"CPU": 1} if resources_per_island is None
+                   else resources_per_island)
   if not any(v > 0 for v in resources.values()):
     raise ValueError(f"resources_per_island={resources} reserves nothing; "
                      "Ray places bundles by what they reserve: give e.g. "

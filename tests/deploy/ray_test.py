@@ -22,6 +22,7 @@ import ray
 from ray import cluster_utils
 
 from jax_pathways import admin
+from jax_pathways import cli
 from jax_pathways import ray as on_ray
 from jax_pathways.deploy.ray import NAMESPACE
 
@@ -56,11 +57,14 @@ def ray_nodes():
   """Three Ray nodes, shared by the module's tests (each stops the
   jax_pathways cluster it started); every process of theirs gone by pid at
   the end."""
+  # A small object store each: nothing goes through it, and by default each
+  # node would claim 30% of this machine's memory in /dev/shm.
+  node = {"num_cpus": 1, "object_store_memory": 100 * 2**20}
   nodes = cluster_utils.Cluster(
       initialize_head=True,
-      head_node_args={"num_cpus": 1, "include_dashboard": False})
+      head_node_args=dict(node, include_dashboard=False))
   for _ in range(2):
-    nodes.add_node(num_cpus=1)
+    nodes.add_node(**node)
   here = os.getcwd()
   try:
     # Ray puts its driver's directory on the actors' sys.path: not the
@@ -164,3 +168,14 @@ def test_workers_leave_with_their_controller(ray_nodes):
 def test_a_bundle_must_reserve_something():
   with pytest.raises(ValueError, match="reserves nothing"):
     on_ray.start(resources_per_island={"CPU": 0})
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--worker-timeout", "1"], "must be >= 2 seconds"),
+    (["--resource", "accel"], "expected NAME=AMOUNT"),
+])
+def test_ray_start_checks_its_flags(flags, message, capsys):
+  with pytest.raises(SystemExit) as exit_:
+    cli.main(["ray", "start", *flags])
+  assert exit_.value.code == 2
+  assert message in capsys.readouterr().err
