@@ -57,16 +57,18 @@ def ray_nodes():
   """Three Ray nodes, shared by the module's tests (each stops the
   jax_pathways cluster it started); every process of theirs gone by pid at
   the end."""
+  # Not the session's embedded cluster, if one runs.
+  before = {p.pid for p in psutil.Process().children(recursive=True)}
   # A small object store each: nothing goes through it, and by default each
   # node would claim 30% of this machine's memory in /dev/shm.
   node = {"num_cpus": 1, "object_store_memory": 100 * 2**20}
   nodes = cluster_utils.Cluster(
       initialize_head=True,
       head_node_args=dict(node, include_dashboard=False))
-  for _ in range(2):
-    nodes.add_node(**node)
   here = os.getcwd()
   try:
+    for _ in range(2):
+      nodes.add_node(**node)
     # Ray puts its driver's directory on the actors' sys.path: not the
     # checkout, whose unbuilt jax_pathways/ would shadow the installed one.
     os.chdir(tempfile.gettempdir())
@@ -77,7 +79,8 @@ def ray_nodes():
       os.chdir(here)
     yield nodes
   finally:
-    started = psutil.Process().children(recursive=True)
+    started = [p for p in psutil.Process().children(recursive=True)
+               if p.pid not in before]
     ray.shutdown()
     nodes.shutdown()
     psutil.wait_procs(started, timeout=30)
