@@ -114,13 +114,17 @@ setup(
         "cuda13": ["jax[cuda13]==0.10.2"],
         "rocm": ["jax[rocm7-local]==0.10.2"],
         "tpu": ["jax[tpu]==0.10.2"],
+        # jax_pathways.ray, `jax-pathways ray`: a cluster as Ray actors.
+        "ray": ["ray>=2.60.0"],
         # pybind11, setuptools: tests/sanitizers_test.py builds csrc/.
         # pathwaysutils (brings orbax-checkpoint): tests/elastic/.
         # kubernetes: tests/deploy/k8s_test.py checks the manifests against
-        # its models of the API.
+        # its models of the API. ray: tests/deploy/ray_test.py runs a
+        # cluster on a local Ray cluster; psutil finds the processes there.
         "test": ["optax", "pytest", "pytest-timeout", "pybind11>=2.12",
                  "setuptools>=64", "pathwaysutils==0.1.13",
-                 "orbax-checkpoint", "kubernetes==37.0.2"],
+                 "orbax-checkpoint", "kubernetes==37.0.2", "ray==2.60.0",
+                 "psutil"],
     },
     entry_points={
         "console_scripts": ["jax-pathways = jax_pathways.cli:main"],

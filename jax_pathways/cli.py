@@ -1,14 +1,16 @@
-"""The `jax-pathways` command: controller, worker, status and k8s.
+"""The `jax-pathways` command: controller, worker, status, k8s and ray.
 
     jax-pathways controller --islands 2 [--listen 127.0.0.1:8470] [--worker-listen 127.0.0.1:8471]
     jax-pathways worker --controller HOST:PORT [--island 0] [--devices 4] [--platform cpu] [--device-cores 0-3]
     jax-pathways status [--address grpc://HOST:PORT] [--json]
     jax-pathways k8s --image IMAGE [--islands 2] [--out DIR]  (docs/deploy.md)
+    jax-pathways ray start|stop [--name NAME] [--islands 2] ...  (docs/deploy.md)
 
 The cluster token is read from JAX_PATHWAYS_TOKEN by all three, else from
 the file a controller keeps it in (JAX_PATHWAYS_TOKEN_FILE, by default
-~/.jax_pathways/token, mode 0600): a controller started without a token makes
-one there, unless --insecure (loopback only) asks for none.
+~/.jax_pathways/token, mode 0600): a controller (or `ray start`) started
+without a token makes one there, unless --insecure (loopback only) asks for
+none.
 """
 from __future__ import annotations
 
@@ -26,10 +28,12 @@ from absl import logging
 
 from jax_pathways import config
 from jax_pathways.cluster import cores
+from jax_pathways.cluster import tokens
 from jax_pathways.deploy import k8s
 
 
-def _setup_logging(verbosity: int) -> None:
+def setup_logging(verbosity: int) -> None:
+  """absl logging at `verbosity`, as every process of a cluster logs."""
   # A crash in native code leaves every thread's Python stack in the log.
   faulthandler.enable(all_threads=True)
   flags.FLAGS.mark_as_parsed()  # absl logging without absl.app
@@ -175,7 +179,98 @@ def make_parser() -> argparse.ArgumentParser:
       "k8s", help="print the Kubernetes manifests of a cluster (a JobSet, "
       "its Service, Secret and NetworkPolicy)", description=k8s.__doc__,
       formatter_class=argparse.RawDescriptionHelpFormatter))
+  _add_ray(sub.add_parser(
+      "ray", help="start or stop a cluster as actors on a running Ray "
+      "cluster (pip install 'jax_pathways[ray]')"))
   return top
+
+
+def _add_ray(r: argparse.ArgumentParser) -> None:
+  verbs = r.add_subparsers(dest="ray_command", required=True)
+  start = verbs.add_parser(
+      "start", help="start the controller and one worker per island, one "
+      "island per node; print the client address")
+  stop = verbs.add_parser("stop", help="kill the actors, remove the "
+                          "placement group")
+  for v in (start, stop):
+    v.add_argument("--ray-address", default=None,
+                   help="the Ray cluster (default: $RAY_ADDRESS, or the one "
+                   "this node belongs to)")
+    v.add_argument("--name", default="jax-pathways",
+                   help="the controller actor's name (default %(default)s)")
+  start.add_argument("--islands", type=int, default=config.DEFAULT_ISLANDS,
+                     help="island workers, one node each (default "
+                     "%(default)s)")
+  start.add_argument("--devices-per-island", type=int,
+                     default=config.DEFAULT_DEVICES_PER_ISLAND,
+                     help="(default %(default)s)")
+  start.add_argument("--cpus", type=float, default=1,
+                     help="CPUs each island reserves (default %(default)s)")
+  start.add_argument("--gpus", type=float, default=0,
+                     help="GPUs each island reserves (default %(default)s)")
+  start.add_argument("--resource", action="append", default=[],
+                     metavar="NAME=AMOUNT",
+                     help="a custom resource each island reserves "
+                     "(repeatable)")
+  start.add_argument("--controller-cpus", type=float, default=1,
+                     help="(default %(default)s)")
+  start.add_argument("--port", type=int, default=0,
+                     help="the client port on the controller's node "
+                     "(default: any free one)")
+  start.add_argument("--max-restarts", type=int, default=-1,
+                     help="Ray's restarts of each worker actor (-1: no "
+                     "limit; default %(default)s)")
+  start.add_argument("--worker-timeout", type=float, default=None,
+                     help="the controller's --worker-timeout")
+
+
+def _check_worker_timeout(parser: argparse.ArgumentParser,
+                          seconds: float | None) -> None:
+  if seconds is not None and not seconds >= 2:
+    parser.error(f"--worker-timeout={seconds} must be >= 2 seconds "
+                 "(workers send a heartbeat every second)")
+
+
+def _ray(parser: argparse.ArgumentParser, args: argparse.Namespace,
+         cfg: config.Config) -> int:
+  try:
+    from jax_pathways.deploy import ray as on_ray  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    print(f"jax-pathways ray: {e}; pip install 'jax_pathways[ray]'",
+          file=sys.stderr)
+    return 2
+  if args.ray_command == "stop":
+    if not on_ray.stop(args.name, args.ray_address):
+      print(f"jax-pathways ray: no cluster named {args.name!r}",
+            file=sys.stderr)
+      return 1
+    return 0
+  _check_worker_timeout(parser, args.worker_timeout)
+  resources = {"CPU": args.cpus, "GPU": args.gpus}
+  for item in args.resource:
+    key, _, amount = item.partition("=")
+    try:
+      resources[key] = float(amount)
+    except ValueError:
+      parser.error(f"--resource {item!r}: expected NAME=AMOUNT")
+  # As a controller's: clients on this host find it in the token file.
+  token = cfg.token or tokens.load_or_create(cfg.token_file)
+  try:
+    cluster = on_ray.start(
+        args.islands, args.devices_per_island,
+        {k: v for k, v in resources.items() if v}, name=args.name,
+        controller_resources={"CPU": args.controller_cpus}, port=args.port,
+        token=token, max_restarts=args.max_restarts,
+        worker_timeout_s=args.worker_timeout, ray_address=args.ray_address,
+        timeout_s=cfg.start_timeout)
+  except (ValueError, on_ray.ClusterError) as e:
+    print(f"jax-pathways ray: {e}", file=sys.stderr)
+    return 1
+  print(json.dumps({"name": cluster.name, "address": cluster.address,
+                    "islands": cluster.islands}), flush=True)
+  print(f"token: {'$' + config.TOKEN if cfg.token else cfg.token_file}",
+        file=sys.stderr)
+  return 0
 
 
 def _add_k8s(k: argparse.ArgumentParser) -> None:
@@ -252,8 +347,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"jax-pathways: {e}", file=sys.stderr)
     return 2
 
+  if args.command == "ray":
+    return _ray(parser, args, cfg)
   if args.command == "controller":
-    _setup_logging(cfg.verbosity)
+    setup_logging(cfg.verbosity)
     from jax_pathways.controller import main as controller_main  # pylint: disable=import-outside-toplevel
     max_in_flight = args.max_in_flight or cfg.max_in_flight
     if not 1 <= max_in_flight <= config.MAX_SAFE_IN_FLIGHT:
@@ -261,9 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    f"1..{config.MAX_SAFE_IN_FLIGHT} (XLA:CPU hangs at 64)")
     if args.memory_wait is not None and not args.memory_wait > 0:
       parser.error(f"--memory-wait={args.memory_wait} must be > 0 seconds")
-    if args.worker_timeout is not None and not args.worker_timeout >= 2:
-      parser.error(f"--worker-timeout={args.worker_timeout} must be >= 2 "
-                   "seconds (workers send a heartbeat every second)")
+    _check_worker_timeout(parser, args.worker_timeout)
     worker_timeout = (args.worker_timeout if args.worker_timeout is not None
                       else cfg.worker_timeout)
     return controller_main.run(args.islands or cfg.islands, args.listen,
@@ -276,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                args.memory_wait, args.reduction_order,
                                worker_timeout)
   if args.command == "worker":
-    _setup_logging(cfg.verbosity)
+    setup_logging(cfg.verbosity)
     from jax_pathways.worker import main as worker_main  # pylint: disable=import-outside-toplevel
     memory = (config.parse_bytes(args.device_memory, "--device-memory")
               if args.device_memory else cfg.device_memory)

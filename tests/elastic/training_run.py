@@ -8,6 +8,9 @@ argv[1]: JSON settings:
                       island's current worker gets SIGKILL / SIGSTOP
   reference:          also run the same steps without faults on the final
                       islands and report its parameters
+  cpu_reference:      N: also run them on N devices of plain JAX on CPU
+  optimizer:          "adam" (default) or "sgd" (Adam over islands differs
+                      from one host in last bits: docs/limitations.md)
 
 Prints one JSON line: the final parameters (hex), the loss of every step
 run (steps run again after a loss appear again), the events and the pids
@@ -36,6 +39,10 @@ else:
       restart_workers=settings.get("restart_workers", True))
 
 import jax  # noqa: E402
+
+if settings.get("cpu_reference"):  # before JAX's CPU backend is made
+  jax.config.update("jax_num_cpu_devices", settings["cpu_reference"])
+
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
@@ -44,7 +51,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 from jax_pathways import admin, elastic  # noqa: E402
 
 BATCH = 48  # divides 8, 6, 4 and 2 devices
-optimizer = optax.adam(3e-2)
+optimizer = (optax.sgd(0.1) if settings.get("optimizer") == "sgd"
+             else optax.adam(3e-2))
 
 
 def batch(i: int) -> tuple[np.ndarray, np.ndarray]:
@@ -133,6 +141,13 @@ if settings.get("reference"):
   assert not again.events, again.events
   out["reference"] = jax.tree.map(lambda a: np.asarray(a).tobytes().hex(),
                                   again.state[0])
+if settings.get("cpu_reference"):
+  plan = setup(jax.devices("cpu"))
+  state = jax.device_put(initial_state(), plan.state_sharding)
+  for i in range(settings["steps"]):
+    state, _ = plan.step(state, i)
+  out["cpu_reference"] = jax.tree.map(
+      lambda a: np.asarray(a).tobytes().hex(), state[0])
 print(json.dumps(out), flush=True)
 for h in hurt:  # a stopped worker nobody replaced must not linger
   if h["what"] == "stop":
