@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import time
 from typing import TYPE_CHECKING, Iterator
 
@@ -77,6 +78,10 @@ def profile(log_dir: str | os.PathLike[str],
 
 
 def _host(address: str) -> str:
-  """The controller's host, which names the islands in the files (as the
-  controller names them after its own)."""
-  return address.split("://", 1)[-1].rsplit(":", 1)[0]
+  """The controller's host, which names the islands in the files as the
+  controller names them (after its own hostname)."""
+  target = address.split("://", 1)[-1]
+  host = "" if target.startswith("unix:") else target.rsplit(":", 1)[0]
+  if host in ("", "localhost", "127.0.0.1", "[::1]"):  # this host's
+    return socket.gethostname()
+  return host

@@ -1,12 +1,14 @@
 """jax_pathways.profile(): JAX's own trace of this process and each island's
 launches, written by this process into the run directory JAX makes."""
 import os
+import socket
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 import jax_pathways
+from jax_pathways import profiling
 
 pytestmark = pytest.mark.integration
 
@@ -77,3 +79,13 @@ def test_profile_refuses_a_url(tmp_path):
   with pytest.raises(ValueError, match="local directory, not 'gs://b/run'"):
     with jax_pathways.profile("gs://b/run"):
       pass
+
+
+@pytest.mark.parametrize("address, host", [
+    ("grpc://controller-0.example:8471", "controller-0.example"),
+    ("grpc://10.0.0.2:8471", "10.0.0.2"),
+    ("grpc://unix:/tmp/jp/clients.sock", socket.gethostname()),
+    ("grpc://localhost:8471", socket.gethostname()),
+])
+def test_the_islands_are_named_after_the_controllers_host(address, host):
+  assert profiling._host(address) == host  # pylint: disable=protected-access
