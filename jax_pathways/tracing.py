@@ -18,11 +18,15 @@ arrived by the end of that launch (its bytes were there; the device went
 straight on, as a pulled input behind a launch costs it ~0.02 ms), not when
 the worker noticed, which would add a false wait per move. A receive the
 worker had to wait for counts from when it was done.
+
+start() and stop() are trace()'s two halves, which profile() (profiling.py)
+puts inside a jax.profiler trace.
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import time
 from typing import Any, Iterator, NamedTuple
 
 from jax_pathways import _initialize
@@ -45,6 +49,10 @@ class Trace:
 
   def __init__(self):
     self.ops: list[OpTiming] = []
+    # Wall clock: when recording was asked for, and when its stop answered
+    # (every op lies between them, as the hosts' clocks agree).
+    self.start_ns = 0
+    self.stop_ns = 0
 
   def fill(self, reply: dict[str, Any]) -> None:
     for island, records in sorted(reply["islands"].items(),
@@ -156,6 +164,27 @@ def _sync() -> None:
   jax.device_get(jax.device_put(np.zeros((), np.int32)))
 
 
+def start(timeout: float) -> Trace:
+  """Starts recording every island's ops, once the controller has taken the
+  work submitted before; stop() fills the Trace returned."""
+  address, token = _initialize.connection()
+  _sync()
+  result = Trace()
+  result.start_ns = time.time_ns()
+  admin.trace(address, "start", token, timeout)
+  return result
+
+
+def stop(result: Trace, timeout: float) -> None:
+  """Stops recording once the work submitted before has finished (at most
+  `timeout` seconds) and fills `result` with the islands' ops."""
+  address, token = _initialize.connection()
+  _sync()
+  reply = admin.trace(address, "stop", token, timeout)
+  result.stop_ns = time.time_ns()
+  result.fill(reply)
+
+
 @contextlib.contextmanager
 def trace(path: str | None = None, timeout: float = 300.0
           ) -> Iterator[Trace]:
@@ -164,14 +193,10 @@ def trace(path: str | None = None, timeout: float = 300.0
   Leaving waits until the work submitted inside has finished (at most
   `timeout` seconds).
   """
-  address, token = _initialize.connection()
-  _sync()
-  admin.trace(address, "start", token, timeout)
-  result = Trace()
+  result = start(timeout)
   try:
     yield result
   finally:
-    _sync()
-    result.fill(admin.trace(address, "stop", token, timeout))
+    stop(result, timeout)
     if path is not None:
       result.save(path)

@@ -1,4 +1,5 @@
-"""xspace(): one island's part of a Trace in the profiler's XSpace format.
+"""xspace(): one island's part of a Trace in the profiler's XSpace format;
+write(): one such file per island into a profile's run directory.
 
 TensorBoard's profile plugin (xprof) and `jax.profiler.ProfileData` read
 `<log_dir>/plugins/profile/<run>/<host>.xplane.pb` files, each a serialized
@@ -10,9 +11,14 @@ where a machine has no GPU or TPU planes), one line per op kind ("launch",
 As in the files JAX writes, times are relative to the profile's start, which
 a "Task Environment" plane gives as wall-clock ns (profile_start_time), so
 the islands' files line up with the client's.
+
+Two writers: the controller, for pathwaysutils' jax.profiler
+(controller/profile_executable.py), and the client, for
+`jax_pathways.profile()` (profiling.py).
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 from jax_pathways import protos
@@ -23,18 +29,30 @@ TASK_ENVIRONMENT = "Task Environment"  # tsl's kTaskEnvPlaneName
 _OP_STATS = ("seq", "issued_ns", "issue_end_ns")
 
 
-def xspace(trace: Trace, island: int, hostname: str, start_ns: int,
-           stop_ns: int) -> bytes:
+def write(trace: Trace, islands: Sequence[int], run_dir: str,
+          host: str) -> None:
+  """Writes `run_dir`/island_<k>.xplane.pb for each of `islands` (one with
+  no ops too: the island was recorded, idle), each whole or not at all;
+  raises OSError."""
+  os.makedirs(run_dir, exist_ok=True)
+  for island in islands:
+    path = os.path.join(run_dir, f"island_{island}.xplane.pb")
+    with open(f"{path}.tmp", "wb") as f:
+      f.write(xspace(trace, island, f"{host}:island_{island}"))
+    os.replace(f"{path}.tmp", path)
+
+
+def xspace(trace: Trace, island: int, hostname: str) -> bytes:
   """The serialized XSpace of `island`'s ops in `trace`, recorded from
-  `start_ns` to `stop_ns` (wall clock)."""
+  trace.start_ns to trace.stop_ns (wall clock)."""
   space = protos.msg("tensorflow.profiler.XSpace")()
   space.hostnames.append(hostname)
   _device_plane(space.planes.add(id=island, name=f"{PLANE_PREFIX}{island}"),
-                trace, island, start_ns)
+                trace, island, trace.start_ns)
   env = space.planes.add(id=island, name=TASK_ENVIRONMENT)
   _stat_names(env, ("profile_start_time", "profile_stop_time"))
-  env.stats.add(metadata_id=1, uint64_value=start_ns)
-  env.stats.add(metadata_id=2, uint64_value=stop_ns)
+  env.stats.add(metadata_id=1, uint64_value=trace.start_ns)
+  env.stats.add(metadata_id=2, uint64_value=trace.stop_ns)
   return space.SerializeToString()
 
 

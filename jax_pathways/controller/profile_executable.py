@@ -123,17 +123,12 @@ class ProfileExecutable:
       trace.fill(json.loads(body))
     except (ValueError, TypeError) as e:  # a worker's records, malformed
       return Status(Code.DATA_LOSS, f"unreadable island trace: {e!r}")
+    trace.start_ns, trace.stop_ns = self._start_ns, stop_ns
     run = self.request.session_name or time.strftime("%Y_%m_%d_%H_%M_%S")
     run_dir = os.path.join(self.request.trace_dir, "plugins", "profile", run)
     host = socket.gethostname()
     try:
-      os.makedirs(run_dir, exist_ok=True)
-      for island in self._islands:
-        path = os.path.join(run_dir, f"island_{island}.xplane.pb")
-        with open(f"{path}.tmp", "wb") as f:
-          f.write(xplane.xspace(trace, island, f"{host}:island_{island}",
-                                self._start_ns, stop_ns))
-        os.replace(f"{path}.tmp", path)
+      xplane.write(trace, self._islands, run_dir, host)
     except OSError as e:
       return Status(Code.FAILED_PRECONDITION,
                     f"could not write the islands' traces to {run_dir} on the "
