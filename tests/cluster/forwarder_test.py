@@ -117,9 +117,13 @@ def cluster() -> Iterator[dict[str, Any]]:
     processes.stop(procs)
 
 
-def _connect(address: str, token: str) -> tuple[subprocess.Popen, str]:
-  env = dict(os.environ, JAX_PATHWAYS_TOKEN=token)
-  proc = _spawn("connect", "--controller", address, env=env)
+def _connect(address: str, *args: str, token: str | None = None
+             ) -> tuple[subprocess.Popen, str]:
+  env = dict(os.environ)
+  env.pop("JAX_PATHWAYS_TOKEN", None)
+  if token is not None:
+    env["JAX_PATHWAYS_TOKEN"] = token
+  proc = _spawn("connect", "--controller", address, *args, env=env)
   line = _line(proc, 60)
   assert line.startswith("JAX_BACKEND_TARGET=grpc://unix:"), line
   return proc, line.split("=", 1)[1]
@@ -127,7 +131,7 @@ def _connect(address: str, token: str) -> tuple[subprocess.Popen, str]:
 
 @pytest.mark.integration
 def test_pathwaysutils_client_through_connect(cluster):
-  proc, target = _connect(cluster["address"], TOKEN)
+  proc, target = _connect(cluster["address"], token=TOKEN)
   try:
     folder = os.path.dirname(target[len("grpc://unix:"):])
     assert os.stat(folder).st_mode & 0o777 == 0o700
@@ -146,12 +150,16 @@ def test_pathwaysutils_client_through_connect(cluster):
 
 @pytest.mark.integration
 @pytest.mark.parametrize("how", ["direct", "wrong_token"])
-def test_missing_or_wrong_token_is_reported_at_once(cluster, how):
+def test_missing_or_wrong_token_is_reported_at_once(cluster, how, tmp_path):
   procs = []
   if how == "direct":  # no token at all
     target = f"grpc://{cluster['address']}"
   else:
-    proc, target = _connect(cluster["address"], "not-the-token")
+    token_file = tmp_path / "token"
+    token_file.write_text("not-the-token\n")
+    token_file.chmod(0o600)
+    proc, target = _connect(cluster["address"], "--token-file",
+                            str(token_file))
     procs.append(proc)
   try:
     start = time.monotonic()
