@@ -50,8 +50,13 @@ CLIENT = textwrap.dedent("""
     try:
       x = np.arange(24, dtype=np.float32).reshape(4, 6)
       y = jax.jit(lambda a: ((a * 3 - 1) / 2, jnp.sum(a * a, axis=1)))(x)
+      # 12 MiB each way: past gRPC's default 4 MiB message limit.
+      big = np.arange(3 << 20, dtype=np.int32)
+      big_ok = bool((np.asarray(jax.jit(lambda b: b * 2 + 1)(big)) ==
+                     big * 2 + 1).all())
       print(json.dumps({"factory": factory, "n": len(jax.devices()),
                         "y": [np.asarray(v).tobytes().hex() for v in y],
+                        "big_ok": big_ok,
                         "jax_pathways": "jax_pathways" in sys.modules}))
     except Exception as e:
       print(json.dumps({"factory": factory, "error": str(e),
@@ -140,7 +145,7 @@ def test_pathwaysutils_client_through_connect(cluster):
     x = np.arange(24, dtype=np.float32).reshape(4, 6)
     want = [((x * 3 - 1) / 2).tobytes().hex(),
             np.sum(x * x, axis=1).tobytes().hex()]
-    assert got["y"] == want and got["n"] == 2
+    assert got["y"] == want and got["n"] == 2 and got["big_ok"]
     assert not got["jax_pathways"]
   finally:
     processes.stop([proc])
