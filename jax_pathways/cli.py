@@ -1,16 +1,19 @@
-"""The `jax-pathways` command: controller, worker, status, k8s and ray.
+"""The `jax-pathways` command: controller, worker, status, connect, k8s
+and ray.
 
     jax-pathways controller --islands 2 [--listen 127.0.0.1:8470] [--worker-listen 127.0.0.1:8471]
     jax-pathways worker --controller HOST:PORT [--island 0] [--devices 4] [--platform cpu] [--device-cores 0-3]
     jax-pathways status [--address grpc://HOST:PORT] [--json]
     jax-pathways k8s --image IMAGE [--islands 2] [--out DIR]  (docs/deploy.md)
     jax-pathways ray start|stop [--name NAME] [--islands 2] ...  (docs/deploy.md)
+    jax-pathways connect --controller HOST:PORT [--listen unix:PATH] [--token-file FILE]
 
-The cluster token is read from JAX_PATHWAYS_TOKEN by all three, else from
+The cluster token is read from JAX_PATHWAYS_TOKEN by all of them, else from
 the file a controller keeps it in (JAX_PATHWAYS_TOKEN_FILE, by default
 ~/.jax_pathways/token, mode 0600): a controller (or `ray start`) started
 without a token makes one there, unless --insecure (loopback only) asks for
-none.
+none. `connect` serves JAX clients that cannot send the token
+(pathwaysutils) on a private Unix socket and adds it to their sessions.
 """
 from __future__ import annotations
 
@@ -18,7 +21,9 @@ import argparse
 import dataclasses
 import faulthandler
 import json
+import os
 import re
+import shutil
 import sys
 import time
 from typing import Any, Sequence
@@ -174,6 +179,18 @@ def make_parser() -> argparse.ArgumentParser:
   s.add_argument("--address", default=None,
                  help=f"grpc://HOST:PORT (default ${config.ADDRESS})")
   s.add_argument("--json", action="store_true", help="print raw JSON")
+
+  f = sub.add_parser("connect", help="a local socket that adds the cluster "
+                     "token for clients that cannot send it (pathwaysutils)")
+  f.add_argument("--controller", required=True,
+                 help="the controller's client address (HOST:PORT)")
+  f.add_argument("--listen", default=None,
+                 help="unix:/path of the socket, in a folder only you may "
+                 "enter (mode 0700; default: a fresh one under "
+                 "$XDG_RUNTIME_DIR or the temp folder)")
+  f.add_argument("--token-file", default=None,
+                 help="a file (mode 0600) holding the token (default "
+                 "JAX_PATHWAYS_TOKEN, else the controller's token file)")
 
   _add_k8s(sub.add_parser(
       "k8s", help="print the Kubernetes manifests of a cluster (a JobSet, "
@@ -392,6 +409,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                            cfg.token, args.data_listen, args.connect_timeout,
                            memory, device_cores, args.controller_timeout,
                            args.platform)
+  if args.command == "connect":
+    setup_logging(cfg.verbosity)
+    return _connect(parser, args, cfg)
   from jax_pathways import admin  # pylint: disable=import-outside-toplevel
   address = args.address or cfg.address
   if not address:
@@ -405,6 +425,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(json.dumps(s, indent=1))
   else:
     _print_status(s)
+  return 0
+
+
+def _connect(parser: argparse.ArgumentParser, args: argparse.Namespace,
+             cfg: config.Config) -> int:
+  """Runs a forwarder until SIGINT/SIGTERM; prints where JAX connects."""
+  import signal  # pylint: disable=import-outside-toplevel
+  import threading  # pylint: disable=import-outside-toplevel
+  from jax_pathways.cluster import addresses  # pylint: disable=import-outside-toplevel
+  from jax_pathways.cluster import forwarder  # pylint: disable=import-outside-toplevel
+  from jax_pathways.cluster import tokens  # pylint: disable=import-outside-toplevel
+  if args.listen is not None and not addresses.is_unix(args.listen):
+    parser.error(f"--listen={args.listen}: connect listens on unix:/path "
+                 "only (a TCP port would give the token to anyone who "
+                 "reaches it)")
+  from jax_pathways.status import StatusError  # pylint: disable=import-outside-toplevel
+  try:
+    token = tokens.load(args.token_file) if args.token_file else cfg.token
+  except StatusError as e:  # a token file others may read
+    parser.error(str(e.status.message))
+  if not token:
+    parser.error("no cluster token: set JAX_PATHWAYS_TOKEN or give "
+                 "--token-file")
+  made = None if args.listen else forwarder.socket_dir()
+  path = (os.path.join(made, "proxy.sock") if made else
+          args.listen[len(addresses.UNIX):])
+  try:
+    server, fwd = forwarder.serve(args.controller, token, path)
+  except OSError as e:  # PermissionError: a folder others may enter
+    print(f"jax-pathways connect: {e}", file=sys.stderr)
+    if made:
+      shutil.rmtree(made, ignore_errors=True)
+    return 2
+  stop = threading.Event()
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, lambda *_: stop.set())
+  print(f"JAX_BACKEND_TARGET=grpc://unix:{path}", flush=True)
+  while not stop.wait(1.0):
+    pass
+  server.stop(grace=2).wait(5)
+  fwd.close()
+  if made:
+    shutil.rmtree(made, ignore_errors=True)
   return 0
 
 

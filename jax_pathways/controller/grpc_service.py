@@ -44,6 +44,18 @@ DEVICES_KEY = "jax_pathways_devices"
 ISLAND_KEY = "jax_pathways_island"
 WEIGHT_KEY = "jax_pathways_weight"  # its share of saturated islands
 ADMIN_TOKEN_HEADER = "jax-pathways-token"
+# What a session without the right token is told, as the status of its
+# InitRequest: the one answer JAX's client passes on (it cancels the stream
+# before reading how the server ended it). It retries a failed InitRequest
+# until its connection timeout (120 s by default; pathwaysutils reads
+# PATHWAYS_PROXY_CONNECTION_TIMEOUT_SECS) and then raises with this message.
+REFUSED = ("jax_pathways: wrong or missing cluster token. Connect through "
+           "`jax-pathways connect --controller HOST:PORT` (it adds the "
+           "token from JAX_PATHWAYS_TOKEN) and point JAX_BACKEND_TARGET at "
+           "the address it prints, or call "
+           "jax_pathways.initialize(address, token=...)")
+# How long a refused stream may stay open waiting for its InitRequest.
+REFUSED_TIMEOUT_S = 10.0
 
 Event = _frontend.EventKind
 
@@ -61,6 +73,7 @@ class GrpcService:
     self._lock = threading.Lock()
     self.sessions: dict[int, Session] = {}  # by stream id
     self._parked: dict[int, Session] = {}  # sessions whose request waits
+    self._refused: dict[int, float] = {}  # stream -> deadline (wrong token)
     self._numbers = itertools.count(1)
     self._stopping = False
     self._thread: threading.Thread | None = None
@@ -102,6 +115,7 @@ class GrpcService:
                               call)
             self._answer_failed(kind, call, e)
         self._resume(woken=any(e[0] == Event.WAKE for e in events))
+        self._expire_refused()
 
   def _answer_failed(self, kind: Event, call: int, e: Exception) -> None:
     """A call whose event could not be handled still gets an answer."""
@@ -117,9 +131,10 @@ class GrpcService:
     """Until the earliest parked deadline, at most 0.5 s."""
     timeout = 0.5
     now = time.monotonic()
-    for session in self._parked.values():
-      if session.deadline is not None:
-        timeout = min(timeout, max(0.0, session.deadline - now))
+    deadlines = [s.deadline for s in self._parked.values()
+                 if s.deadline is not None] + list(self._refused.values())
+    for deadline in deadlines:
+      timeout = min(timeout, max(0.0, deadline - now))
     return timeout
 
   def _resume(self, woken: bool) -> None:
@@ -145,11 +160,11 @@ class GrpcService:
     meta = _parse("xla.ifrt.proxy.GrpcIfrtSessionMetadata", raw,
                   "session metadata")
     if not self._token_ok(meta):
-      self._server.finish(
-          stream, Code.UNAUTHENTICATED,
-          "jax_pathways: wrong or missing cluster token; pass "
-          "jax_pathways.initialize(address, token=...) or set "
-          "JAX_PATHWAYS_TOKEN")
+      # JAX's client retries about once a second: log the first of a burst.
+      logging.log_every_n_seconds(
+          logging.INFO, "refused a session from %s: wrong or missing "
+          "cluster token", 30, peer)
+      self._refused[stream] = time.monotonic() + REFUSED_TIMEOUT_S
       return
     version = meta.version.protocol_version
     if not (versions.MIN_PROTOCOL_VERSION <= version <=
@@ -182,6 +197,9 @@ class GrpcService:
                  request.describe(), weight)
 
   def _request(self, stream: int, data: bytes, *_: Any) -> None:
+    if stream in self._refused:
+      self._refuse(stream, data)
+      return
     session = self.sessions.get(stream)
     if session is None:
       return  # refused at open; its stream is finishing
@@ -191,8 +209,30 @@ class GrpcService:
     if session.waiting:
       self._parked[stream] = session
 
+  def _refuse(self, stream: int, data: bytes) -> None:
+    """Fails a refused stream's first request UNAUTHENTICATED (no session,
+    no host buffers were made for it), then ends the stream."""
+    del self._refused[stream]
+    request = _parse("xla.ifrt.proxy.IfrtRequest", data, "IfrtRequest")
+    response = protos.msg("xla.ifrt.proxy.IfrtResponse")()
+    response.response_metadata.op_id = request.request_metadata.op_id
+    response.response_metadata.status.code = int(Code.UNAUTHENTICATED)
+    response.response_metadata.status.message = REFUSED
+    self._server.send(stream, response.SerializeToString())
+    self._server.finish(stream, Code.UNAUTHENTICATED, REFUSED)
+
+  def _expire_refused(self) -> None:
+    now = time.monotonic()
+    for stream, deadline in list(self._refused.items()):
+      if now >= deadline:
+        del self._refused[stream]
+        self._server.finish(stream, Code.UNAUTHENTICATED, REFUSED)
+
   def _closed(self, stream: int, *_: Any) -> None:
     """No more requests: end the stream once every reply is out."""
+    if self._refused.pop(stream, None) is not None:
+      self._server.finish(stream, Code.UNAUTHENTICATED, REFUSED)
+      return
     session = self.sessions.get(stream)
     if session is None:
       return

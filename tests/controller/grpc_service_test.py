@@ -93,6 +93,62 @@ def test_wrong_token_is_refused(pathways):
   assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
+def _refused_stream(pathways, requests):
+  """The replies and the final status of a session with a wrong token."""
+  meta = protos.msg("xla.ifrt.proxy.GrpcIfrtSessionMetadata")()
+  meta.version.CopyFrom(_version())
+  with grpc.insecure_channel(pathways.address.split("://")[1]) as channel:
+    call = channel.stream_stream(
+        SESSION, response_deserializer=protos.msg(
+            "xla.ifrt.proxy.IfrtResponse").FromString)(
+                requests, timeout=30, metadata=[(
+                    "ifrt-proxy-grpc-ifrt-session-metadata-bin",
+                    meta.SerializeToString())])
+    replies = []
+    with pytest.raises(grpc.RpcError) as e:
+      for reply in call:
+        replies.append(reply)
+    return replies, e.value
+
+
+def test_refused_init_request_carries_the_reason(pathways):
+  """JAX's client shows its InitRequest's status (it cancels the stream
+  before reading how the server ended it)."""
+  init = _request(1, init_request=lambda b: None).SerializeToString()
+  stay = threading.Event()
+
+  def requests():
+    yield init
+    stay.wait(30)  # the server ends the stream, not this client
+
+  try:
+    replies, error = _refused_stream(pathways, requests())
+  finally:
+    stay.set()
+  assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+  [reply] = replies
+  assert reply.response_metadata.op_id == 1
+  assert reply.response_metadata.status.code == 16  # UNAUTHENTICATED
+  assert "jax-pathways connect" in reply.response_metadata.status.message
+  assert reply.WhichOneof("response") is None  # no devices, nothing else
+
+
+def test_refused_silent_stream_is_ended(pathways):
+  stay = threading.Event()
+
+  def requests():
+    stay.wait(30)
+    yield b""
+
+  start = time.monotonic()
+  try:
+    replies, error = _refused_stream(pathways, requests())
+  finally:
+    stay.set()
+  assert replies == [] and error.code() == grpc.StatusCode.UNAUTHENTICATED
+  assert time.monotonic() - start < 20  # REFUSED_TIMEOUT_S is 10
+
+
 def test_controller_still_serves_jax(pathways, proxy_devices):
   import jax
   import numpy as np

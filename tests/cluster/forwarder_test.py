@@ -1,0 +1,250 @@
+"""`jax-pathways connect` and the refusal a token-less client gets (issue 19,
+item 3): a pathwaysutils-only client (JAX_PLATFORMS=proxy,
+JAX_BACKEND_TARGET, pathwaysutils.initialize(), jax_pathways not importable)
+against a CLI cluster with a token. Every process started is stopped by pid
+at the end; every wait is bounded."""
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from typing import Any, Iterator
+
+import grpc
+import numpy as np
+import pytest
+
+from jax_pathways import protos
+from jax_pathways.cluster import forwarder
+from jax_pathways.controller.grpc_service import SESSION_METADATA, TOKEN_KEY
+
+import processes  # tests/conftest.py puts tests/ on sys.path
+
+CWD = tempfile.gettempdir()  # outside the checkout (see cli_test.py)
+TOKEN = "forwarder-test-token"
+SESSION = "/xla.ifrt.proxy.GrpcIfrtService/IfrtSession"
+
+# jax_pathways is installed here and registers a jax_plugins entry point
+# whose 'proxy' factory would replace pathwaysutils' one: the client makes it
+# unimportable, as on a machine without it, and says whose factory JAX used.
+CLIENT = textwrap.dedent("""
+    import importlib.abc, json, sys, time
+
+    class NoJaxPathways(importlib.abc.MetaPathFinder):
+      def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "jax_pathways":
+          raise ModuleNotFoundError(f"No module named {name!r}")
+
+    sys.meta_path.insert(0, NoJaxPathways())
+    start = time.monotonic()
+    import pathwaysutils
+    pathwaysutils.initialize()
+    import jax, jax.numpy as jnp, numpy as np
+    from jax._src import xla_bridge
+    factory = xla_bridge._backend_factories["proxy"].factory.__module__
+    try:
+      x = np.arange(24, dtype=np.float32).reshape(4, 6)
+      y = jax.jit(lambda a: ((a * 3 - 1) / 2, jnp.sum(a * a, axis=1)))(x)
+      # 12 MiB each way: past gRPC's default 4 MiB message limit.
+      big = np.arange(3 << 20, dtype=np.int32)
+      big_ok = bool((np.asarray(jax.jit(lambda b: b * 2 + 1)(big)) ==
+                     big * 2 + 1).all())
+      print(json.dumps({"factory": factory, "n": len(jax.devices()),
+                        "y": [np.asarray(v).tobytes().hex() for v in y],
+                        "big_ok": big_ok,
+                        "jax_pathways": "jax_pathways" in sys.modules}))
+    except Exception as e:
+      print(json.dumps({"factory": factory, "error": str(e),
+                        "s": time.monotonic() - start}))
+""")
+
+
+def _env(target: str, **extra: str) -> dict[str, str]:
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith(("JAX_", "PATHWAYS_"))}
+  env.update(JAX_PLATFORMS="proxy", JAX_BACKEND_TARGET=target,
+             IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS="true", **extra)
+  return env
+
+
+def _client(target: str, **extra: str) -> dict[str, Any]:
+  out = subprocess.run([sys.executable, "-c", CLIENT], env=_env(target,
+                                                                **extra),
+                       capture_output=True, text=True, timeout=120, cwd=CWD)
+  assert out.stdout.strip(), out.stderr[-3000:]
+  got = json.loads(out.stdout.strip().splitlines()[-1])
+  # pathwaysutils' own backend connected, not jax_pathways' plugin.
+  assert got["factory"] == "pathwaysutils.proxy_backend", got
+  got["stderr"] = out.stderr
+  return got
+
+
+def _line(proc: subprocess.Popen, timeout: float) -> str:
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if select.select([proc.stdout], [], [], 0.2)[0]:
+      text = proc.stdout.readline()
+      if text:
+        return text.strip()
+    if proc.poll() is not None:
+      break
+  proc.kill()
+  raise AssertionError(f"no line within {timeout} s:\n{proc.stderr.read()}")
+
+
+def _spawn(*args: str, env: dict[str, str]) -> subprocess.Popen:
+  return subprocess.Popen([sys.executable, "-m", "jax_pathways.cli", *args],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env=env, text=True, start_new_session=True, cwd=CWD)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[dict[str, Any]]:
+  """A controller with a token and one worker of 2 devices, from the CLI."""
+  env = dict(os.environ, JAX_PATHWAYS_TOKEN=TOKEN)
+  env.pop("JAX_PLATFORMS", None)
+  procs = []
+  try:
+    controller = _spawn("controller", "--islands", "1", "--listen",
+                        "127.0.0.1:0", "--worker-listen", "127.0.0.1:0",
+                        env=env)
+    procs.append(controller)
+    ready = json.loads(_line(controller, 60))
+    procs.append(_spawn("worker", "--controller", ready["worker_address"],
+                        "--devices", "2", env=env))
+    yield ready
+  finally:
+    processes.stop(procs)
+
+
+def _connect(address: str, *args: str, token: str | None = None
+             ) -> tuple[subprocess.Popen, str]:
+  env = dict(os.environ)
+  env.pop("JAX_PATHWAYS_TOKEN", None)
+  if token is not None:
+    env["JAX_PATHWAYS_TOKEN"] = token
+  proc = _spawn("connect", "--controller", address, *args, env=env)
+  line = _line(proc, 60)
+  assert line.startswith("JAX_BACKEND_TARGET=grpc://unix:"), line
+  return proc, line.split("=", 1)[1]
+
+
+@pytest.mark.integration
+def test_pathwaysutils_client_through_connect(cluster):
+  proc, target = _connect(cluster["address"], token=TOKEN)
+  try:
+    folder = os.path.dirname(target[len("grpc://unix:"):])
+    assert os.stat(folder).st_mode & 0o777 == 0o700
+    got = _client(target)
+    assert "error" not in got, got
+    x = np.arange(24, dtype=np.float32).reshape(4, 6)
+    want = [((x * 3 - 1) / 2).tobytes().hex(),
+            np.sum(x * x, axis=1).tobytes().hex()]
+    assert got["y"] == want and got["n"] == 2 and got["big_ok"]
+    assert not got["jax_pathways"]
+  finally:
+    processes.stop([proc])
+  assert proc.returncode == 0  # SIGTERM: a clean stop
+  assert not os.path.exists(folder)  # the folder it made, socket and all
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("how", ["direct", "wrong_token"])
+def test_missing_or_wrong_token_is_reported_at_once(cluster, how, tmp_path):
+  procs = []
+  if how == "direct":  # no token at all
+    target = f"grpc://{cluster['address']}"
+  else:
+    token_file = tmp_path / "token"
+    token_file.write_text("not-the-token\n")
+    token_file.chmod(0o600)
+    proc, target = _connect(cluster["address"], "--token-file",
+                            str(token_file))
+    procs.append(proc)
+  try:
+    start = time.monotonic()
+    # JAX's client retries a failed InitRequest until this timeout (120 s
+    # unless set); it logs the controller's message on every try.
+    got = _client(target, PATHWAYS_PROXY_CONNECTION_TIMEOUT_SECS="5")
+    took = time.monotonic() - start
+  finally:
+    processes.stop(procs)
+  assert "UNAUTHENTICATED" in got["error"], got["error"]
+  assert "wrong or missing cluster token" in got["error"]
+  assert "jax-pathways connect" in got["error"]
+  assert "init: UNAUTHENTICATED: jax_pathways: wrong or missing" in (
+      got["stderr"])
+  assert took < 30, took
+
+
+def _metadata(other: bool = False) -> bytes:
+  meta = protos.msg("xla.ifrt.proxy.GrpcIfrtSessionMetadata")()
+  meta.version.protocol_version = 25
+  if other:
+    meta.initialization_data.attributes["other"].string_value = b"kept"
+  return meta.SerializeToString()
+
+
+def test_with_token_adds_the_token():
+  meta = protos.msg("xla.ifrt.proxy.GrpcIfrtSessionMetadata").FromString(
+      forwarder.with_token(_metadata(other=True), "t0k"))
+  attributes = meta.initialization_data.attributes
+  assert attributes[TOKEN_KEY].string_value == b"t0k"
+  assert attributes["other"].string_value == b"kept"
+  assert meta.version.protocol_version == 25
+
+
+def test_socket_folder_must_be_private(tmp_path):
+  loose = tmp_path / "loose"
+  loose.mkdir(mode=0o755)
+  os.chmod(loose, 0o755)
+  with pytest.raises(PermissionError, match="chmod 700"):
+    forwarder.serve("127.0.0.1:1", TOKEN, str(loose / "proxy.sock"))
+  out = subprocess.run(
+      [sys.executable, "-m", "jax_pathways.cli", "connect", "--controller",
+       "127.0.0.1:1", "--listen", f"unix:{loose}/proxy.sock"],
+      env=dict(os.environ, JAX_PATHWAYS_TOKEN=TOKEN), capture_output=True,
+      text=True, timeout=60, cwd=CWD)
+  assert out.returncode == 2 and "chmod 700" in out.stderr, out.stderr
+  out = subprocess.run(
+      [sys.executable, "-m", "jax_pathways.cli", "connect", "--controller",
+       "127.0.0.1:1", "--listen", "127.0.0.1:0"],
+      env=dict(os.environ, JAX_PATHWAYS_TOKEN=TOKEN), capture_output=True,
+      text=True, timeout=60, cwd=CWD)
+  assert out.returncode == 2 and "unix:/path only" in out.stderr, out.stderr
+
+
+def test_garbage_is_answered(tmp_path):
+  """Bad calls get a status; the forwarder serves on (no controller needed:
+  they end before anything is forwarded, or find no controller)."""
+  folder = tmp_path / "private"
+  folder.mkdir(mode=0o700)
+  path = str(folder / "proxy.sock")
+  server, fwd = forwarder.serve("127.0.0.1:1", TOKEN, path)
+  channel = grpc.insecure_channel(f"unix:{path}")
+  try:
+    def session(metadata: bytes) -> grpc.RpcError:
+      call = channel.stream_stream(SESSION)(
+          iter([b"\xff\x00garbage"]), metadata=[(SESSION_METADATA, metadata)],
+          timeout=30)
+      with pytest.raises(grpc.RpcError) as e:
+        list(call)
+      return e.value
+
+    bad = session(b"\xff\xff\xff not a proto")
+    assert bad.code() == grpc.StatusCode.INVALID_ARGUMENT, bad
+    assert "unparsable session metadata" in bad.details()
+    # Well-formed, but the controller is not there: UNAVAILABLE, at once.
+    assert session(_metadata()).code() == grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(grpc.RpcError) as e:
+      channel.unary_unary("/no.Such/Method")(b"x", timeout=30)
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+  finally:
+    channel.close()
+    server.stop(grace=None).wait(10)
+    fwd.close()
