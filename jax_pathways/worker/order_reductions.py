@@ -14,7 +14,12 @@ bits of every float sum. This pass fixes the order without touching gloo:
      all-to-all (participant r receives everyone's r-th block; exact, it
      only copies) and the combine of those n blocks in rank order; and each
      such all-reduce into the same over chunks of the flattened value,
-     followed by an all-gather of the combined chunks;
+     followed by an all-gather of the combined chunks. Not an all-gather
+     of the whole values combined after it, even for small ones: XLA fuses
+     such a combine into the result's users, and there LLVM contracts
+     another multiply into an FMA than where the result is read from the
+     collective's buffer, as in the plain program (Adam's
+     0.001*g*g + 0.999*nu then rounds otherwise);
   3. compile the result as an already partitioned program (every parameter
      and result {manual}, so the partitioner leaves it as it is), with the
      simplification passes that already ran turned off.
@@ -29,7 +34,7 @@ sees much what it saw the first time; not always all of it (an Adam step
 over islands still differs in last bits: docs/limitations.md).
 
 Cost: the rewritten collectives move as many bytes as gloo's ring does, in
-two or three rounds instead of 2(n-1) steps; the program is compiled twice
+two rounds instead of 2(n-1) steps; the program is compiled twice
 (once, then cached). Integer, min and max reductions are exact in any order
 and are left to gloo, as are programs with several replicas.
 """
@@ -50,9 +55,6 @@ from jax._src.lib.mlir.dialects import hlo
 # The combines whose result depends on the order of the operands.
 _COMBINES = {"stablehlo.add": hlo.AddOp, "stablehlo.multiply": hlo.MulOp}
 _REDUCTIONS = ("stablehlo.all_reduce", "stablehlo.reduce_scatter")
-# All-reduces of at most this many bytes gather all n values in one round;
-# larger ones exchange chunks first (less traffic, one more round).
-GATHER_BYTES = 64 << 10
 # The CPU compiler's passes, in pipeline order, whose result is dumped: the
 # last one that changed the module gives the module to rewrite. The
 # simplifying ones are not run again on it (they are not idempotent on a
@@ -229,44 +231,59 @@ def _rewrite(op: Any, meshes: dict[str, dict[str, int]]) -> bool:
       results = [_exchange_combine(op.operands[0], dim, dense, channel,
                                    combine)]
     else:
-      results = [_all_reduce(v, t, dense, channel, combine)
-                 for v, t in zip(op.operands, types)]
+      # One exchange and one gather for all operands of a type: the
+      # partitioner combines a step's gradients into one all-reduce, and
+      # every round across islands costs a gloo latency.
+      by_type: dict[str, list[int]] = {}
+      for i, t in enumerate(types):
+        by_type.setdefault(str(t.element_type), []).append(i)
+      results = [None] * len(types)
+      for same in by_type.values():
+        for i, r in zip(same, _all_reduce([op.operands[i] for i in same],
+                                          [types[i] for i in same],
+                                          dense, channel, combine)):
+          results[i] = r
   for old, new in zip(op.results, results):
     old.replace_all_uses_with(new)
   op.erase()
   return True
 
 
-def _all_reduce(value: Any, t: ir.RankedTensorType, groups: Any,
-                channel: dict[str, Any], combine: Any) -> Any:
-  """Small values: everyone gathers all n and combines them in rank order
-  (one round). Larger ones: participant r combines, in rank order,
-  everyone's r-th chunk of the flattened value, and the combined chunks are
-  gathered (two rounds, as many bytes as a ring all-reduce moves)."""
+def _all_reduce(values: list[Any], types: list[ir.RankedTensorType],
+                groups: Any, channel: dict[str, Any], combine: Any
+                ) -> list[Any]:
+  """All-reduces `values` (of one element type) together: participant r
+  combines, in rank order, everyone's r-th chunk of their flattened
+  concatenation, and the combined chunks are gathered (two rounds, as many
+  bytes as a ring all-reduce moves; the results come out of a collective,
+  unfused, as the all-reduce's did: see the module docstring)."""
   n = ir.DenseIntElementsAttr(groups).type.shape[1]
-  size = int(np.prod(t.shape))
-  flat = hlo.ReshapeOp(_tensor([size], t), value).result
+  sizes = [int(np.prod(t.shape)) for t in types]
+  size = sum(sizes)
+  flat = [hlo.ReshapeOp(_tensor([k], t), v).result
+          for v, t, k in zip(values, types, sizes)]
   gather = {"all_gather_dim": _i64(0), "replica_groups": groups, **channel}
   if channel:  # ids are partitions, as the all-to-all's (one replica)
     gather["use_global_device_ids"] = ir.UnitAttr.get()
-  if size * _itemsize(t) <= GATHER_BYTES:
-    everyone = ir.Operation.create(
-        "stablehlo.all_gather", results=[_tensor([size * n], t)],
-        operands=[flat], attributes=gather).result
-    return hlo.ReshapeOp(t, _combine_blocks(everyone, 0, n, combine)).result
   chunk = -(-size // n)
   if chunk * n != size:  # pad with copies of an element: dropped at the end
-    first = hlo.SliceOp(flat, _i64s([0]), _i64s([1]), _i64s([1])).result
-    filler = hlo.BroadcastInDimOp(_tensor([chunk * n - size], t), first,
-                                  _i64s([0])).result
-    flat = hlo.ConcatenateOp([flat, filler], 0).result
-  mine = _exchange_combine(flat, 0, groups, channel, combine)
+    first = hlo.SliceOp(flat[0], _i64s([0]), _i64s([1]), _i64s([1])).result
+    flat.append(hlo.BroadcastInDimOp(_tensor([chunk * n - size], types[0]),
+                                     first, _i64s([0])).result)
+  joined = (hlo.ConcatenateOp(flat, 0).result if len(flat) > 1 else flat[0])
+  mine = _exchange_combine(joined, 0, groups, channel, combine)
   whole = ir.Operation.create(
-      "stablehlo.all_gather", results=[_tensor([chunk * n], t)],
+      "stablehlo.all_gather", results=[_tensor([chunk * n], types[0])],
       operands=[mine], attributes=gather).result
-  if chunk * n != size:
-    whole = hlo.SliceOp(whole, _i64s([0]), _i64s([size]), _i64s([1])).result
-  return hlo.ReshapeOp(t, whole).result
+  results, start = [], 0
+  for t, k in zip(types, sizes):
+    part = whole
+    if (start, k) != (0, chunk * n):
+      part = hlo.SliceOp(whole, _i64s([start]), _i64s([start + k]),
+                         _i64s([1])).result
+    results.append(hlo.ReshapeOp(t, part).result)
+    start += k
+  return results
 
 
 def _exchange_combine(value: Any, dim: int, groups: Any,
@@ -305,13 +322,6 @@ def _combine_blocks(value: Any, dim: int, n: int, combine: Any) -> Any:
       part = hlo.ConvertOp(wide, part).result
     total = part if total is None else combine(total, part).result
   return total if wide is out else hlo.ConvertOp(out, total).result
-
-
-def _itemsize(t: ir.RankedTensorType) -> int:
-  et = t.element_type
-  if isinstance(et, ir.ComplexType):
-    return 2 * _itemsize(ir.RankedTensorType.get([], et.element_type))
-  return max(1, et.width // 8)
 
 
 def _tensor(shape: list[int], like: ir.RankedTensorType

@@ -134,7 +134,7 @@ def test_float_reductions_across_islands_add_in_rank_order(run_both):
                    jax.lax.psum(v.astype(jnp.bfloat16), "b")),
         mesh=mesh, in_specs=P(("a", "b")),
         out_specs=(P(), P("b"), P(("a", "b")), P(("a", "b")), P("a"))))
-    # 80 KB per device: above GATHER_BYTES, chunks are exchanged.
+    # 80 KB per device.
     wide = jax.device_put(np.tile(values, (1, 1250)),
                           NamedSharding(mesh, P(("a", "b"))))
     g = jax.jit(lambda v: (

@@ -48,11 +48,6 @@ def test_moe_trains_across_islands(runs):
                params, actual[1])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the rank-order rewrite compiles the per-device module a second time; "
-    "from step 2 on Adam's second moments differ in the last bit (the "
-    "gradients and first moments are the same bits): that compile still "
-    "simplifies something otherwise than the first (docs/limitations.md)"))
 def test_moe_bit_identical_to_plain_jax(runs):
   expected, actual = runs
   differ = [jax.tree_util.keystr(path) for (path, e), a in zip(

@@ -50,7 +50,7 @@ def test_float_reductions_become_exchanges_with_the_same_bits(cpu_devices):
       (rng.standard_normal((64, 8)) * 10.0 ** rng.integers(-4, 5, (64, 8))
        ).astype(np.float32), NamedSharding(mesh, P(("a", "b"))))
 
-  # Above GATHER_BYTES (and not a multiple of 8 elements): chunks exchanged.
+  # Not a multiple of 8 elements: the chunks are padded.
   big = jax.device_put(
       rng.standard_normal((64, 17001)).astype(np.float32),
       NamedSharding(mesh, P(("a", "b"))))
