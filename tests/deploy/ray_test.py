@@ -113,9 +113,7 @@ def test_trains_through_a_killed_worker_actor(ray_nodes):
             "address": address, "token": TOKEN, "steps": 18,
             "commit_every": 4, "rejoin_timeout": 60.0,
             "faults": [[6, "kill", 1], [12, "stop", 0]],
-            # SGD: Adam's step over islands differs from one host's in the
-            # last bits (docs/limitations.md), with or without Ray.
-            "optimizer": "sgd", "cpu_reference": ISLANDS * DEVICES})],
+            "cpu_reference": ISLANDS * DEVICES})],
         capture_output=True, text=True, timeout=240,
         cwd=tempfile.gettempdir())
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -9,8 +9,6 @@ argv[1]: JSON settings:
   reference:          also run the same steps without faults on the final
                       islands and report its parameters
   cpu_reference:      N: also run them on N devices of plain JAX on CPU
-  optimizer:          "adam" (default) or "sgd" (Adam over islands differs
-                      from one host in last bits: docs/limitations.md)
 
 Prints one JSON line: the final parameters (hex), the loss of every step
 run (steps run again after a loss appear again), the events and the pids
@@ -51,8 +49,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 from jax_pathways import admin, elastic  # noqa: E402
 
 BATCH = 48  # divides 8, 6, 4 and 2 devices
-optimizer = (optax.sgd(0.1) if settings.get("optimizer") == "sgd"
-             else optax.adam(3e-2))
+optimizer = optax.adam(3e-2)
 
 
 def batch(i: int) -> tuple[np.ndarray, np.ndarray]:
