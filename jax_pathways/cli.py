@@ -24,7 +24,9 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
+import threading
 import time
 from typing import Any, Sequence
 
@@ -431,16 +433,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _connect(parser: argparse.ArgumentParser, args: argparse.Namespace,
              cfg: config.Config) -> int:
   """Runs a forwarder until SIGINT/SIGTERM; prints where JAX connects."""
-  import signal  # pylint: disable=import-outside-toplevel
-  import threading  # pylint: disable=import-outside-toplevel
   from jax_pathways.cluster import addresses  # pylint: disable=import-outside-toplevel
   from jax_pathways.cluster import forwarder  # pylint: disable=import-outside-toplevel
-  from jax_pathways.cluster import tokens  # pylint: disable=import-outside-toplevel
+  from jax_pathways.status import StatusError  # pylint: disable=import-outside-toplevel
   if args.listen is not None and not addresses.is_unix(args.listen):
     parser.error(f"--listen={args.listen}: connect listens on unix:/path "
                  "only (a TCP port would give the token to anyone who "
                  "reaches it)")
-  from jax_pathways.status import StatusError  # pylint: disable=import-outside-toplevel
   try:
     token = tokens.load(args.token_file) if args.token_file else cfg.token
   except StatusError as e:  # a token file others may read
