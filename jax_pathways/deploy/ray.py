@@ -149,36 +149,47 @@ class _Controller:
 class _Worker:
   """Island `island`'s worker, running in this actor's process."""
 
-  def __init__(self, controller: str, island: int, devices: int, token: str,
-               controller_timeout_s: float):
+  def __init__(self, name: str, controller: str, island: int, devices: int,
+               token: str, controller_timeout_s: float):
     ip = _prepare_process()
     # The actor's methods stay free to answer while the worker serves.
     threading.Thread(target=self._serve, name="jp-ray-worker", daemon=True,
-                     args=(controller, island, devices, token, ip,
+                     args=(name, controller, island, devices, token, ip,
                            controller_timeout_s)).start()
 
   @staticmethod
-  def _serve(controller: str, island: int, devices: int, token: str, ip: str,
-             controller_timeout_s: float) -> None:
+  def _serve(name: str, controller: str, island: int, devices: int,
+             token: str, ip: str, controller_timeout_s: float) -> None:
     from jax_pathways.worker import main  # pylint: disable=import-outside-toplevel
+    if _actor(name) is None:
+      _Worker._leave(0)  # restarted after its controller's actor died
     try:
       code = main.run(controller, island, devices, token, f"{ip}:0",
                       connect_timeout=60.0,
-                      controller_timeout=controller_timeout_s)
+                      controller_timeout=controller_timeout_s,
+                      leave=_Worker._leave)
     except BaseException:  # pylint: disable=broad-except
-      # Not a live actor with a dead worker in it: Ray must restart it.
       logging.exception("worker of island %d failed", island)
       code = 1
+    if code != 0 and _actor(name) is None:
+      # Its controller's actor is gone (this may be the restart of a worker
+      # that lost it): no worker could join again.
+      code = 0
+    _Worker._leave(code)
+
+  @staticmethod
+  def _leave(code: int) -> None:
+    """Ends the actor: for good if its worker left on purpose (code 0: its
+    controller stopped it or is gone); else Ray restarts it, and its new
+    worker takes the island's place (its next generation)."""
     if code == 0:
-      # Its controller stopped it or is gone: a new worker could not join
-      # either, so the actor ends without a restart.
-      logging.info("worker of island %d left; its actor ends", island)
+      logging.info("worker left; its actor ends")
       ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
-      return
-    # Lost, or failed: Ray restarts the actor, whose new worker takes the
-    # island's place (its next generation).
-    logging.warning("worker of island %d exited with code %d; Ray restarts "
-                    "its actor", island, code)
+      # Ray ends this process; a live actor with no worker must not stay.
+      time.sleep(_PID_TIMEOUT_S)
+    else:
+      logging.warning("worker exited with code %d; Ray restarts its actor",
+                      code)
     os._exit(code)  # pylint: disable=protected-access
 
   def pid(self) -> int:
@@ -281,7 +292,7 @@ def start(islands: int = 2,
           scheduling_strategy=PlacementGroupSchedulingStrategy(
               group, placement_group_bundle_index=i),
           **_actor_options(resources)).remote(
-              info["worker_address"], i, devices_per_island, token,
+              name, info["worker_address"], i, devices_per_island, token,
               controller_timeout_s)
     while not ray.get(controller.complete.remote()):
       if time.monotonic() > deadline:

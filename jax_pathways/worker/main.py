@@ -21,8 +21,7 @@ Exit codes, for restart policies (Kubernetes' OnFailure, the embedded
 cluster's supervisor):
   0  the controller told it to stop, or is gone (dead, or silent and not
      answering): a new worker could not join it either
-  1  the controller was lost while the worker joined the other islands, or
-     an unexpected error
+  1  an unexpected error
   2  bad --device-cores, a --platform or --devices this host lacks, or the
      worker could not join the controller
   3  EXIT_LOST: the controller is up but dropped this worker: start a new one
@@ -46,10 +45,14 @@ PROBE_TIMEOUT_S = 2.0
 def run(controller: str, island: int | None, devices: int | None,
         token: str | None, data_listen: str, connect_timeout: float,
         device_memory: int = 0, device_cores: list[int] | None = None,
-        controller_timeout: float = 10.0, platform: str | None = None) -> int:
+        controller_timeout: float = 10.0, platform: str | None = None,
+        leave: Callable[[int], None] = os._exit) -> int:  # pylint: disable=protected-access
   """Joins `controller` and serves until told to stop; returns an exit code.
   `devices`, `platform`: see pjrt_backend.island_client.
-  `device_cores`: the CPU cores the devices compute on (cluster/cores.py)."""
+  `device_cores`: the CPU cores the devices compute on (cluster/cores.py).
+  `leave(code)` ends the process when the controller is lost while joining
+  the other islands (the join cannot be interrupted; a Ray actor must also
+  say whether to be restarted)."""
   # Configure JAX before anything initializes its backends: this process
   # must keep every dtype the client sends; it initializes only the
   # platform asked for, and is never a client of a controller itself.
@@ -121,7 +124,9 @@ def run(controller: str, island: int | None, devices: int | None,
       # generation with the others, told by a JOIN_GLOBAL op.)
       _join_watching(lambda: backend.join_global(
           range(int(welcome["islands"])), welcome["coordinator"]),
-                     executor)
+                     executor, lambda lost: leave(_exit_code(
+                         f"{lost}, while joining the other islands",
+                         controller, token, peers.island)))
     logging.info("worker pid %d joined as island %d (%d %s devices%s); data "
                  "at %s", os.getpid(), peers.island, len(backend.devices),
                  backend.platform,
@@ -185,10 +190,12 @@ def _exit_code(ended: str, controller: str, token: str | None,
   return EXIT_LOST
 
 
-def _join_watching(join: Callable[[], None], executor: Any) -> None:
+def _join_watching(join: Callable[[], None], executor: Any,
+                   leave: Callable[[str], None]) -> None:
   """Runs `join` (which waits for every island, through the controller's
-  coordination service) unless the controller is lost first: then the
-  worker exits at once, since the join cannot be interrupted."""
+  coordination service) unless the controller is lost first: then
+  `leave(why)` ends the process at once, since the join cannot be
+  interrupted."""
   failure: list[BaseException] = []
 
   def run() -> None:
@@ -203,9 +210,7 @@ def _join_watching(join: Callable[[], None], executor: Any) -> None:
     joiner.join(0.2)
     lost = executor.lost()
     if lost and joiner.is_alive():
-      logging.warning("controller is gone (%s) while joining the other "
-                      "islands; worker exits", lost)
       sys.stderr.flush()
-      os._exit(1)  # pylint: disable=protected-access
+      leave(lost)
   if failure:
     raise failure[0]

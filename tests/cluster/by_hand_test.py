@@ -184,3 +184,32 @@ def test_insecure_is_for_loopback_only():
       capture_output=True, text=True, timeout=60, cwd=CWD)
   assert out.returncode != 0
   assert "--insecure: refusing to listen on 0.0.0.0:0" in out.stderr
+
+
+def test_a_worker_joining_islands_leaves_when_its_controller_dies():
+  """A worker waiting in the join for an island that never comes, whose
+  controller is SIGKILLed, exits with 0 (gone: a restart could not join
+  either), not with a failure a restart policy would retry forever."""
+  env = dict(os.environ, JAX_PATHWAYS_TOKEN=TOKEN)
+  procs = []
+  try:
+    controller = _spawn("controller", "--islands", "2", "--listen",
+                        "127.0.0.1:0", "--worker-listen", "127.0.0.1:0",
+                        env=env)
+    procs.append(controller)
+    ready = _ready_line(controller)
+    worker = _spawn("worker", "--controller", ready["worker_address"],
+                    "--island", "0", "--devices", "1", "--controller-timeout",
+                    "2", env=env)
+    procs.append(worker)
+    deadline = time.monotonic() + 60
+    while not admin.status(f"grpc://{ready['address']}", TOKEN)["islands"]:
+      assert time.monotonic() < deadline and worker.poll() is None
+      time.sleep(0.2)
+    controller.kill()
+    assert worker.wait(timeout=30) == 0, worker.stderr.read()[-2000:]
+    stderr = worker.stderr.read()
+    assert "while joining the other islands" in stderr, stderr[-2000:]
+    assert "controller is gone" in stderr, stderr[-2000:]
+  finally:
+    processes.stop(procs)
