@@ -15,14 +15,26 @@ devices, in the same run:
 Prints one JSON line per case: microseconds per computation for both and the
 ratio. Target (issue 2): Chained through jax_pathways costs no more per
 computation than in-process OpByOp.
+
+Then the CPU each chained call costs, per process and thread (from
+/proc/PID/task/TID/schedstat over --profile-calls calls): what the project
+owns is the controller's threads and the worker's own (its op loop, the
+main thread, and the jp-* threads); the worker's other threads are XLA's
+(tf_XLAEigen: the devices' compute; unnamed ones: jaxlib's). Issue 21's
+target: <= 60 us owned per chained call. The op loop's time includes the
+PJRT Execute call itself (XLA's launch, inline), so owned is an upper
+bound.
 """
 from __future__ import annotations
 
 import argparse
+import os
 
-from harness import emit, interleaved, log, setup, timed  # pylint: disable=g-bad-import-order
+from harness import (cpu_per_call, emit, interleaved, log, setup,  # pylint: disable=g-bad-import-order
+                     timed)  # pylint: disable=g-bad-import-order
 
 import jax  # noqa: E402
+import jax_pathways  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
@@ -50,6 +62,7 @@ def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument("--chain", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--profile-calls", type=int, default=2048)
   args = parser.parse_args()
   programs.chain = n = args.chain
   pathways_devices, cpu_devices = setup()
@@ -105,6 +118,35 @@ def main() -> None:
            miss_factor=round(us["pathways"] / target, 2))
       log(f"target: Chained through jax_pathways ({us['pathways']:.1f} us) <= "
           f"in-process OpByOp ({target:.1f} us): {'met' if met else 'missed'}")
+  profile(chained("pathways"),
+          args.profile_calls // n * n)
+
+
+def owned_by_project(process: str, thread: str) -> bool:
+  """Whether a thread's CPU is jax_pathways' (see the module docstring)."""
+  return process == "controller" or thread == "main" or thread.startswith(
+      "jp-")
+
+
+def profile(run_chain, calls: int) -> None:
+  """CPU per chained call by process and thread, and the project's share."""
+  cluster = jax_pathways.local_cluster()
+  pids = {"client": os.getpid(), "controller": cluster.controller.pid,
+          "worker": cluster.workers[0].pid}
+  n = programs.chain
+  per_thread = cpu_per_call(pids, lambda: [run_chain()
+                                           for _ in range(calls // n)], calls)
+  totals = {p: round(sum(t.values()), 1) for p, t in per_thread.items()}
+  owned = round(sum(us for p in ("controller", "worker")
+                    for t, us in per_thread[p].items()
+                    if owned_by_project(p, t)), 1)
+  emit("B1 dispatch", "cpu per chained call", calls=calls, owned_us=owned,
+       target_us=60, met=owned <= 60, process_us=totals,
+       thread_us=per_thread)
+  log(f"CPU per chained call over {calls} calls (us): owned by jax_pathways "
+      f"{owned} (target <= 60); per process {totals}")
+  for p, threads in per_thread.items():
+    log(f"  {p:10s} " + ", ".join(f"{t} {us}" for t, us in threads.items()))
 
 
 if __name__ == "__main__":

@@ -112,6 +112,41 @@ def cpu_seconds(pid: int) -> float:
   return (int(fields[11]) + int(fields[12])) * _TICK_S
 
 
+def thread_cpu_ns(pid: int) -> dict[tuple[int, str], int]:
+  """(tid, name) -> nanoseconds on a CPU so far, for each thread of `pid`
+  (schedstat: ns precision, where /proc/PID/stat counts 10 ms ticks). The
+  main thread is named "main"."""
+  out = {}
+  for tid in os.listdir(f"/proc/{pid}/task"):
+    try:
+      with open(f"/proc/{pid}/task/{tid}/comm") as f:
+        name = f.read().strip()
+      with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+        ns = int(f.read().split()[0])
+    except OSError:  # the thread ended
+      continue
+    out[(int(tid), "main" if int(tid) == pid else name)] = ns
+  return out
+
+
+def cpu_per_call(pids: dict[str, int], run: Callable[[], Any], calls: int
+                 ) -> dict[str, dict[str, float]]:
+  """Runs `run` (which makes `calls` calls) and returns, per process of
+  `pids`, the CPU microseconds per call of each thread name (threads of one
+  name summed; threads that started and ended inside are missed)."""
+  before = {k: thread_cpu_ns(pid) for k, pid in pids.items()}
+  run()
+  out: dict[str, dict[str, float]] = {}
+  for k, pid in pids.items():
+    per_name: dict[str, float] = {}
+    for (tid, name), ns in thread_cpu_ns(pid).items():
+      spent = ns - before[k].get((tid, name), 0)
+      per_name[name] = per_name.get(name, 0.0) + spent / 1e3 / calls
+    out[k] = {n: round(us, 1) for n, us in
+              sorted(per_name.items(), key=lambda kv: -kv[1]) if us >= 0.05}
+  return out
+
+
 def timed(fn: Callable[[], Any]) -> float:
   start = time.perf_counter()
   fn()
