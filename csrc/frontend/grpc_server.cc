@@ -60,6 +60,10 @@ std::string Flatten(const grpc::ByteBuffer& buffer) {
   return out;
 }
 
+// Streams a corked thread queued writes on without starting them
+// (GrpcServer::Cork); null when the thread is not corked.
+thread_local std::vector<std::shared_ptr<Call>>* corked_calls = nullptr;
+
 }  // namespace
 
 // One RPC of any method: a small state machine driven by the completion
@@ -90,6 +94,8 @@ class Call {
 
   void OnEvent(TagKind kind, bool ok);
   bool Send(std::string data);
+  // Starts writing what Send() queued while its thread was corked.
+  void Flush();
   void Finish(const Status& status);  // graceful if OK, else at once
   void Reply(const Status& status, std::string data);
 
@@ -425,7 +431,11 @@ void Call::WriteNext() {
   } else {
     return;
   }
-  if (server_->StartOp([&] { stream_.Write(write_buf_, tag(kWrite)); })) {
+  // More queued behind it: gRPC may hold this one and send them together.
+  grpc::WriteOptions options;
+  if (!writes_.empty()) options.set_buffer_hint();
+  if (server_->StartOp(
+          [&] { stream_.Write(write_buf_, options, tag(kWrite)); })) {
     writing_ = true;
     ++pending_;
   }
@@ -473,12 +483,18 @@ bool Call::Send(std::string data) {
     return false;
   }
   writes_.push_back(std::move(data));
-  WriteNext();
+  if (corked_calls == nullptr) WriteNext();
   return true;
+}
+
+void Call::Flush() {
+  std::lock_guard<std::mutex> lock(mu_);
+  WriteNext();
 }
 
 void Call::Finish(const Status& status) {
   std::lock_guard<std::mutex> lock(mu_);
+  WriteNext();  // what a corked Send() queued goes out first
   RequestFinish(status, !status.ok());
 }
 
@@ -588,7 +604,26 @@ void GrpcServer::Wake() {
 
 bool GrpcServer::Send(uint64_t id, std::string data) {
   std::shared_ptr<Call> call = Find(id);
-  return call != nullptr && call->Send(std::move(data));
+  if (call == nullptr || !call->Send(std::move(data))) return false;
+  if (corked_calls != nullptr &&
+      (corked_calls->empty() || corked_calls->back() != call)) {
+    corked_calls->push_back(std::move(call));
+  }
+  return true;
+}
+
+void GrpcServer::Cork() {
+  if (corked_calls == nullptr) {
+    corked_calls = new std::vector<std::shared_ptr<Call>>();
+  }
+}
+
+void GrpcServer::Uncork() {
+  std::vector<std::shared_ptr<Call>>* calls = corked_calls;
+  corked_calls = nullptr;
+  if (calls == nullptr) return;
+  for (const std::shared_ptr<Call>& call : *calls) call->Flush();
+  delete calls;
 }
 
 void GrpcServer::Finish(uint64_t id, const Status& status) {

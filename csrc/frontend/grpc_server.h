@@ -66,6 +66,12 @@ class GrpcServer {
   std::vector<FrontendEvent> Poll(double timeout_s, size_t max_items);
   // Queues one response message on stream `id`; false if it is gone.
   bool Send(uint64_t id, std::string data);
+  // Between Cork() and Uncork(), this thread's Send()s only queue: a burst
+  // of replies starts one write per stream, at Uncork(), not one each
+  // (the writes after it go out from the completion-queue thread, coalesced
+  // by gRPC). Other threads' Send()s are not held.
+  void Cork();
+  void Uncork();
   // Ends stream or call `id` with `status` (after queued messages if OK).
   void Finish(uint64_t id, const Status& status);
   // Answers unary call `id`: `data` if `status` is OK.

@@ -88,6 +88,9 @@ void RegisterGrpcServer(py::module_& m) {
             return s.Send(id, std::move(bytes));
           },
           py::arg("id"), py::arg("data"))
+      .def("cork", &GrpcServer::Cork)
+      .def("uncork", &GrpcServer::Uncork,
+           py::call_guard<py::gil_scoped_release>())
       .def(
           "finish",
           [](GrpcServer& s, uint64_t id, int code, std::string message) {

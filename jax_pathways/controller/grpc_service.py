@@ -12,12 +12,13 @@ gets an answer, whatever bytes it carried.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import secrets
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from absl import logging
 
@@ -102,8 +103,9 @@ class GrpcService:
       events = self._server.poll(self._poll_timeout(), 256)
       if not events and self._stopping:
         return
-      # A burst of requests (chained calls) reaches each worker as one write.
-      with self.services.dispatcher.corked():
+      # A burst of requests (chained calls) reaches each worker as one
+      # write, and its replies start one write per client.
+      with self.services.dispatcher.corked(), self._corked():
         for kind, call, data, method, metadata, peer in events:
           try:
             handlers[kind](call, data, method, metadata, peer)
@@ -116,6 +118,14 @@ class GrpcService:
             self._answer_failed(kind, call, e)
         self._resume(woken=any(e[0] == Event.WAKE for e in events))
         self._expire_refused()
+
+  @contextlib.contextmanager
+  def _corked(self) -> Iterator[None]:
+    self._server.cork()
+    try:
+      yield
+    finally:
+      self._server.uncork()
 
   def _answer_failed(self, kind: Event, call: int, e: Exception) -> None:
     """A call whose event could not be handled still gets an answer."""
