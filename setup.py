@@ -62,9 +62,10 @@ _HEADERS = sorted(glob.glob(os.path.join("csrc", "**", "*.h"), recursive=True))
 core = Pybind11Extension(
     "jax_pathways._core",
     _sources("common/*.cc", "transport/*.cc", "dispatcher/*.cc",
-             "executor/*.cc", "python/module.cc", "python/status_bindings.cc",
-             "python/op_bindings.cc", "python/dispatcher_bindings.cc",
-             "python/executor_bindings.cc"),
+             "executor/*.cc", "sessions/*.cc", "python/module.cc",
+             "python/status_bindings.cc", "python/op_bindings.cc",
+             "python/dispatcher_bindings.cc", "python/executor_bindings.cc",
+             "python/fast_path_bindings.cc"),
     include_dirs=["csrc"],
     depends=_HEADERS,
     cxx_std=17,

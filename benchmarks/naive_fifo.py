@@ -32,6 +32,8 @@ class NaiveDispatcher(Dispatcher):
   """Islands receive each client's ops in order, clients interleaved at
   random, independently on every island."""
 
+  in_order = False  # no C++ fast path submitting beside it
+
   def __init__(self, max_in_flight: int, memory_wait_s: float,
                worker_timeout_s: float):
     super().__init__(max_in_flight, memory_wait_s, worker_timeout_s)

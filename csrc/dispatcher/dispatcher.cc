@@ -14,6 +14,10 @@
 namespace jax_pathways {
 namespace {
 
+// Completion tags of C++ callbacks (WhenReady with a function); Python's
+// count up from 1 and never reach it.
+constexpr uint64_t kNativeTag = uint64_t{1} << 63;
+
 // Payload tails (uploads) from this size on (all of an op's together) are
 // lent to a worker on this
 // host, which reads them from our memory: one copy instead of the socket's
@@ -75,6 +79,7 @@ Status Dispatcher::AddIsland(IslandId island, int fd, std::string name,
       // finished (failed) in KillLocked, and gangs naming a dead island were
       // refused, so nothing carries over but the record of the loss.
       lost = std::move(it->second);
+      ++epoch_;
       raw->restarts = lost->restarts + 1;
       raw->last_lost = lost->last_lost;
       raw->last_lost_at = lost->last_lost_at;
@@ -346,7 +351,25 @@ void Dispatcher::Flush(Outbox outbox, std::vector<Completion> done) {
       SendNow(std::move(outbox));
     }
   }
-  for (Completion& c : done) completions_.Push(std::move(c));
+  Publish(std::move(done));
+}
+
+void Dispatcher::Publish(std::vector<Completion> done) {
+  for (Completion& c : done) {
+    if (!(c.tag & kNativeTag)) {
+      completions_.Push(std::move(c));
+      continue;
+    }
+    std::function<void(const Status&)> callback;
+    {
+      std::lock_guard<std::mutex> lock(native_mu_);
+      auto it = native_.find(c.tag);
+      if (it == native_.end()) continue;
+      callback = std::move(it->second);
+      native_.erase(it);
+    }
+    callback(c.status);
+  }
 }
 
 void Dispatcher::SendNow(Outbox outbox) {
@@ -558,6 +581,7 @@ void Dispatcher::FinishSlot(const GangSlot& slot, const Status& status,
 void Dispatcher::KillLocked(Island* island, const Status& why,
                             Outbox* outbox, std::vector<Completion>* done) {
   if (!island->alive) return;
+  ++epoch_;
   island->alive = false;
   island->death = why;
   island->last_lost = why.message();
@@ -618,7 +642,25 @@ void Dispatcher::WhenReady(const std::vector<BufferId>& ids, uint64_t tag) {
     std::lock_guard<std::mutex> lock(mu_);
     buffers_.WhenReady(ids, tag, &done);
   }
-  for (Completion& c : done) completions_.Push(std::move(c));
+  Publish(std::move(done));
+}
+
+void Dispatcher::WhenReady(const std::vector<BufferId>& ids,
+                           std::function<void(const Status&)> done) {
+  uint64_t tag;
+  {
+    std::lock_guard<std::mutex> lock(native_mu_);
+    tag = kNativeTag | ++next_native_;
+    native_[tag] = std::move(done);
+  }
+  WhenReady(ids, tag);
+}
+
+std::vector<BufferId> Dispatcher::NewBuffers(size_t n) {
+  BufferId first = next_buffer_.fetch_add(n);
+  std::vector<BufferId> ids(n);
+  for (size_t i = 0; i < n; ++i) ids[i] = first + i;
+  return ids;
 }
 
 BufferState Dispatcher::State(BufferId id, Status* failure) {

@@ -21,8 +21,10 @@
 #define JAX_PATHWAYS_CSRC_DISPATCHER_DISPATCHER_H_
 
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -107,6 +109,17 @@ class Dispatcher {
   void ExpireMemoryWaits(double max_wait_s);
   // Completes under `tag` when all `ids` are ready, or at the first failure.
   void WhenReady(const std::vector<BufferId>& ids, uint64_t tag);
+  // The same, calling `done` instead (C++ callers: sessions/fast_path.h), on
+  // whichever thread decides it, this one included, never under a lock of
+  // the Dispatcher's.
+  void WhenReady(const std::vector<BufferId>& ids,
+                 std::function<void(const Status&)> done);
+  // `n` fresh buffer ids, never used before (one counter for every caller).
+  std::vector<BufferId> NewBuffers(size_t n);
+  // Changes whenever an island is lost or a worker takes a lost island's
+  // place: what was compiled or placed for the islands before may need
+  // redoing (Python's CompiledProgram.ensure_current).
+  uint64_t epoch() const { return epoch_.load(); }
   BufferState State(BufferId id, Status* failure);
   void Forget(const std::vector<BufferId>& ids);
   // Fails the island as if its connection had dropped.
@@ -210,6 +223,8 @@ class Dispatcher {
   void Flush(Outbox outbox, std::vector<Completion> done);
 
   void SendNow(Outbox outbox);
+  // Hands completions to Python, or to the C++ callbacks filed under them.
+  void Publish(std::vector<Completion> done);
   void HeartbeatLoop();
 
   const int max_in_flight_;
@@ -222,6 +237,11 @@ class Dispatcher {
   FairShare<Held> fair_;
   BufferFutures buffers_;
   CompletionQueue completions_;
+  std::mutex native_mu_;  // guards native_ (never taken with mu_)
+  uint64_t next_native_ = 0;
+  std::unordered_map<uint64_t, std::function<void(const Status&)>> native_;
+  std::atomic<BufferId> next_buffer_{1};
+  std::atomic<uint64_t> epoch_{0};
   bool shut_down_ = false;
   std::condition_variable shutting_down_;  // with mu_: wakes the heartbeat
   std::thread heartbeat_;

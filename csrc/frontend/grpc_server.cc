@@ -96,6 +96,8 @@ class Call {
   bool Send(std::string data);
   // Starts writing what Send() queued while its thread was corked.
   void Flush();
+  // Python has handled `n` more of the requests it was given (see owed_).
+  void Settle(size_t n);
   void Finish(const Status& status);  // graceful if OK, else at once
   void Reply(const Status& status, std::string data);
 
@@ -124,6 +126,11 @@ class Call {
   grpc::ByteBuffer read_buf_;
   grpc::ByteBuffer write_buf_;
   std::deque<std::string> writes_;
+  // Session requests given to Python and not settled: while any is, later
+  // ones go to Python too, so that each is handled after those before it.
+  size_t owed_ = 0;
+  // A request read while none was owed, for the fast path (CQ thread only).
+  std::optional<std::string> fast_request_;
   bool writing_ = false;
   bool done_ = false;  // kDone is in: the RPC is over, start no op
   grpc::Alarm alarm_;  // the first-message deadline (kFirstMessageTimeout)
@@ -186,7 +193,23 @@ void Call::OnEvent(TagKind kind, bool ok) {
     }
     remove = pending_ == 0;
   }
+  if (fast_request_) {
+    // Outside mu_: the fast path may answer at once, through Send().
+    std::string request = std::move(*fast_request_);
+    fast_request_.reset();
+    const JpRequestHook& hook = server_->hook_;
+    if (!hook.handle(hook.fast_path, id_, request.data(), request.size())) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++owed_;
+      Push(FrontendEvent::kRequest, std::move(request));
+    }
+  }
   if (remove) server_->Remove(id_);  // may destroy *this: last statement
+}
+
+void Call::Settle(size_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  owed_ = n < owed_ ? owed_ - n : 0;
 }
 
 void Call::OnNew(bool ok) {
@@ -261,7 +284,15 @@ void Call::OnRead(bool ok) {
   switch (kind_) {
     case CallKind::kSession:
       if (ok) {
-        Push(FrontendEvent::kRequest, Flatten(read_buf_));
+        // Python answers it if it still holds an earlier request of this
+        // stream (requests are handled in order), or if there is no fast
+        // path; else the fast path is asked first (OnEvent, after mu_).
+        if (server_->hook_.handle != nullptr && owed_ == 0) {
+          fast_request_ = Flatten(read_buf_);
+        } else {
+          ++owed_;
+          Push(FrontendEvent::kRequest, Flatten(read_buf_));
+        }
         StartRead();
       } else if (!closed_pushed_) {
         // No more requests; Python finishes the stream once it has sent
@@ -610,6 +641,26 @@ bool GrpcServer::Send(uint64_t id, std::string data) {
     corked_calls->push_back(std::move(call));
   }
   return true;
+}
+
+void GrpcServer::Settle(uint64_t id, size_t n) {
+  if (std::shared_ptr<Call> call = Find(id)) call->Settle(n);
+}
+
+void GrpcServer::SetRequestHook(const JpRequestHook& hook) {
+  hook_ = hook;
+}
+
+JpReplySink GrpcServer::reply_sink() {
+  JpReplySink sink;
+  sink.version = 1;
+  sink.server = this;
+  sink.send = [](void* server, uint64_t stream, const char* data,
+                 size_t size) -> int {
+    return static_cast<GrpcServer*>(server)->Send(stream,
+                                                  std::string(data, size));
+  };
+  return sink;
 }
 
 void GrpcServer::Cork() {

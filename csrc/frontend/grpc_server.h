@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/blocking_queue.h"
+#include "common/request_hook.h"
 #include "common/status.h"
 #include "frontend/host_buffers.h"
 
@@ -72,6 +73,14 @@ class GrpcServer {
   // by gRPC). Other threads' Send()s are not held.
   void Cork();
   void Uncork();
+  // Python has handled `n` more requests of session stream `id` (each
+  // request Python is given must be settled once it has run, so that the
+  // fast path may take the stream's next ones).
+  void Settle(uint64_t id, size_t n);
+  // The fast path (common/request_hook.h); set before Start(), once.
+  void SetRequestHook(const JpRequestHook& hook);
+  // How the fast path answers (valid while this server lives).
+  JpReplySink reply_sink();
   // Ends stream or call `id` with `status` (after queued messages if OK).
   void Finish(uint64_t id, const Status& status);
   // Answers unary call `id`: `data` if `status` is OK.
@@ -107,6 +116,7 @@ class GrpcServer {
   BlockingQueue<FrontendEvent> events_;
   HostBuffers host_buffers_;
   std::atomic<bool> shut_down_{false};
+  JpRequestHook hook_{1, nullptr, nullptr};
 };
 
 }  // namespace jax_pathways

@@ -10,6 +10,7 @@ void RegisterOp(pybind11::module_& m);
 void RegisterDispatcher(pybind11::module_& m);
 void RegisterExecutor(pybind11::module_& m);
 void RegisterPeerLinks(pybind11::module_& m);
+void RegisterFastPath(pybind11::module_& m);
 
 }  // namespace jax_pathways
 

@@ -106,8 +106,13 @@ void RegisterDispatcher(py::module_& m) {
              }
              return out;
            })
-      .def("when_ready", &Dispatcher::WhenReady, py::arg("ids"),
-           py::arg("tag"), py::call_guard<py::gil_scoped_release>())
+      .def("when_ready",
+           py::overload_cast<const std::vector<BufferId>&, uint64_t>(
+               &Dispatcher::WhenReady),
+           py::arg("ids"), py::arg("tag"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("new_buffers", &Dispatcher::NewBuffers, py::arg("n"))
+      .def_property_readonly("epoch", &Dispatcher::epoch)
       .def(
           "state",
           [](Dispatcher& d, BufferId id) {

@@ -88,6 +88,23 @@ void RegisterGrpcServer(py::module_& m) {
             return s.Send(id, std::move(bytes));
           },
           py::arg("id"), py::arg("data"))
+      .def("settle", &GrpcServer::Settle, py::arg("id"), py::arg("n") = 1)
+      .def(
+          "set_request_hook",
+          [](GrpcServer& s, py::capsule hook) {
+            if (std::string(hook.name()) != kRequestHookCapsule) {
+              throw py::type_error("not a request hook capsule");
+            }
+            s.SetRequestHook(*hook.get_pointer<JpRequestHook>());
+          },
+          py::arg("hook"))
+      .def("reply_sink",
+           [](GrpcServer& s) {
+             return py::capsule(new JpReplySink(s.reply_sink()),
+                                kReplySinkCapsule, [](void* p) {
+                                  delete static_cast<JpReplySink*>(p);
+                                });
+           })
       .def("cork", &GrpcServer::Cork)
       .def("uncork", &GrpcServer::Uncork,
            py::call_guard<py::gil_scoped_release>())

@@ -12,4 +12,5 @@ PYBIND11_MODULE(_core, m) {
   jax_pathways::RegisterDispatcher(m);
   jax_pathways::RegisterExecutor(m);
   jax_pathways::RegisterPeerLinks(m);
+  jax_pathways::RegisterFastPath(m);
 }

@@ -12,6 +12,7 @@ from typing import Any
 from absl import logging
 
 import jax_pathways
+from jax_pathways import _core
 from jax_pathways import _frontend
 from jax_pathways.cluster import addresses
 from jax_pathways.controller.compile_cache import CompileCache
@@ -61,7 +62,9 @@ class Controller:
         resources=ResourceManager(self.topology, self._lost_islands),
         platform_version=f"jax_pathways {jax_pathways.__version__}",
         global_client=self.global_client,
-        spmd_across_islands=self.global_client is not None)
+        spmd_across_islands=self.global_client is not None,
+        fast_path=(_core.FastPath(self.dispatcher.core)
+                   if self.dispatcher.in_order else None))
     self.service = GrpcService(server, self.services, token, self.status)
     self._listen = listen
     self.address = ""
@@ -181,6 +184,10 @@ class Controller:
         "islands": islands,
         "clients": clients,
         "live_buffers": self.dispatcher.live_buffers(),
+        # Requests answered in C++ (csrc/sessions/fast_path.h), and those
+        # it left to Python.
+        "fast_path": (self.services.fast_path.stats()
+                      if self.services.fast_path else None),
         "compiled_programs": len(self.compile_cache),
         "global_client": (self.global_client.describe()
                           if self.global_client else None),

@@ -80,12 +80,18 @@ class GrpcService:
     self._thread: threading.Thread | None = None
 
   def start(self, bind: str) -> int:
+    fast = self.services.fast_path
+    if fast is not None:  # steady-state requests answered in C++
+      self._server.set_request_hook(fast.hook())
+      fast.attach(self._server.reply_sink())
     port = self._server.start(bind)
     self._thread = threads.start(self._loop, "jp-sessions")
     return port
 
   def stop(self) -> None:
     self._stopping = True
+    if self.services.fast_path is not None:
+      self.services.fast_path.detach()  # replies from now on go nowhere
     self._server.shutdown()
     if self._thread is not None:
       self._thread.join(timeout=10)
@@ -199,7 +205,8 @@ class GrpcService:
                       send=lambda r: server.send(stream, r.SerializeToString()),
                       request=request, peer=peer,
                       number=next(self._numbers), weight=weight,
-                      wake=server.wake)
+                      wake=server.wake, stream=stream,
+                      settle=lambda: server.settle(stream))
     with self._lock:
       self.sessions[stream] = session
     logging.info("client %d opened a session (protocol %d, peer %s, asks "

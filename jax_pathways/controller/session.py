@@ -25,6 +25,7 @@ from absl import logging
 
 from jax_pathways import protos, validation
 from jax_pathways.controller import moves
+from jax_pathways.controller.array_store import ArrayStore, Layouts
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.compile_cache import CompileCache
 from jax_pathways.controller.coordination import GlobalClient
@@ -55,6 +56,10 @@ class Services:
   upload_timeout_s: float = 600.0
   # Whose jax.profiler trace the islands record (shared by all sessions).
   recording: Recording = dataclasses.field(default_factory=Recording)
+  # The C++ fast path of the steady-state requests (_core.FastPath), and
+  # the array layouts it compares (controller/array_store.py).
+  fast_path: Any = None
+  layouts: Layouts = dataclasses.field(default_factory=Layouts)
 
 
 class Waiting(Exception):
@@ -123,7 +128,8 @@ class Session:
                send: Callable[[Any], Any],
                request: SliceRequest = SliceRequest(), peer: str = "",
                number: int = 0, weight: float = 1.0,
-               wake: Callable[[], None] = lambda: None):
+               wake: Callable[[], None] = lambda: None, stream: int = 0,
+               settle: Callable[[], None] = lambda: None):
     # The id is a secret (it names the session's host buffers); `number`
     # is what others may see of this client.
     self.id = session_id
@@ -137,7 +143,14 @@ class Session:
     self._slice: VirtualSlice | None = None
     self.protocol_version = protocol_version
     self.services = services
-    self.arrays: HandleStore[Array] = HandleStore("array")
+    # The fast path takes this stream's requests while none is with us;
+    # settle() says one more has been handled (see _run).
+    self.stream = stream
+    self._settle = settle
+    fast = services.fast_path
+    if fast is not None:
+      fast.open(stream, number)
+    self.arrays = ArrayStore(fast, stream, services.layouts)
     self.executables: HandleStore[Any] = HandleStore("loaded executable")
     self.futures: HandleStore[Any] = HandleStore("future")
     self.execute_results: HandleStore[Any] = HandleStore("result status")
@@ -243,6 +256,8 @@ class Session:
       return
     self.deadline = None
     self._taken.clear()
+    self.arrays.settle()
+    self._settle()
 
   def _dispatch(self, request: Any) -> None:
     kind = request.WhichOneof("request")

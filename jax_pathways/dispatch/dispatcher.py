@@ -49,6 +49,11 @@ class IslandOp(NamedTuple):
 class Dispatcher:
   """Submits gangs of ops to islands; one instance per controller."""
 
+  # Submissions reach the core as they are made, so the sessions' C++ fast
+  # path may submit to the core beside them (a subclass that reorders
+  # them, as benchmarks/naive_fifo.py does, must say False).
+  in_order = True
+
   def __init__(self, max_in_flight: int,
                memory_wait_s: float = MEMORY_WAIT_S,
                worker_timeout_s: float = WORKER_TIMEOUT_S):
@@ -57,7 +62,6 @@ class Dispatcher:
     self.worker_timeout_s = worker_timeout_s
     self._core = _core.Dispatcher(max_in_flight)
     self._tags = itertools.count(1)
-    self._buffer_ids = itertools.count(1)
     self._callbacks: dict[int, Callable[[Status, list[bytes]], None]] = {}
     self._lock = threading.Lock()
     self._stopping = False
@@ -72,7 +76,19 @@ class Dispatcher:
     self._on_lost = callback
 
   def new_buffers(self, n: int) -> list[int]:
-    return [next(self._buffer_ids) for _ in range(n)]
+    """Fresh buffer ids, from the core's one counter (the fast path draws
+    from it too)."""
+    return self._core.new_buffers(n)
+
+  @property
+  def core(self) -> Any:
+    """The C++ dispatcher, for the sessions' fast path."""
+    return self._core
+
+  @property
+  def epoch(self) -> int:
+    """Changes whenever an island is lost or rejoins (see FastPath)."""
+    return self._core.epoch
 
   def add_island(self, island: int, sock: socket.socket, name: str,
                  memory_bytes: int = 0) -> None:

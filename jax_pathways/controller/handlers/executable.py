@@ -80,6 +80,9 @@ def _execute_results(req: Any) -> list[int]:
 
 @handles("loaded_executable_execute_request", results=_execute_results)
 def execute(session: Session, req: Any, reply: Reply) -> None:
+  # Before ensure_current: a loss or rejoin after it changes the epoch, and
+  # the fast path then leaves the next call to this handler again.
+  epoch = session.services.dispatcher.epoch
   exe: Executable = session.executables.get(req.loaded_executable_handle)
   args: list[Array] = [session.arrays.get(h) for h in req.args_handles]
   outputs = exe.outputs
@@ -128,10 +131,14 @@ def execute(session: Session, req: Any, reply: Reply) -> None:
     if status_future is not None:
       status_future.set_result(failure)
   else:
+    fast = isinstance(exe, CompiledProgram)
     for h, b, (shape, dtype), s, islands in zip(
         handles_, buffers, outputs, shardings, exe.output_islands):
-      session.arrays.put(h, Array.failed(_NO_DATA) if isinstance(
-          exe, ProfileExecutable) else Array(b, islands, dtype, shape, s))
+      if fast:
+        session.arrays.put_fast(h, Array(b, islands, dtype, shape, s))
+      else:
+        session.arrays.put(h, Array.failed(_NO_DATA) if isinstance(
+            exe, ProfileExecutable) else Array(b, islands, dtype, shape, s))
     # Nobody waits for a launch unless the client asked for its status:
     # readiness and errors travel through the output buffers' futures.
     on_done = None
@@ -141,6 +148,8 @@ def execute(session: Session, req: Any, reply: Reply) -> None:
     for i in exe.donated:
       if i < len(args):
         args[i].donate()  # the worker's launch consumes it
+    if fast:
+      _register_fast(session, req.loaded_executable_handle, exe, args, epoch)
   if status_future is not None:
     store = (session.execute_results
              if session.protocol_version >= _EXECUTE_RESULT_VERSION
@@ -164,6 +173,25 @@ def execute(session: Session, req: Any, reply: Reply) -> None:
       o.array_handle = h
 
   reply.ok(fill)
+
+
+def _register_fast(session: Session, handle: int, exe: CompiledProgram,
+                   args: list[Array], epoch: int) -> None:
+  """Lets the fast path (controller/array_store.py) launch `exe` again on
+  arguments laid out as these, which this call checked, as long as the
+  islands do not change (`epoch`)."""
+  services = session.services
+  if services.fast_path is None:
+    return
+  layouts = session.arrays.layouts
+  out_bytes = exe.output_bytes(services.topology)
+  services.fast_path.register(
+      session.stream, handle, exe.program_id, [i.id for i in exe.islands],
+      epoch, [[layouts.of_array(a)] for a in args],
+      [layouts.id(islands, dtype, shape, s) for (shape, dtype), s, islands
+       in zip(exe.outputs, exe.output_shardings, exe.output_islands)],
+      [[i.id for i in islands] for islands in exe.output_islands],
+      [out_bytes[i.id] for i in exe.islands], list(exe.donated))
 
 
 @handles("loaded_executable_fetch_execute_result_request")
@@ -233,6 +261,9 @@ def is_deleted(session: Session, req: Any, reply: Reply) -> None:
 def destruct(session: Session, req: Any, reply: Reply) -> None:
   # The compiled program stays cached on its worker for the next client.
   exe = session.executables.pop(req.loaded_executable_handle)
+  if session.services.fast_path is not None:
+    session.services.fast_path.unregister(session.stream,
+                                          req.loaded_executable_handle)
   if isinstance(exe, ProfileExecutable):  # perhaps still recording
     exe.abandon(session.services)
   reply.ok()

@@ -1,0 +1,127 @@
+#include <pybind11/stl.h>
+
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "python/bindings.h"
+#include "sessions/fast_path.h"
+
+namespace py = pybind11;
+
+namespace jax_pathways {
+namespace {
+
+// (buffer, layout, islands, donated): a record as Python sees it.
+using PyRecord = std::tuple<BufferId, int64_t, std::vector<IslandId>, bool>;
+
+PyRecord ToPython(const ArrayRecord& r) {
+  return {r.buffer, r.layout, r.islands, r.donated};
+}
+
+}  // namespace
+
+void RegisterFastPath(py::module_& m) {
+  py::class_<FastPath>(m, "FastPath")
+      .def(py::init<Dispatcher*>(), py::arg("dispatcher"),
+           py::keep_alive<1, 2>())
+      .def(
+          "attach",
+          [](FastPath& f, py::capsule sink) {
+            if (std::string(sink.name()) != kReplySinkCapsule) {
+              throw py::type_error("not a reply sink capsule");
+            }
+            f.Attach(*sink.get_pointer<JpReplySink>());
+          },
+          py::arg("sink"))
+      .def("detach", &FastPath::Detach)
+      .def("hook",
+           [](FastPath& f) {
+             return py::capsule(new JpRequestHook(f.hook()),
+                                kRequestHookCapsule, [](void* p) {
+                                  delete static_cast<JpRequestHook*>(p);
+                                });
+           })
+      .def("open", &FastPath::Open, py::arg("stream"), py::arg("client"))
+      .def(
+          "close",
+          [](FastPath& f, uint64_t stream) {
+            std::vector<PyRecord> out;
+            for (const ArrayRecord& r : f.Close(stream)) {
+              out.push_back(ToPython(r));
+            }
+            return out;
+          },
+          py::arg("stream"))
+      .def(
+          "put",
+          [](FastPath& f, uint64_t stream, uint64_t handle, BufferId buffer,
+             int64_t layout, std::vector<IslandId> islands) {
+            return f.Put(stream, handle,
+                         ArrayRecord{buffer, layout, std::move(islands),
+                                     false});
+          },
+          py::arg("stream"), py::arg("handle"), py::arg("buffer"),
+          py::arg("layout"), py::arg("islands"))
+      .def(
+          "take",
+          [](FastPath& f, uint64_t stream, uint64_t handle) -> py::object {
+            std::optional<ArrayRecord> r = f.Take(stream, handle);
+            if (!r) return py::none();
+            return py::cast(ToPython(*r));
+          },
+          py::arg("stream"), py::arg("handle"))
+      .def("contains", &FastPath::Contains, py::arg("stream"),
+           py::arg("handle"))
+      .def(
+          "records",
+          [](FastPath& f, uint64_t stream) {
+            std::vector<std::pair<uint64_t, PyRecord>> out;
+            for (const auto& [h, r] : f.Records(stream)) {
+              out.emplace_back(h, ToPython(r));
+            }
+            return out;
+          },
+          py::arg("stream"))
+      .def("note_client_handle", &FastPath::NoteClientHandle,
+           py::arg("stream"), py::arg("handle"))
+      .def(
+          "register",
+          [](FastPath& f, uint64_t stream, uint64_t executable,
+             uint64_t program, std::vector<IslandId> islands, uint64_t epoch,
+             std::vector<std::vector<int64_t>> arg_layouts,
+             std::vector<int64_t> output_layouts,
+             std::vector<std::vector<IslandId>> output_islands,
+             std::vector<std::vector<int64_t>> result_bytes,
+             std::vector<size_t> donated) {
+            if (result_bytes.size() != islands.size() ||
+                output_islands.size() != output_layouts.size()) {
+              throw py::value_error("a fast program's lists do not match");
+            }
+            f.Register(stream, executable,
+                       FastProgram{program, std::move(islands), epoch,
+                                   std::move(arg_layouts),
+                                   std::move(output_layouts),
+                                   std::move(output_islands),
+                                   std::move(result_bytes),
+                                   std::move(donated)});
+          },
+          py::arg("stream"), py::arg("executable"), py::arg("program"),
+          py::arg("islands"), py::arg("epoch"), py::arg("arg_layouts"),
+          py::arg("output_layouts"), py::arg("output_islands"),
+          py::arg("result_bytes"), py::arg("donated"))
+      .def("unregister", &FastPath::Unregister, py::arg("stream"),
+           py::arg("executable"))
+      .def("stats", [](FastPath& f) {
+        FastPathStats s = f.stats();
+        py::dict d;
+        d["executes"] = s.executes;
+        d["ready_checks"] = s.ready_checks;
+        d["destructs"] = s.destructs;
+        d["declined"] = s.declined;
+        return d;
+      });
+}
+
+}  // namespace jax_pathways

@@ -1,0 +1,128 @@
+// FastPath: a training loop's steady-state requests, answered in C++.
+//
+// Execute of a program Python registered, CheckValueReady and DestructArray
+// are handled on the frontend's completion-queue thread (through
+// common/request_hook.h) without entering Python, when every array they
+// name is in this session's table here. Anything else -- another request,
+// an array Python holds, a handle that is not plainly new, a program whose
+// islands changed (dispatcher epoch), a donated argument -- is declined and
+// goes to Python unchanged, which checks it fully and answers every error.
+//
+// One source of truth: an array handle lives either in this table or in
+// Python's (controller/array_store.py), never both. Python puts the outputs
+// of the programs it registered here, and takes a record over (it moves to
+// Python) when a rare request needs the array. Records here are plain: one
+// holder, no aliases, no memory shared with other buffers (Python takes
+// them before making any).
+//
+// Thread safety: every method may be called from any thread.
+#ifndef JAX_PATHWAYS_CSRC_SESSIONS_FAST_PATH_H_
+#define JAX_PATHWAYS_CSRC_SESSIONS_FAST_PATH_H_
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/request_hook.h"
+#include "dispatcher/dispatcher.h"
+#include "sessions/ifrt_messages.h"
+
+namespace jax_pathways {
+
+struct ArrayRecord {
+  BufferId buffer = 0;
+  // Python's interned (dtype, shape, sharding, islands) of the array.
+  int64_t layout = 0;
+  std::vector<IslandId> islands;
+  bool donated = false;  // a launch consumed it
+};
+
+// What Python checked once of a compiled program, for the launches after.
+struct FastProgram {
+  uint64_t program = 0;  // the workers' compiled program id
+  std::vector<IslandId> islands;
+  // Dispatcher epoch Python checked the program's islands at.
+  uint64_t epoch = 0;
+  // Per argument, the layouts Python accepted there (a call's arguments
+  // may come from an upload, another program or this one's outputs).
+  std::vector<std::vector<int64_t>> arg_layouts;
+  std::vector<int64_t> output_layouts;
+  std::vector<std::vector<IslandId>> output_islands;
+  // Per island of `islands`: the device memory of each output there.
+  std::vector<std::vector<int64_t>> result_bytes;
+  std::vector<size_t> donated;  // argument indices
+};
+
+struct FastPathStats {
+  uint64_t executes = 0;
+  uint64_t ready_checks = 0;
+  uint64_t destructs = 0;
+  uint64_t declined = 0;  // requests left to Python
+};
+
+class FastPath {
+ public:
+  explicit FastPath(Dispatcher* dispatcher) : dispatcher_(dispatcher) {}
+  FastPath(const FastPath&) = delete;
+  FastPath& operator=(const FastPath&) = delete;
+
+  // Where replies go; Detach() before the frontend goes away.
+  void Attach(const JpReplySink& sink);
+  void Detach();
+  JpRequestHook hook();
+
+  void Open(uint64_t stream, ClientId client);
+  // The session's records, which the caller releases.
+  std::vector<ArrayRecord> Close(uint64_t stream);
+  // False if `handle` is in use here.
+  bool Put(uint64_t stream, uint64_t handle, ArrayRecord record);
+  std::optional<ArrayRecord> Take(uint64_t stream, uint64_t handle);
+  bool Contains(uint64_t stream, uint64_t handle);
+  std::vector<std::pair<uint64_t, ArrayRecord>> Records(uint64_t stream);
+  // A client-minted handle Python used: result handles the fast path takes
+  // must be above every one (JAX's client counts up), so that none can name
+  // an array Python holds.
+  void NoteClientHandle(uint64_t stream, uint64_t handle);
+  // Adds the program, or, for the same program at the same epoch, the
+  // argument layouts of another call Python checked.
+  void Register(uint64_t stream, uint64_t executable, FastProgram program);
+  void Unregister(uint64_t stream, uint64_t executable);
+  FastPathStats stats();
+
+  // The hook: true if it took the request (see common/request_hook.h).
+  bool Handle(uint64_t stream, std::string_view request);
+
+ private:
+  struct Session {
+    ClientId client = 0;
+    std::unordered_map<uint64_t, ArrayRecord> arrays;
+    std::unordered_map<uint64_t, FastProgram> programs;
+    uint64_t max_client_handle = 0;
+  };
+  using Gangs = std::vector<std::vector<IslandOp>>;
+
+  // Require mu_. Check everything first, change nothing unless taken; the
+  // work to submit (outside mu_) goes to `gangs`.
+  bool Execute(Session& s, const IfrtRequest& r, Gangs* gangs);
+  bool Destruct(Session& s, const IfrtRequest& r, Gangs* gangs,
+                std::vector<BufferId>* forget);
+  bool ReadyBuffers(Session& s, const IfrtRequest& r,
+                    std::vector<BufferId>* buffers);
+  void Reply(uint64_t stream, uint64_t op_id, uint32_t field,
+             const Status& status);
+
+  Dispatcher* const dispatcher_;
+  std::mutex mu_;
+  std::unordered_map<uint64_t, Session> sessions_;
+  FastPathStats stats_;
+  std::mutex sink_mu_;  // guards sink_ (replies may come from any thread)
+  JpReplySink sink_{1, nullptr, nullptr};
+};
+
+}  // namespace jax_pathways
+
+#endif  // JAX_PATHWAYS_CSRC_SESSIONS_FAST_PATH_H_

@@ -1,0 +1,175 @@
+"""ArrayStore: one session's array handles, in Python or in the fast path.
+
+A training loop's steady-state requests (Execute of a program Python has
+registered, CheckValueReady, DestructArray) are answered in C++ by
+_core.FastPath (csrc/sessions/fast_path.h) when every array they name is in
+its table. A handle lives in exactly one of the two tables: the outputs of a
+registered program go to the C++ table; a request Python handles that names
+one takes it over (the record moves here, as an Array). Records in C++ are
+plain arrays: one holder, no aliases, nothing shared, so taking one over
+loses nothing. Their dtype, shape, sharding and islands are interned in
+Layouts (shared by the controller's sessions): C++ compares layout ids.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterator, Sequence
+
+from jax_pathways.controller.arrays import Array, Buffer
+from jax_pathways.controller.handle_store import HandleStore
+from jax_pathways.programs.sharding import Sharding
+from jax_pathways.resources.island import Island
+from jax_pathways.status import Code, StatusError
+
+Layout = tuple[tuple[Island, ...], str, tuple[int, ...], Sharding | None]
+
+
+class Layouts:
+  """Interned array layouts (islands, dtype, shape, sharding) -> ids."""
+
+  def __init__(self):
+    self._ids: dict[tuple[Any, ...], int] = {}
+    self._layouts: list[Layout] = []
+    self._lock = threading.Lock()
+
+  def id(self, islands: Sequence[Island], dtype: str,
+         shape: Sequence[int], sharding: Sharding | None) -> int:
+    # An island's generation is part of it: arrays of a lost worker's
+    # generation are not those of its successor's.
+    key = (tuple((i.id, i.generation) for i in islands), dtype, tuple(shape),
+           sharding)
+    with self._lock:
+      found = self._ids.get(key)
+      if found is None:
+        found = self._ids[key] = len(self._layouts)
+        self._layouts.append((tuple(islands), dtype, tuple(shape), sharding))
+      return found
+
+  def of_array(self, array: Array) -> int:
+    return self.id(array.islands, array.dtype, array.shape, array.sharding)
+
+  def array(self, record: tuple[int, int, list[int], bool]) -> Array:
+    """The Array a fast-path record describes."""
+    buffer, layout, _, donated = record
+    with self._lock:
+      islands, dtype, shape, sharding = self._layouts[layout]
+    return Array(buffer, islands, dtype, shape, sharding,
+                 shared=Buffer(donated=donated))
+
+
+class ArrayStore(HandleStore[Array]):
+  """A session's arrays: Python's HandleStore, backed by the fast path's
+  table of `stream` (None: no fast path, everything here)."""
+
+  def __init__(self, fast: Any | None, stream: int, layouts: Layouts):
+    super().__init__("array")
+    self._fast = fast
+    self._stream = stream
+    self.layouts = layouts
+    # Handles the request being handled put here or took over.
+    self._touched: set[int] = set()
+
+  def put(self, handle: int, item: Array) -> None:
+    if self._fast is not None:
+      if self._fast.contains(self._stream, handle):
+        raise StatusError(Code.INVALID_ARGUMENT,
+                          f"array handle {handle} is already in use")
+      self._fast.note_client_handle(self._stream, handle)
+      self._touched.add(handle)
+    super().put(handle, item)
+
+  def put_fast(self, handle: int, array: Array) -> None:
+    """Puts a plain new array (a registered program's output) in the fast
+    path's table, where the steady state finds it."""
+    if self._fast is None:
+      self.put(handle, array)
+      return
+    if handle in self:
+      raise StatusError(Code.INVALID_ARGUMENT,
+                        f"array handle {handle} is already in use")
+    self._fast.note_client_handle(self._stream, handle)
+    self._fast.put(self._stream, handle, array.buffer,
+                   self.layouts.of_array(array),
+                   [i.id for i in array.islands])
+
+  def _take(self, handle: int) -> Array | None:
+    """The fast path's array under `handle`, moved here; or None."""
+    if self._fast is None:
+      return None
+    record = self._fast.take(self._stream, handle)
+    if record is None:
+      return None
+    array = self.layouts.array(record)
+    super().put(handle, array)
+    self._touched.add(handle)
+    return array
+
+  def settle(self) -> None:
+    """After a request: the plain arrays it made, used or took over go
+    (back) to the fast path's table, so that the steady state finds every array it
+    names there; the others (aliased, sharing memory, failed, deleted,
+    donated) stay here."""
+    touched, self._touched = self._touched, set()
+    if self._fast is None:
+      return
+    for handle in touched:
+      with self._lock:
+        array = self._items.get(handle)
+        if array is None or not _plain(array):
+          continue
+        del self._items[handle]
+      self._fast.put(self._stream, handle, array.buffer,
+                     self.layouts.of_array(array),
+                     [i.id for i in array.islands])
+
+  def get(self, handle: int) -> Array:
+    try:
+      array = super().get(handle)
+      self._touched.add(handle)  # perhaps plain by now (settle)
+      return array
+    except StatusError:
+      taken = self._take(handle)
+      if taken is None:
+        raise
+      return taken
+
+  def pop(self, handle: int) -> Array:
+    self._take(handle)
+    return super().pop(handle)
+
+  def discard(self, handle: int) -> Array | None:
+    self._take(handle)
+    return super().discard(handle)
+
+  def drain(self) -> list[Array]:
+    drained = super().drain()
+    if self._fast is not None:
+      drained += [self.layouts.array(r) for r in self._fast.close(self._stream)]
+    return drained
+
+  def __len__(self) -> int:
+    n = super().__len__()
+    if self._fast is not None:
+      n += len(self._fast.records(self._stream))
+    return n
+
+  def __contains__(self, handle: object) -> bool:
+    return super().__contains__(handle) or (
+        self._fast is not None and isinstance(handle, int) and
+        self._fast.contains(self._stream, handle))
+
+  def values(self) -> Iterator[Array]:
+    """Every array; those of the fast path's table as copies, to read."""
+    arrays = list(super().values())
+    if self._fast is not None:
+      arrays += [self.layouts.array(r)
+                 for _, r in self._fast.records(self._stream)]
+    return iter(arrays)
+
+
+def _plain(array: Array) -> bool:
+  """Whether the fast path's record says all there is of `array`."""
+  shared = array.shared
+  return (not array.deleted and not array.released and array.error is None
+          and array.sharding is not None and bool(array.islands) and
+          shared.holders == 1 and not shared.shares and not shared.donated)
