@@ -30,7 +30,14 @@ def _stats(cluster) -> dict[str, int]:
   return admin.status(cluster.address, cluster.token)["fast_path"]
 
 
-def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+def _taken(cluster, run, device, reference):
+  """Runs `run(device)` once to warm up, then again counting what the fast
+  path took; checks the second run's bits against `run(reference)`."""
+  run(device)
+  before = _stats(cluster)
+  got = run(device)
+  after = _stats(cluster)
+  assert_bitwise_equal(run(reference), got)
   return {k: after[k] - before[k] for k in after}
 
 
@@ -50,11 +57,8 @@ def _chain(devices, n: int, wait_each: bool):
 @pytest.mark.parametrize("wait_each", [False, True])
 def test_a_loop_runs_in_cpp_with_plain_jax_bits(pathways, proxy_devices,
                                                 cpu_devices, wait_each):
-  _chain(proxy_devices, 2, wait_each)  # compiled, its layouts registered
-  before = _stats(pathways)
-  got = _chain(proxy_devices, 40, wait_each)
-  used = _delta(before, _stats(pathways))
-  assert_bitwise_equal(_chain(cpu_devices, 40, wait_each), got)
+  used = _taken(pathways, lambda devices: _chain(devices, 40, wait_each),
+                proxy_devices, cpu_devices)
   # Every call after the upload's first, and the arrays it replaced.
   assert used["executes"] >= 39, used
   assert used["destructs"] >= 38, used
@@ -70,11 +74,7 @@ def test_donated_arguments_keep_plain_jax_bits(pathways, proxy_devices, cpu_devi
       x = double(x)
     return np.asarray(x)
 
-  run(proxy_devices[0])
-  before = _stats(pathways)
-  got = run(proxy_devices[0])
-  used = _delta(before, _stats(pathways))
-  assert_bitwise_equal(run(cpu_devices[0]), got)
+  used = _taken(pathways, run, proxy_devices[0], cpu_devices[0])
   # Most of this loop is still declined and answered by Python (see
   # docs/benchmarks.md, B1): what is taken marks its argument donated.
   assert used["declined"] >= 1, used
@@ -96,11 +96,7 @@ def test_arrays_python_needs_move_to_it_and_back(pathways, proxy_devices,
         seen.append(np.asarray(x))
     return seen + [np.asarray(x)]
 
-  run(proxy_devices[1])
-  before = _stats(pathways)
-  got = run(proxy_devices[1])
-  used = _delta(before, _stats(pathways))
-  assert_bitwise_equal(run(cpu_devices[1]), got)
+  used = _taken(pathways, run, proxy_devices[1], cpu_devices[1])
   assert used["executes"] >= 12, used
 
 
