@@ -74,6 +74,7 @@ void RegisterFastPath(py::module_& m) {
           py::arg("stream"), py::arg("handle"))
       .def("contains", &FastPath::Contains, py::arg("stream"),
            py::arg("handle"))
+      .def("count", &FastPath::Count, py::arg("stream"))
       .def(
           "records",
           [](FastPath& f, uint64_t stream) {

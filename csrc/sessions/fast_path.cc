@@ -50,52 +50,55 @@ std::vector<ArrayRecord> FastPath::Close(uint64_t stream) {
 
 bool FastPath::Put(uint64_t stream, uint64_t handle, ArrayRecord record) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = sessions_.find(stream);
-  if (it == sessions_.end()) return false;
-  return it->second.arrays.emplace(handle, std::move(record)).second;
+  Session* s = FindLocked(stream);
+  return s != nullptr && s->arrays.emplace(handle, std::move(record)).second;
 }
 
 std::optional<ArrayRecord> FastPath::Take(uint64_t stream, uint64_t handle) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = sessions_.find(stream);
-  if (it == sessions_.end()) return std::nullopt;
-  auto a = it->second.arrays.find(handle);
-  if (a == it->second.arrays.end()) return std::nullopt;
+  Session* s = FindLocked(stream);
+  if (s == nullptr) return std::nullopt;
+  auto a = s->arrays.find(handle);
+  if (a == s->arrays.end()) return std::nullopt;
   ArrayRecord record = std::move(a->second);
-  it->second.arrays.erase(a);
+  s->arrays.erase(a);
   return record;
 }
 
 bool FastPath::Contains(uint64_t stream, uint64_t handle) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = sessions_.find(stream);
-  return it != sessions_.end() && it->second.arrays.count(handle) > 0;
+  Session* s = FindLocked(stream);
+  return s != nullptr && s->arrays.count(handle) > 0;
+}
+
+size_t FastPath::Count(uint64_t stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Session* s = FindLocked(stream);
+  return s == nullptr ? 0 : s->arrays.size();
 }
 
 std::vector<std::pair<uint64_t, ArrayRecord>> FastPath::Records(
     uint64_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = sessions_.find(stream);
-  if (it == sessions_.end()) return {};
-  return {it->second.arrays.begin(), it->second.arrays.end()};
+  Session* s = FindLocked(stream);
+  if (s == nullptr) return {};
+  return {s->arrays.begin(), s->arrays.end()};
 }
 
 void FastPath::NoteClientHandle(uint64_t stream, uint64_t handle) {
   if (handle >= kServerHandlesStart) return;
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = sessions_.find(stream);
-  if (it != sessions_.end()) {
-    it->second.max_client_handle =
-        std::max(it->second.max_client_handle, handle);
+  if (Session* s = FindLocked(stream)) {
+    s->max_client_handle = std::max(s->max_client_handle, handle);
   }
 }
 
 void FastPath::Register(uint64_t stream, uint64_t executable,
                         FastProgram program) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = sessions_.find(stream);
-  if (it == sessions_.end()) return;
-  auto [p, added] = it->second.programs.try_emplace(executable);
+  Session* s = FindLocked(stream);
+  if (s == nullptr) return;
+  auto [p, added] = s->programs.try_emplace(executable);
   FastProgram& known = p->second;
   if (!added && known.program == program.program &&
       known.epoch == program.epoch &&
@@ -116,8 +119,12 @@ void FastPath::Register(uint64_t stream, uint64_t executable,
 
 void FastPath::Unregister(uint64_t stream, uint64_t executable) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (Session* s = FindLocked(stream)) s->programs.erase(executable);
+}
+
+FastPath::Session* FastPath::FindLocked(uint64_t stream) {
   auto it = sessions_.find(stream);
-  if (it != sessions_.end()) it->second.programs.erase(executable);
+  return it == sessions_.end() ? nullptr : &it->second;
 }
 
 FastPathStats FastPath::stats() {
@@ -130,13 +137,12 @@ bool FastPath::Handle(uint64_t stream, std::string_view request) {
   if (r.kind == IfrtRequest::kOther) return false;
   Gangs gangs;
   std::vector<BufferId> buffers;
-  ClientId client;
+  ClientId client = 0;
   bool taken = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = sessions_.find(stream);
-    if (it != sessions_.end()) {
-      Session& s = it->second;
+    if (Session* found = FindLocked(stream)) {
+      Session& s = *found;
       client = s.client;
       switch (r.kind) {
         case IfrtRequest::kExecute:

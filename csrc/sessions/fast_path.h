@@ -82,6 +82,7 @@ class FastPath {
   bool Put(uint64_t stream, uint64_t handle, ArrayRecord record);
   std::optional<ArrayRecord> Take(uint64_t stream, uint64_t handle);
   bool Contains(uint64_t stream, uint64_t handle);
+  size_t Count(uint64_t stream);
   std::vector<std::pair<uint64_t, ArrayRecord>> Records(uint64_t stream);
   // A client-minted handle Python used: result handles the fast path takes
   // must be above every one (JAX's client counts up), so that none can name
@@ -105,6 +106,8 @@ class FastPath {
   };
   using Gangs = std::vector<std::vector<IslandOp>>;
 
+  // Requires mu_. The session of `stream`, or nullptr.
+  Session* FindLocked(uint64_t stream);
   // Require mu_. Check everything first, change nothing unless taken; the
   // work to submit (outside mu_) goes to `gangs`.
   bool Execute(Session& s, const IfrtRequest& r, Gangs* gangs);

@@ -88,6 +88,9 @@ class ArrayStore(HandleStore[Array]):
       raise StatusError(Code.INVALID_ARGUMENT,
                         f"array handle {handle} is already in use")
     self._fast.note_client_handle(self._stream, handle)
+    self._to_fast(handle, array)
+
+  def _to_fast(self, handle: int, array: Array) -> None:
     self._fast.put(self._stream, handle, array.buffer,
                    self.layouts.of_array(array),
                    [i.id for i in array.islands])
@@ -106,8 +109,8 @@ class ArrayStore(HandleStore[Array]):
 
   def settle(self) -> None:
     """After a request: the plain arrays it made, used or took over go
-    (back) to the fast path's table, so that the steady state finds every array it
-    names there; the others (aliased, sharing memory, failed, deleted,
+    (back) to the fast path's table, so that the steady state finds every
+    array it names there; the others (aliased, sharing memory, failed, deleted,
     donated) stay here."""
     touched, self._touched = self._touched, set()
     if self._fast is None:
@@ -118,9 +121,7 @@ class ArrayStore(HandleStore[Array]):
         if array is None or not _plain(array):
           continue
         del self._items[handle]
-      self._fast.put(self._stream, handle, array.buffer,
-                     self.layouts.of_array(array),
-                     [i.id for i in array.islands])
+      self._to_fast(handle, array)
 
   def get(self, handle: int) -> Array:
     try:
@@ -150,7 +151,7 @@ class ArrayStore(HandleStore[Array]):
   def __len__(self) -> int:
     n = super().__len__()
     if self._fast is not None:
-      n += len(self._fast.records(self._stream))
+      n += self._fast.count(self._stream)
     return n
 
   def __contains__(self, handle: object) -> bool:
