@@ -19,7 +19,9 @@ class Processes:
   """Controller, workers and clients of one run."""
 
   def __init__(self, islands: int, devices: int, controller: list[str] | None
-               = None):
+               = None, simulate: int = 0):
+    """simulate > 0: the islands are simulated (jax-pathways worker
+    --simulate), at most `simulate` per worker process."""
     token = secrets.token_hex(16)
     self.env = dict(os.environ, JAX_PATHWAYS_TOKEN=token)
     self.env.pop("JAX_PLATFORMS", None)
@@ -29,9 +31,16 @@ class Processes:
         "controller", "--islands", str(islands), "--listen", "127.0.0.1:0",
         "--worker-listen", "127.0.0.1:0"])
     ready = json.loads(self.line(ctl, 60))
-    for island in range(islands):
-      self._spawn(cli + ["worker", "--controller", ready["worker_address"],
-                         "--island", str(island), "--devices", str(devices)])
+    self.controller_pid = int(ready["pid"])
+    worker = cli + ["worker", "--controller", ready["worker_address"],
+                    "--devices", str(devices)]
+    if simulate:
+      for first in range(0, islands, simulate):
+        self._spawn(worker + ["--simulate",
+                              str(min(simulate, islands - first))])
+    else:
+      for island in range(islands):
+        self._spawn(worker + ["--island", str(island)])
     self.address = f"grpc://{ready['address']}"
     self.token = token
     self.env["JAX_PATHWAYS_ADDRESS"] = self.address

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from typing import Sequence
 
 _ROW = 22
@@ -49,5 +50,20 @@ def bars(title: str, rows: Sequence[tuple[str, float, str]], unit: str,
   if log_scale:
     out.append(f'<text x="8" y="{height - 6}" fill="#666">bar length: log '
                'scale</text>')
+  out.append("</svg>")
+  return "\n".join(out) + "\n"
+
+
+def stack(charts: Sequence[str]) -> str:
+  """Charts from bars() one above the other, as one SVG."""
+  sizes = [tuple(float(re.search(f'{k}="([0-9.]+)"', c).group(1))
+                 for k in ("width", "height")) for c in charts]
+  out = [f'<svg xmlns="http://www.w3.org/2000/svg" '
+         f'width="{max(w for w, _ in sizes):g}" '
+         f'height="{sum(h for _, h in sizes):g}">']
+  y = 0.0
+  for chart, (_, h) in zip(charts, sizes):
+    out.append(chart.replace("<svg ", f'<svg y="{y:g}" ', 1).strip())
+    y += h
   out.append("</svg>")
   return "\n".join(out) + "\n"

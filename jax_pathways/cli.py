@@ -176,6 +176,11 @@ def make_parser() -> argparse.ArgumentParser:
                  help="CPU cores the devices compute on, e.g. 0-3 or 0,2 "
                  "(Linux; default: any); the worker's other threads run "
                  "anywhere")
+  w.add_argument("--simulate", type=int, default=None, metavar="N",
+                 help="join as N simulated islands of --devices CPU devices "
+                 "each, which acknowledge ops without computing (to measure "
+                 "the controller at scale; see jax_pathways/worker/"
+                 "simulated.py)")
 
   s = sub.add_parser("status", help="show a controller's islands and queues")
   s.add_argument("--address", default=None,
@@ -407,6 +412,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                        args.platform):
       parser.error(f"--platform={args.platform!r} is not a platform name "
                    "(cpu, cuda, rocm, tpu, ...)")
+    if args.simulate is not None:
+      if not args.simulate >= 1:
+        parser.error(f"--simulate={args.simulate} must be >= 1")
+      if args.island is not None or args.platform not in (None, "cpu"):
+        parser.error("--simulate takes neither --island nor a --platform "
+                     "other than cpu")
+      from jax_pathways.worker import simulated  # pylint: disable=import-outside-toplevel
+      return simulated.run(args.controller, args.simulate, args.devices,
+                           cfg.token, args.connect_timeout,
+                           args.controller_timeout)
     return worker_main.run(args.controller, args.island, args.devices,
                            cfg.token, args.data_listen, args.connect_timeout,
                            memory, device_cores, args.controller_timeout,

@@ -53,19 +53,7 @@ def run(controller: str, island: int | None, devices: int | None,
   `leave(code)` ends the process when the controller is lost while joining
   the other islands (the join cannot be interrupted; a Ray actor must also
   say whether to be restarted)."""
-  # Configure JAX before anything initializes its backends: this process
-  # must keep every dtype the client sends; it initializes only the
-  # platform asked for, and is never a client of a controller itself.
-  if platform:
-    os.environ["JAX_PLATFORMS"] = platform
-  else:
-    wanted = [p for p in os.environ.get("JAX_PLATFORMS", "").split(",")
-              if p and p != "proxy"]
-    os.environ["JAX_PLATFORMS"] = ",".join(wanted)
-  os.environ.pop("JAX_BACKEND_TARGET", None)
-  import jax  # pylint: disable=import-outside-toplevel
-  jax.config.update("jax_enable_x64", True)
-
+  configure_jax(platform)
   # pylint: disable=import-outside-toplevel
   from jax_pathways import _core
   from jax_pathways.cluster import addresses
@@ -139,6 +127,21 @@ def run(controller: str, island: int | None, devices: int | None,
   if ended is None:
     return 0
   return _exit_code(ended, controller, token, peers.island)
+
+
+def configure_jax(platform: str | None) -> None:
+  """Before anything initializes JAX's backends: this process must keep
+  every dtype the client sends; it initializes only the platform asked for,
+  and is never a client of a controller itself."""
+  if platform:
+    os.environ["JAX_PLATFORMS"] = platform
+  else:
+    wanted = [p for p in os.environ.get("JAX_PLATFORMS", "").split(",")
+              if p and p != "proxy"]
+    os.environ["JAX_PLATFORMS"] = ",".join(wanted)
+  os.environ.pop("JAX_BACKEND_TARGET", None)
+  import jax  # pylint: disable=import-outside-toplevel
+  jax.config.update("jax_enable_x64", True)
 
 
 def worker_hello(backend: Any, island: int | None, device_memory: int,
