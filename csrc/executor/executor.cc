@@ -43,8 +43,8 @@ void Executor::HeartbeatLoop() {
     Status s = channel_->SendMany(std::move(beat), nullptr);
     lock.lock();
     if (!s.ok()) return;  // the reader sees the same broken connection
-    cv_.wait_for(lock, kHeartbeatInterval,
-                 [this] { return stopping_ || !closed_.ok(); });
+    heartbeat_cv_.wait_for(lock, kHeartbeatInterval,
+                           [this] { return stopping_ || !closed_.ok(); });
     if (stopping_ || !closed_.ok() || controller_timeout_.count() <= 0) {
       continue;
     }
@@ -94,7 +94,7 @@ void Executor::ReadLoop() {
       cv_.notify_all();
       continue;
     }
-    std::lock_guard<std::mutex> lock(mu_);  // next_seq_ moves in Next()
+    std::unique_lock<std::mutex> lock(mu_);  // next_seq_ moves in Next()
     if (s.ok() && op.seq < next_seq_) {
       s = DataLoss("controller repeated op " + std::to_string(op.seq));
     }
@@ -104,11 +104,14 @@ void Executor::ReadLoop() {
         closed_ = Unavailable("controller connection lost: " + s.message());
       }
       cv_.notify_all();
+      heartbeat_cv_.notify_all();
       return;
     }
     uint64_t seq = op.seq;
     reorder_.emplace(seq, std::move(op));
-    if (seq == next_seq_) cv_.notify_all();
+    bool wake = seq == next_seq_;
+    lock.unlock();  // the woken thread would only block on mu_ again
+    if (wake) cv_.notify_all();
   }
 }
 
@@ -204,6 +207,7 @@ void Executor::Shutdown() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
     cv_.notify_all();
+    heartbeat_cv_.notify_all();
   }
   channel_->Shutdown();
   if (reader_.joinable()) reader_.join();

@@ -70,7 +70,10 @@ class Executor {
   const std::string controller_;
   const std::chrono::duration<double> controller_timeout_;
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;  // an op or notice to hand out, or closed
+  // The heartbeat thread's own: told only of stopping or closing. Sharing
+  // cv_ woke it (for nothing) at every op.
+  std::condition_variable heartbeat_cv_;
   std::map<uint64_t, Op> reorder_;
   std::deque<Op> notices_;  // PEER_LOST, not numbered
   bool stopping_ = false;   // ends the heartbeat thread

@@ -66,13 +66,16 @@ class Completions:
   """The in-order completion thread of one worker."""
 
   def __init__(self, report: Callable[[int, Status, bytes, bool], None],
-               stuck: Callable[[int, float], None] | None = None):
+               stuck: Callable[[int, float], None] | None = None,
+               tracing: Callable[[], bool] = lambda: False):
     """report(seq, status, payload, waited): waited says whether the op's
     arrays were still being computed when this thread got to them (if not,
-    they were done some time before: see tracing.py).
+    they were done some time before: see tracing.py); only asked while
+    tracing() (a few calls into jaxlib per op otherwise spent for nothing).
     stuck(seq, seconds): op `seq`'s arrays were not ready within the
     deadline it was added with; nothing can cancel that wait."""
     self._report = report
+    self._tracing = tracing
     self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
     self._sends: queue.SimpleQueue[Any] = queue.SimpleQueue()
     self._spanning: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -175,7 +178,7 @@ class Completions:
       if isinstance(arrays, Status):
         self._send(seq, arrays, b"", False)
         continue
-      waited = not _ready(arrays)
+      waited = self._tracing() and not _ready(arrays)
       try:
         if deadline_s is not None and self._watchdog is not None:
           with self._watchdog.watching(seq, deadline_s):

@@ -69,6 +69,8 @@ JOIN_WAIT_S = JOIN_TIMEOUT_S + 30
 DeviceRef = Any  # an island-local index (int) or [island, index]
 # Distinct shardings a worker keeps built (a program's arrays use a few).
 SHARDING_CACHE_SIZE = 1024
+# Checked argument layouts a program keeps per parameter.
+ARGUMENT_LAYOUTS_KEPT = 8
 
 
 def spec_key(spec: dict[str, Any]) -> Hashable:
@@ -115,6 +117,12 @@ class Program:
     self.out_handlers = out_handlers
     self.metadata = metadata
     self.parameters = parameters
+    # Per parameter, the argument layouts execute() has checked, by the
+    # identity of their sharding (the entry holds it, so the id is not
+    # reused): (sharding, shape, dtype). Arrays a program makes share their
+    # result handler's sharding object, so a loop checks once.
+    self.checked: list[dict[int, tuple[Any, Any, Any]]] = [
+        {} for _ in parameters]
 
 
 class Execution:
@@ -509,30 +517,50 @@ class PjrtBackend:
     if len(args) != len(program.parameters):
       raise ValueError(f"{program.metadata['name']} takes "
                        f"{len(program.parameters)} arguments, not {len(args)}")
-    for i, (a, p) in enumerate(zip(args, program.parameters)):
-      if len(a.sharding.device_set) != len(program.devices):
-        raise ValueError(f"{program.metadata['name']}: argument {i} is on "
-                         f"{len(a.sharding.device_set)} devices, the "
-                         f"program runs on {len(program.devices)}")
-      if p is None:
+    moved = False
+    for i, (a, p, checked) in enumerate(zip(args, program.parameters,
+                                            program.checked)):
+      sharding = a.sharding
+      seen = checked.get(id(sharding))
+      if (seen is not None and seen[0] is sharding and seen[1] == a.shape and
+          seen[2] == a.dtype):
         continue
-      shape, dtype, shard_shape = p
-      if (a.shape, a.dtype) != (shape, dtype):
-        raise ValueError(f"{program.metadata['name']}: argument {i} is "
-                         f"{a.dtype}{list(a.shape)}, the program takes "
-                         f"{dtype}{list(shape)}")
-      if shard_shape is None:
-        continue
-      got = _shard_shape(a.sharding, shape)
-      if got != shard_shape:
-        raise ValueError(f"{program.metadata['name']}: argument {i} comes "
-                         f"in shards of {got}, the program takes shards of "
-                         f"{shard_shape}")
-    args = [self.on_client(a, program.client) for a in args]
+      self._check_argument(program, i, a, p)
+      moved = moved or (sharding._device_assignment[0].client  # pylint: disable=protected-access
+                        is not program.client)
+      if not moved:
+        if len(checked) >= ARGUMENT_LAYOUTS_KEPT:
+          checked.clear()
+        checked[id(sharding)] = (sharding, a.shape, a.dtype)
+    if moved:
+      args = [self.on_client(a, program.client) for a in args]
     results = program.executable.execute_sharded(args, with_tokens=True)
     done = results.consume_token()
     outputs = results.consume_with_handlers(program.out_handlers)
     return outputs, Execution(done, outputs, program.client)
+
+  @staticmethod
+  def _check_argument(program: Program, i: int, a: jax.Array,
+                      p: Parameter) -> None:
+    """Raises ValueError unless `a` fits parameter `i` (`p`)."""
+    if len(a.sharding.device_set) != len(program.devices):
+      raise ValueError(f"{program.metadata['name']}: argument {i} is on "
+                       f"{len(a.sharding.device_set)} devices, the "
+                       f"program runs on {len(program.devices)}")
+    if p is None:
+      return
+    shape, dtype, shard_shape = p
+    if (a.shape, a.dtype) != (shape, dtype):
+      raise ValueError(f"{program.metadata['name']}: argument {i} is "
+                       f"{a.dtype}{list(a.shape)}, the program takes "
+                       f"{dtype}{list(shape)}")
+    if shard_shape is None:
+      return
+    got = _shard_shape(a.sharding, shape)
+    if got != shard_shape:
+      raise ValueError(f"{program.metadata['name']}: argument {i} comes "
+                       f"in shards of {got}, the program takes shards of "
+                       f"{shard_shape}")
 
   def _signature(self, program: bytes
                  ) -> tuple[list[tuple[tuple[int, ...], str]],

@@ -83,7 +83,8 @@ class Worker:
     self._tracer = Tracer()
     # Why programs spanning islands fail at once (an island was lost).
     self._spanning_lost: Status | None = None
-    self._completions = Completions(self._report, self._stuck)
+    self._completions = Completions(self._report, self._stuck,
+                                    lambda: self._tracer.enabled)
     self._handlers: dict[Any, Callable[[Any], None]] = {
         OpKind.COMPILE: self._compile,
         OpKind.LAUNCH: self._launch,

@@ -54,7 +54,8 @@ class _Pending:
 
 def test_a_report_says_whether_its_arrays_were_still_being_computed(
     cpu_devices):
-  """The trace needs it: an op found done was done some time before."""
+  """The trace needs it (and only asks while tracing): an op found done
+  was done some time before."""
   release = threading.Event()
   ready = jax.device_put(np.ones(2, np.float32), cpu_devices[0])
   ready.block_until_ready()
@@ -66,13 +67,18 @@ def test_a_report_says_whether_its_arrays_were_still_being_computed(
     if len(reports) == 2:
       done.set()
 
-  completions = Completions(report)
-  completions.add(1, [_Pending(release)])
-  completions.add(2, [ready])
-  threading.Timer(0.2, release.set).start()
-  assert done.wait(10)
-  completions.close()
-  assert reports == {1: True, 2: False}
+  for tracing, expected in ((True, {1: True, 2: False}),
+                            (False, {1: False, 2: False})):
+    release.clear()
+    reports.clear()
+    done.clear()
+    completions = Completions(report, tracing=lambda t=tracing: t)
+    completions.add(1, [_Pending(release)])
+    completions.add(2, [ready])
+    threading.Timer(0.2, release.set).start()
+    assert done.wait(10)
+    completions.close()
+    assert reports == expected
 
 
 def test_abandoned_spanning_work_is_reported_once_and_blocks_nothing(
