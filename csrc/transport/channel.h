@@ -94,7 +94,8 @@ class Channel {
                   std::shared_ptr<const void> owner);
   // Bytes accepted by SendMany()/Send() and not yet taken by the kernel.
   size_t backlog_bytes();
-  // Reads one whole frame into a fresh buffer.
+  // Reads one whole frame into a fresh buffer. Small frames sent together
+  // cost one recv() between them: the reader takes what the socket has.
   Status Receive(FrameKind* kind, Bytes* body);
   // Unblocks a pending Receive(), stops and joins the writer, drops what is
   // queued and makes later calls fail. Idempotent.
@@ -124,6 +125,11 @@ class Channel {
   uint64_t queued_ = 0;    // tickets handed out (batches ever queued)
   uint64_t finished_ = 0;  // batches written, in ticket order
   std::thread writer_;     // started when a batch is first queued
+  // Receive()'s: bytes read past the frame it returned, at
+  // [read_start_, read_end_) of read_buffer_ (allocated at first use).
+  std::unique_ptr<char[]> read_buffer_;
+  size_t read_start_ = 0;
+  size_t read_end_ = 0;
 };
 
 }  // namespace jax_pathways

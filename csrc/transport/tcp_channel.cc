@@ -31,6 +31,9 @@ Status Errno(const char* what, int err) {
   return Unavailable(std::string(what) + ": " + std::strerror(err));
 }
 
+// Receive()'s read buffer: a burst of small frames in one recv().
+constexpr size_t kReadBufferBytes = 16 << 10;
+
 Status ReadFull(int fd, char* p, size_t n) {
   while (n > 0) {
     ssize_t got = ::recv(fd, p, n, 0);
@@ -220,9 +223,32 @@ size_t Channel::backlog_bytes() {
 }
 
 Status Channel::Receive(FrameKind* kind, Bytes* body) {
+  if (read_buffer_ == nullptr) {
+    read_buffer_ = std::make_unique<char[]>(kReadBufferBytes);
+  }
+  if (read_start_ == read_end_) read_start_ = read_end_ = 0;
+  // The header whole in the buffer (kReadBufferBytes holds many), with
+  // whatever else the socket has.
+  if (read_end_ - read_start_ < sizeof(Header) &&
+      read_start_ + sizeof(Header) > kReadBufferBytes) {
+    std::memmove(read_buffer_.get(), read_buffer_.get() + read_start_,
+                 read_end_ - read_start_);
+    read_end_ -= read_start_;
+    read_start_ = 0;
+  }
+  while (read_end_ - read_start_ < sizeof(Header)) {
+    ssize_t got = ::recv(fd_, read_buffer_.get() + read_end_,
+                         kReadBufferBytes - read_end_, 0);
+    if (got == 0) return Unavailable("connection closed by peer");
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return Errno("recv", errno);
+    }
+    read_end_ += static_cast<size_t>(got);
+  }
   Header h;
-  Status s = ReadFull(fd_, reinterpret_cast<char*>(&h), sizeof(h));
-  if (!s.ok()) return s;
+  std::memcpy(&h, read_buffer_.get() + read_start_, sizeof(h));
+  read_start_ += sizeof(h);
   if (h.magic != kMagic || h.length > kMaxFrameBytes) {
     return DataLoss("bad frame header (wrong peer or version?)");
   }
@@ -234,7 +260,11 @@ Status Channel::Receive(FrameKind* kind, Bytes* body) {
                       " bytes: " + buffer.status().message());
   }
   *body = std::move(buffer.value());
-  s = ReadFull(fd_, w, h.length);
+  // What was read already, then the rest straight into the body.
+  size_t have = std::min<size_t>(read_end_ - read_start_, h.length);
+  std::memcpy(w, read_buffer_.get() + read_start_, have);
+  read_start_ += have;
+  Status s = ReadFull(fd_, w + have, h.length - have);
   if (!s.ok()) return s;
   *kind = static_cast<FrameKind>(h.kind);
   return Status::Ok();
