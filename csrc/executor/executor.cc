@@ -161,29 +161,28 @@ Status Executor::ReadLentTails(Bytes* body) {
   return Status::Ok();
 }
 
-StatusOr<std::optional<Op>> Executor::Next(double timeout_s) {
+StatusOr<std::vector<Op>> Executor::Next(double timeout_s, size_t max_ops) {
   std::unique_lock<std::mutex> lock(mu_);
-  auto has_next = [&] {
-    return !notices_.empty() ||
-           (!reorder_.empty() && reorder_.begin()->first == next_seq_) ||
-           !closed_.ok();
+  auto in_order = [&] {
+    return !reorder_.empty() && reorder_.begin()->first == next_seq_;
   };
-  if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
-                    has_next)) {
-    return std::optional<Op>();
+  std::vector<Op> ops;
+  if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] {
+        return !notices_.empty() || in_order() || !closed_.ok();
+      })) {
+    return ops;
   }
-  if (!notices_.empty()) {
-    Op notice = std::move(notices_.front());
+  while (!notices_.empty() && ops.size() < max_ops) {
+    ops.push_back(std::move(notices_.front()));
     notices_.pop_front();
-    return std::optional<Op>(std::move(notice));
   }
-  if (reorder_.empty() || reorder_.begin()->first != next_seq_) {
-    return closed_;
+  while (in_order() && ops.size() < max_ops) {
+    ops.push_back(std::move(reorder_.begin()->second));
+    reorder_.erase(reorder_.begin());
+    ++next_seq_;
   }
-  Op op = std::move(reorder_.begin()->second);
-  reorder_.erase(reorder_.begin());
-  ++next_seq_;
-  return std::optional<Op>(std::move(op));
+  if (ops.empty()) return closed_;
+  return ops;
 }
 
 Status Executor::Complete(uint64_t seq, const Status& status,

@@ -25,6 +25,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "common/status.h"
 #include "transport/channel.h"
@@ -43,10 +44,11 @@ class Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
-  // The next op in gang order (a PEER_LOST notice goes before any op);
-  // nullopt after `timeout_s` without one. Fails once the controller is gone
+  // The next ops in gang order, at most `max_ops` (>= 1), as many as have
+  // arrived: one wake-up for a burst (PEER_LOST notices go before any op);
+  // none after `timeout_s` without one. Fails once the controller is gone
   // and no received op is left to run.
-  StatusOr<std::optional<Op>> Next(double timeout_s);
+  StatusOr<std::vector<Op>> Next(double timeout_s, size_t max_ops);
   Status Complete(uint64_t seq, const Status& status,
                   std::string_view payload);
   // Ops received but not yet handed out (including ones waiting for an

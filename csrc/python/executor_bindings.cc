@@ -19,13 +19,26 @@ void RegisterExecutor(py::module_& m) {
       .def(
           "next",
           [](Executor& e, double timeout_s) -> std::optional<Op> {
-            StatusOr<std::optional<Op>> op = [&] {
+            StatusOr<std::vector<Op>> ops = [&] {
               py::gil_scoped_release nogil;
-              return e.Next(timeout_s);
+              return e.Next(timeout_s, 1);
             }();
-            return ValueOrThrow(std::move(op));
+            std::vector<Op> one = ValueOrThrow(std::move(ops));
+            if (one.empty()) return std::nullopt;
+            return std::move(one.front());
           },
           py::arg("timeout_s"))
+      .def(
+          "next_batch",
+          [](Executor& e, double timeout_s, size_t max_ops) {
+            if (max_ops < 1) throw py::value_error("max_ops must be >= 1");
+            StatusOr<std::vector<Op>> ops = [&] {
+              py::gil_scoped_release nogil;
+              return e.Next(timeout_s, max_ops);
+            }();
+            return ValueOrThrow(std::move(ops));
+          },
+          py::arg("timeout_s"), py::arg("max_ops"))
       .def(
           "complete",
           [](Executor& e, uint64_t seq, int code, std::string message,

@@ -27,6 +27,9 @@ from jax_pathways import dtypes
 from jax_pathways.dispatch import payloads
 from jax_pathways.status import Code
 
+# Ops an island takes per wake-up, as worker.OPS_PER_WAKE (that module
+# imports JAX, which must not load before configure_jax()).
+OPS_PER_WAKE = 64
 UNSIMULATED = ("simulated islands run island-local programs, uploads, "
                "fetches and deletions only")
 
@@ -49,25 +52,26 @@ class SimulatedIsland:
     kinds = _core.OpKind
     while True:
       try:
-        op = self._executor.next(1.0)
+        ops = self._executor.next_batch(1.0, OPS_PER_WAKE)
       except _core.JaxPathwaysError as e:
         return str(e)
-      if op is None or op.kind == kinds.PEER_LOST:
-        continue
-      if op.kind == kinds.DELETE:  # never answered (transport/messages.h)
-        for b in op.args:
-          self._sizes.pop(b, None)
-        continue
-      try:
-        payload = self._answer(op, kinds)
-        code, message = Code.OK, ""
-      except Exception as e:  # pylint: disable=broad-except
-        payload, code, message = b"", Code.UNIMPLEMENTED, f"{e}"
-        if not isinstance(e, NotImplementedError):
-          code = Code.INVALID_ARGUMENT
-      self._executor.complete(op.seq, int(code), message, payload)
-      if op.kind == kinds.SHUTDOWN:
-        return None
+      for op in ops:
+        if op.kind == kinds.PEER_LOST:
+          continue
+        if op.kind == kinds.DELETE:  # never answered (transport/messages.h)
+          for b in op.args:
+            self._sizes.pop(b, None)
+          continue
+        try:
+          payload = self._answer(op, kinds)
+          code, message = Code.OK, ""
+        except Exception as e:  # pylint: disable=broad-except
+          payload, code, message = b"", Code.UNIMPLEMENTED, f"{e}"
+          if not isinstance(e, NotImplementedError):
+            code = Code.INVALID_ARGUMENT
+        self._executor.complete(op.seq, int(code), message, payload)
+        if op.kind == kinds.SHUTDOWN:
+          return None
 
   def _answer(self, op: Any, kinds: Any) -> bytes:
     if op.kind == kinds.LAUNCH:

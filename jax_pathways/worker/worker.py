@@ -65,6 +65,8 @@ PULL_MAX_BYTES = 1 << 20
 
 
 STOP_TRACE_WAIT_S = 60.0
+# Ops the op loop takes per wake-up (all that have arrived, up to this).
+OPS_PER_WAKE = 64
 
 
 class Worker:
@@ -104,34 +106,17 @@ class Worker:
     ended: str | None = None
     try:
       while True:
-        op = self._executor.next(1.0)
-        if op is None:
-          continue
-        if op.kind == OpKind.SHUTDOWN:
-          self._completions.add(op.seq, [])
-          return None
-        # An op that arrived before the connection ended is not run: the
-        # controller has failed it (a lost worker resumed by SIGCONT must
-        # not act on what it was sent before its loss).
-        ended = self._executor.lost() or None
-        if ended:
-          return ended
-        if op.kind == OpKind.PEER_LOST:
-          self._peer_lost(op)
-          continue
-        record = (self._tracer.issuing(op.seq, op.kind.name.lower(),
-                                       self._name(op))
-                  if self._tracer.enabled else None)
-        try:
-          self._handlers[op.kind](op)
-          if record is not None:
-            record[4] = time.time_ns()
-        except Exception as e:  # pylint: disable=broad-except
-          status = error_status(e)
-          for b in op.results:
-            self._buffers[b] = status
-          if op.kind != OpKind.DELETE:  # deletions are never answered
-            self._completions.fail(op.seq, status)
+        for op in self._executor.next_batch(1.0, OPS_PER_WAKE):
+          if op.kind == OpKind.SHUTDOWN:
+            self._completions.add(op.seq, [])
+            return None
+          # An op that arrived before the connection ended is not run: the
+          # controller has failed it (a lost worker resumed by SIGCONT must
+          # not act on what it was sent before its loss).
+          ended = self._executor.lost() or None
+          if ended:
+            return ended
+          self._run_op(op)
     except _core.JaxPathwaysError as e:
       ended = str(e)
       return ended
@@ -139,6 +124,24 @@ class Worker:
       # With no one to report to, work still running (perhaps a program
       # waiting in gloo for a lost island) is not waited for.
       self._completions.close(wait=ended is None)
+
+  def _run_op(self, op: Any) -> None:
+    if op.kind == OpKind.PEER_LOST:
+      self._peer_lost(op)
+      return
+    record = (self._tracer.issuing(op.seq, op.kind.name.lower(),
+                                   self._name(op))
+              if self._tracer.enabled else None)
+    try:
+      self._handlers[op.kind](op)
+      if record is not None:
+        record[4] = time.time_ns()
+    except Exception as e:  # pylint: disable=broad-except
+      status = error_status(e)
+      for b in op.results:
+        self._buffers[b] = status
+      if op.kind != OpKind.DELETE:  # deletions are never answered
+        self._completions.fail(op.seq, status)
 
   def _peer_lost(self, op: Any) -> None:
     """Island `op.program` is lost: programs on the global client wait for
