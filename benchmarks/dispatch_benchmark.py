@@ -10,6 +10,10 @@ devices, in the same run:
   Chained  N calls issued without waiting, then one wait (in-process JAX
            needs a bounded window here: it hangs with ~64 collective
            launches in flight, so it blocks every 16 calls)
+  Logged   Chained, reading one result back every 16 calls, as a training
+           loop logs its loss (the read is a request the controller's
+           Python answers; the calls queued behind it must come back to
+           its C++ fast path)
   Fused    N computations in one program (fori_loop), one call
 
 Prints one JSON line per case: microseconds per computation for both and the
@@ -40,6 +44,8 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 IN_PROCESS_WINDOW = 16
+# Logged: one result read back every this many calls.
+LOG_EVERY = 16
 
 
 def programs(devices):
@@ -94,13 +100,23 @@ def main() -> None:
       y.block_until_ready()
     return lambda: timed(run) / n
 
+  def logged(name):
+    step, _, x = state[name]
+    def run():
+      y = x
+      for i in range(n):
+        y = step(y)
+        if i % LOG_EVERY == LOG_EVERY - 1:
+          np.asarray(y)  # a training loop reading its loss
+    return lambda: timed(run) / n
+
   def fused(name):
     _, fused_fn, x = state[name]
     return lambda: timed(lambda: fused_fn(x).block_until_ready()) / n
 
   target = None
   for case, make in (("OpByOp", opbyop), ("Chained", chained),
-                     ("Fused", fused)):
+                     ("Logged", logged), ("Fused", fused)):
     med = interleaved({"pathways": make("pathways"), "jax": make("jax")},
                       args.repeats)
     us = {k: v * 1e6 for k, v in med.items()}

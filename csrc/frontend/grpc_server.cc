@@ -96,7 +96,9 @@ class Call {
   bool Send(std::string data);
   // Starts writing what Send() queued while its thread was corked.
   void Flush();
-  // Python has handled `n` more of the requests it was given (see owed_).
+  // Python has handled `n` more of the requests it was given (see owed_);
+  // what was held behind them is offered to the fast path now, on the
+  // caller's thread.
   void Settle(size_t n);
   void Finish(const Status& status);  // graceful if OK, else at once
   void Reply(const Status& status, std::string data);
@@ -109,6 +111,14 @@ class Call {
   void RequestFinish(const Status& status, bool drop_writes);
   void StartFinish();
   void Push(FrontendEvent::Kind kind, std::string data);
+  // Offers `request`, then what is held behind it, to the fast path, outside
+  // mu_, until one is declined (it goes to Python, which then owes it) or
+  // none is left. The caller has set offering_.
+  void Offer(std::string request);
+  // Requires mu_. The client half-closed: what is held goes to Python (a
+  // request Python waits on must hear of the close at once, and fails;
+  // order is kept), then kClosed.
+  void PushClosed();
   void ServeLookup(const std::string& request);
   void FinishUpload();
   bool AppendUpload();
@@ -127,8 +137,19 @@ class Call {
   grpc::ByteBuffer write_buf_;
   std::deque<std::string> writes_;
   // Session requests given to Python and not settled: while any is, later
-  // ones go to Python too, so that each is handled after those before it.
+  // ones wait in held_, so that each is handled after those before it.
   size_t owed_ = 0;
+  // Requests read while Python owed one (or while the fast path was being
+  // offered one): offered to the fast path in order once Python has
+  // settled, so that a burst behind one request Python handles does not
+  // all go to Python. Only with a fast path.
+  std::deque<std::string> held_;
+  // A thread is offering this stream's requests to the fast path (Offer):
+  // one at a time, in order.
+  bool offering_ = false;
+  // The client half-closed while a request was being offered: once it is
+  // settled, what is held goes to Python, then kClosed (PushClosed).
+  bool close_held_ = false;
   // A request read while none was owed, for the fast path (CQ thread only).
   std::optional<std::string> fast_request_;
   bool writing_ = false;
@@ -197,19 +218,55 @@ void Call::OnEvent(TagKind kind, bool ok) {
     // Outside mu_: the fast path may answer at once, through Send().
     std::string request = std::move(*fast_request_);
     fast_request_.reset();
-    const JpRequestHook& hook = server_->hook_;
-    if (!hook.handle(hook.fast_path, id_, request.data(), request.size())) {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++owed_;
-      Push(FrontendEvent::kRequest, std::move(request));
-    }
+    Offer(std::move(request));
   }
   if (remove) server_->Remove(id_);  // may destroy *this: last statement
 }
 
 void Call::Settle(size_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
-  owed_ = n < owed_ ? owed_ - n : 0;
+  std::string request;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    owed_ = n < owed_ ? owed_ - n : 0;
+    if (owed_ > 0 || offering_ || held_.empty() || done_) return;
+    offering_ = true;
+    request = std::move(held_.front());
+    held_.pop_front();
+  }
+  Offer(std::move(request));
+}
+
+void Call::Offer(std::string request) {
+  const JpRequestHook& hook = server_->hook_;
+  while (true) {
+    bool taken = hook.handle(hook.fast_path, id_, request.data(),
+                             request.size());
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!taken && !done_) {  // over: Python has heard kClosed already
+      ++owed_;
+      Push(FrontendEvent::kRequest, std::move(request));
+    }
+    if (close_held_ && !done_) {
+      offering_ = false;
+      PushClosed();
+      return;
+    }
+    if (owed_ > 0 || held_.empty() || done_) {
+      offering_ = false;
+      return;
+    }
+    request = std::move(held_.front());
+    held_.pop_front();
+  }
+}
+
+void Call::PushClosed() {
+  for (std::string& request : held_) {
+    ++owed_;
+    Push(FrontendEvent::kRequest, std::move(request));
+  }
+  held_.clear();
+  if (!closed_pushed_) Push(FrontendEvent::kClosed, "");
 }
 
 void Call::OnNew(bool ok) {
@@ -284,20 +341,28 @@ void Call::OnRead(bool ok) {
   switch (kind_) {
     case CallKind::kSession:
       if (ok) {
-        // Python answers it if it still holds an earlier request of this
-        // stream (requests are handled in order), or if there is no fast
-        // path; else the fast path is asked first (OnEvent, after mu_).
-        if (server_->hook_.handle != nullptr && owed_ == 0) {
-          fast_request_ = Flatten(read_buf_);
-        } else {
+        // Without a fast path, Python answers every request. Else the
+        // fast path is asked first (OnEvent, after mu_), unless an earlier
+        // request of this stream is still with Python or being offered:
+        // then it waits its turn in held_ (requests are handled in order).
+        if (server_->hook_.handle == nullptr) {
           ++owed_;
           Push(FrontendEvent::kRequest, Flatten(read_buf_));
+        } else if (owed_ == 0 && !offering_ && held_.empty()) {
+          offering_ = true;
+          fast_request_ = Flatten(read_buf_);
+        } else {
+          held_.push_back(Flatten(read_buf_));
         }
         StartRead();
       } else if (!closed_pushed_) {
         // No more requests; Python finishes the stream once it has sent
         // every reply (the client may have only half-closed).
-        Push(FrontendEvent::kClosed, "");
+        if (offering_) {
+          close_held_ = true;  // after the request being offered
+        } else {
+          PushClosed();
+        }
       }
       return;
     case CallKind::kUnary:

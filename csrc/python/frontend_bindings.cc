@@ -88,7 +88,9 @@ void RegisterGrpcServer(py::module_& m) {
             return s.Send(id, std::move(bytes));
           },
           py::arg("id"), py::arg("data"))
-      .def("settle", &GrpcServer::Settle, py::arg("id"), py::arg("n") = 1)
+      // Offers held requests to the fast path: C++ only.
+      .def("settle", &GrpcServer::Settle, py::arg("id"), py::arg("n") = 1,
+           py::call_guard<py::gil_scoped_release>())
       .def(
           "set_request_hook",
           [](GrpcServer& s, py::capsule hook) {
