@@ -27,6 +27,20 @@ def spawn(*args: str, env: dict[str, str], stderr: Any = subprocess.PIPE
                           text=True, start_new_session=True, cwd=CWD)
 
 
+def start(env: dict[str, str], islands: int, procs: list[subprocess.Popen],
+          *worker_args: str) -> dict[str, Any]:
+  """A controller of `islands` islands and one worker (`jax-pathways worker
+  WORKER_ARGS`) from the CLI, both added to `procs` for processes.stop;
+  returns the controller's ready line."""
+  controller = spawn("controller", "--islands", str(islands), "--listen",
+                     "127.0.0.1:0", "--worker-listen", "127.0.0.1:0", env=env)
+  procs.append(controller)
+  ready = line(controller, 60)
+  procs.append(spawn("worker", "--controller", ready["worker_address"],
+                     *worker_args, env=env))
+  return ready
+
+
 def line(proc: subprocess.Popen, timeout: float) -> Any:
   """The next JSON line `proc` prints, within `timeout` seconds."""
   deadline = time.monotonic() + timeout

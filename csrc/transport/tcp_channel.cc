@@ -32,7 +32,7 @@ Status Errno(const char* what, int err) {
 }
 
 // Receive()'s read buffer: a burst of small frames in one recv().
-constexpr size_t kReadBufferBytes = 16 << 10;
+constexpr size_t kReadBufferBytes = 4 << 10;
 
 Status ReadFull(int fd, char* p, size_t n) {
   while (n > 0) {

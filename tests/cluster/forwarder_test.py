@@ -23,7 +23,8 @@ from jax_pathways import protos
 from jax_pathways.cluster import forwarder
 from jax_pathways.controller.grpc_service import SESSION_METADATA, TOKEN_KEY
 
-import processes  # tests/conftest.py puts tests/ on sys.path
+import cli_cluster  # tests/conftest.py puts tests/ on sys.path
+import processes
 
 CWD = tempfile.gettempdir()  # outside the checkout (see cli_test.py)
 TOKEN = "forwarder-test-token"
@@ -97,12 +98,6 @@ def _line(proc: subprocess.Popen, timeout: float) -> str:
   raise AssertionError(f"no line within {timeout} s:\n{proc.stderr.read()}")
 
 
-def _spawn(*args: str, env: dict[str, str]) -> subprocess.Popen:
-  return subprocess.Popen([sys.executable, "-m", "jax_pathways.cli", *args],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          env=env, text=True, start_new_session=True, cwd=CWD)
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[dict[str, Any]]:
   """A controller with a token and one worker of 2 devices, from the CLI."""
@@ -110,14 +105,7 @@ def cluster() -> Iterator[dict[str, Any]]:
   env.pop("JAX_PLATFORMS", None)
   procs = []
   try:
-    controller = _spawn("controller", "--islands", "1", "--listen",
-                        "127.0.0.1:0", "--worker-listen", "127.0.0.1:0",
-                        env=env)
-    procs.append(controller)
-    ready = json.loads(_line(controller, 60))
-    procs.append(_spawn("worker", "--controller", ready["worker_address"],
-                        "--devices", "2", env=env))
-    yield ready
+    yield cli_cluster.start(env, 1, procs, "--devices", "2")
   finally:
     processes.stop(procs)
 
@@ -128,7 +116,8 @@ def _connect(address: str, *args: str, token: str | None = None
   env.pop("JAX_PATHWAYS_TOKEN", None)
   if token is not None:
     env["JAX_PATHWAYS_TOKEN"] = token
-  proc = _spawn("connect", "--controller", address, *args, env=env)
+  proc = cli_cluster.spawn("connect", "--controller", address, *args,
+                           env=env)
   line = _line(proc, 60)
   assert line.startswith("JAX_BACKEND_TARGET=grpc://unix:"), line
   return proc, line.split("=", 1)[1]

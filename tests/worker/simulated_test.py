@@ -60,14 +60,8 @@ def cluster() -> Iterator[dict[str, Any]]:
   env.pop("JAX_PLATFORMS", None)
   procs = []
   try:
-    controller = cli_cluster.spawn(
-        "controller", "--islands", str(ISLANDS), "--listen", "127.0.0.1:0",
-        "--worker-listen", "127.0.0.1:0", env=env)
-    procs.append(controller)
-    ready = cli_cluster.line(controller, 60)
-    procs.append(cli_cluster.spawn(
-        "worker", "--controller", ready["worker_address"], "--simulate",
-        str(ISLANDS), "--devices", "2", env=env))
+    ready = cli_cluster.start(env, ISLANDS, procs, "--simulate",
+                              str(ISLANDS), "--devices", "2")
     yield {**ready, "env": env, "procs": procs}
   finally:
     processes.stop(procs)
