@@ -102,14 +102,12 @@ def emit_host_transfer(benchmark: str, case: str, size: int,
       f"  ({gbps:.2f} GB/s, {ratio:.1f}x {baseline})  CPU ms {cpu_ms}")
 
 
-_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
-
-
 def cpu_seconds(pid: int) -> float:
-  """User + system CPU time of process `pid` so far."""
-  with open(f"/proc/{pid}/stat") as f:
-    fields = f.read().rsplit(")", 1)[1].split()
-  return (int(fields[11]) + int(fields[12])) * _TICK_S
+  """CPU time of process `pid`'s live threads so far (schedstat, ns
+  precision: /proc/PID/stat counts 10 ms ticks, too coarse for one transfer;
+  a thread that ended is not counted, and the processes measured keep
+  theirs)."""
+  return sum(thread_cpu_ns(pid).values()) / 1e9
 
 
 def thread_cpu_ns(pid: int) -> dict[tuple[int, str], int]:

@@ -35,17 +35,13 @@ import time
 from typing import Any
 
 import svg_chart  # pylint: disable=g-bad-import-order
-from harness import CONTEXT, emit, log, thread_cpu_ns  # pylint: disable=g-bad-import-order
+from harness import CONTEXT, cpu_seconds, emit, log  # pylint: disable=g-bad-import-order
 from processes import Processes  # pylint: disable=g-bad-import-order
 
 # Islands per simulating process (each island: a C++ reader and heartbeat
 # thread, and a Python thread).
 SIMULATED_PER_PROCESS = 250
 TARGETS = 8
-
-
-def cpu_ns(pid: int) -> int:
-  return sum(thread_cpu_ns(pid).values())
 
 
 def rss_mib(pid: int) -> float:
@@ -78,10 +74,11 @@ class Cluster:
       Processes.tell(c, line)
     return [self.processes.read(c, 600) for c in clients]
 
-  def idle_ns_per_s(self, seconds: float = 2.0) -> float:
-    before, start = cpu_ns(self.pid), time.perf_counter()
+  def idle_share(self, seconds: float = 2.0) -> float:
+    """CPU seconds the idle controller spends per second."""
+    before, start = cpu_seconds(self.pid), time.perf_counter()
     time.sleep(seconds)
-    return (cpu_ns(self.pid) - before) / (time.perf_counter() - start)
+    return (cpu_seconds(self.pid) - before) / (time.perf_counter() - start)
 
   def per_launch(self, calls: int, repeats: int) -> dict[str, float]:
     """Every client chains `calls` calls at once, `repeats` times: the
@@ -89,13 +86,13 @@ class Cluster:
     second (medians)."""
     runs = []
     for _ in range(repeats):
-      idle = self.idle_ns_per_s()
-      before, start = cpu_ns(self.pid), time.perf_counter()
+      idle = self.idle_share()
+      before, start = cpu_seconds(self.pid), time.perf_counter()
       self.ask(f"chain {calls}")
       wall = time.perf_counter() - start
-      spent = cpu_ns(self.pid) - before - idle * wall
+      spent = cpu_seconds(self.pid) - before - idle * wall
       launches = calls * len(self.clients)
-      runs.append((spent / 1e3 / launches, idle / 1e7, launches / wall))
+      runs.append((spent * 1e6 / launches, idle * 100, launches / wall))
     us, idle_percent, rate = (statistics.median(r[i] for r in runs)
                               for i in range(3))
     return {"controller_us_per_launch": us, "idle_cpu_percent": idle_percent,

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <memory>
 #include <string_view>
+#include <utility>
 
 #include "common/status.h"
 
@@ -27,6 +28,17 @@ class Bytes {
   static StatusOr<Bytes> Allocate(size_t n, char** writable);
   // For the bindings only: throws std::bad_alloc (MemoryError) if no room.
   static Bytes Copy(std::string_view s);
+
+  // `n` bytes at `data` that `owner` keeps alive (another library's buffer,
+  // such as a gRPC slice), shared rather than copied.
+  static Bytes Borrow(std::shared_ptr<const void> owner, const char* data,
+                      size_t n) {
+    Bytes out;
+    out.storage_ = std::shared_ptr<const char>(std::move(owner), data);
+    out.data_ = data;
+    out.size_ = n;
+    return out;
+  }
 
   // A view of [offset, offset + n) that keeps the whole buffer alive.
   Bytes Slice(size_t offset, size_t n) const {

@@ -149,13 +149,10 @@ Status Executor::ReadLentTails(Bytes* body) {
   Bytes whole = std::move(buffer.value());
   std::memcpy(w, frame.data(), frame.size());
   w += frame.size();
-  for (const Location& t : tails) {
-    Status s = ReadLocation(t, w);
-    if (!s.ok()) {
-      return Unavailable("could not read an upload from the controller's "
-                         "memory: " + s.message());
-    }
-    w += t.size;
+  Status s = ReadLocations(tails, w);
+  if (!s.ok()) {
+    return Unavailable("could not read an upload from the controller's "
+                       "memory: " + s.message());
   }
   *body = std::move(whole);
   return Status::Ok();

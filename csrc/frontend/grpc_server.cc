@@ -3,6 +3,7 @@
 #include <grpcpp/alarm.h>
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -23,6 +24,13 @@ constexpr char kAdminService[] = "/jax_pathways.Admin/";
 constexpr char kStoreMetadata[] =
     "ifrt-proxy-grpc-host-buffer-store-metadata-bin";
 constexpr size_t kChunk = 1 << 20;  // as the reference server streams
+
+uint64_t PhysicalMemory() {
+  static const uint64_t bytes =
+      static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+      static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  return bytes;
+}
 // A unary-style call (GetVersion, admin, host-buffer lookup or delete) that
 // has not sent its one request by then is cut off: an unauthenticated
 // stream must not hold the server's resources for as long as it likes.
@@ -164,14 +172,11 @@ class Call {
   grpc::Status finish_status_;
   // HostBufferStore
   uint64_t session_ = 0, handle_ = 0, expected_ = 0;
-  // Assembled straight into pooled huge-page memory: an upload of a size
-  // seen before lands on pages already in place (common/bytes.h).
-  Bytes upload_;
-  char* upload_at_ = nullptr;
+  // gRPC's receive slices, referenced, not copied (host_buffers.h).
+  HostBuffer upload_;
   size_t uploaded_ = 0;
-  // HostBufferLookup
-  std::optional<HostBuffer> download_;
-  size_t offset_ = 0;
+  // HostBufferLookup: the pieces still to send, the first one partly sent.
+  std::optional<std::deque<Bytes>> download_;
   bool download_started_ = false;
 };
 
@@ -313,15 +318,16 @@ void Call::OnNew(bool ok) {
                       true);
         return;
       }
-      StatusOr<Bytes> upload = Bytes::Allocate(expected_, &upload_at_);
-      if (!upload.ok()) {
+      // Pieces are kept as they arrive, nothing is allocated ahead; an
+      // upload larger than this host's memory could never be kept.
+      if (expected_ > PhysicalMemory()) {
         RequestFinish(Status(Code::kResourceExhausted,
-                             "no memory for a host buffer of " +
-                                 std::to_string(expected_) + " bytes"),
+                             "no room for a host buffer of " +
+                                 std::to_string(expected_) +
+                                 " bytes: larger than this host's memory"),
                       true);
         return;
       }
-      upload_ = std::move(upload.value());
       StartRead();
       return;
     }
@@ -408,48 +414,53 @@ void Call::OnRead(bool ok) {
   }
 }
 
-// Copies one HostBufferStore chunk (field 1 of the message) into the
-// upload. The usual chunk is that one field: its bytes are copied from
-// gRPC's slices straight into place, the only copy of the data here.
+// Adds one HostBufferStore chunk (field 1 of the message) to the upload.
+// The usual chunk is that one field: gRPC's slices after its head become
+// the upload's pieces, shared, not copied (each keeps its slice alive).
 bool Call::AppendUpload() {
   std::vector<grpc::Slice> slices;
-  std::string flat;
-  std::string_view chunk;
   size_t total = read_buf_.Length();
-  bool in_place = false;
   if (read_buf_.Dump(&slices).ok() && !slices.empty()) {
     std::string_view first(reinterpret_cast<const char*>(slices[0].begin()),
                            slices[0].size());
     size_t head = FieldHeadSize(first, 1, total);
     if (head > 0) {
-      size_t n = total - head;
-      if (n > expected_ - uploaded_) return TooLarge();
+      if (total - head > expected_ - uploaded_) return TooLarge();
       size_t skip = head;
-      for (const grpc::Slice& sl : slices) {
+      for (grpc::Slice& sl : slices) {
         size_t len = sl.size();
         if (skip >= len) {
           skip -= len;
           continue;
         }
-        std::memcpy(upload_at_ + uploaded_, sl.begin() + skip, len - skip);
+        auto owner = std::make_shared<grpc::Slice>(std::move(sl));
+        const char* at = reinterpret_cast<const char*>(owner->begin()) + skip;
+        upload_.push_back(Bytes::Borrow(owner, at, len - skip));
         uploaded_ += len - skip;
         skip = 0;
       }
-      in_place = true;
+      return true;
     }
   }
-  if (!in_place) {
-    flat = Flatten(read_buf_);
-    if (!ReadBytesField1(flat, &chunk)) {
-      RequestFinish(DataLoss("malformed HostBufferStore chunk"), true);
+  // Another encoding of the same message: parsed whole, its bytes copied.
+  std::string flat = Flatten(read_buf_);
+  std::string_view chunk;
+  if (!ReadBytesField1(flat, &chunk)) {
+    RequestFinish(DataLoss("malformed HostBufferStore chunk"), true);
+    return false;
+  }
+  if (chunk.size() > expected_ - uploaded_) return TooLarge();
+  if (!chunk.empty()) {
+    char* w;
+    StatusOr<Bytes> piece = Bytes::Allocate(chunk.size(), &w);
+    if (!piece.ok()) {
+      RequestFinish(piece.status(), true);
       return false;
     }
-    if (chunk.size() > expected_ - uploaded_) return TooLarge();
-    if (!chunk.empty()) {
-      std::memcpy(upload_at_ + uploaded_, chunk.data(), chunk.size());
-    }
-    uploaded_ += chunk.size();
+    std::memcpy(w, chunk.data(), chunk.size());
+    upload_.push_back(std::move(piece.value()));
   }
+  uploaded_ += chunk.size();
   return true;
 }
 
@@ -489,8 +500,7 @@ void Call::ServeLookup(const std::string& request) {
     RequestFinish(found.status(), true);
     return;
   }
-  download_ = found.value();
-  offset_ = 0;
+  download_.emplace(found.value().begin(), found.value().end());
   RequestFinish(Status::Ok(), false);
   WriteNext();
 }
@@ -508,22 +518,29 @@ void Call::WriteNext() {
     grpc::Slice slice(writes_.front());
     writes_.pop_front();
     write_buf_ = grpc::ByteBuffer(&slice, 1);
-  } else if (download_ && (!download_started_ || offset_ < download_->size())) {
+  } else if (download_ && (!download_started_ || !download_->empty())) {
     // Always at least one message, even for an empty buffer. Its bytes go
     // out as a slice of the stored buffer (kept alive by the slice), not
-    // copied into the message.
-    size_t n = std::min(kChunk, download_->size() - offset_);
+    // copied into the message; a message never spans two pieces.
+    while (!download_->empty() && download_->front().empty()) {
+      download_->pop_front();
+    }
+    size_t n = download_->empty()
+                   ? 0
+                   : std::min(kChunk, download_->front().size());
     std::vector<grpc::Slice> slices = {grpc::Slice(BytesField1Head(n))};
     if (n > 0) {
-      auto* chunk = new Bytes(download_->Slice(offset_, n));
+      Bytes& piece = download_->front();
+      auto* chunk = new Bytes(piece.Slice(0, n));
       slices.emplace_back(const_cast<char*>(chunk->data()), n,
                           [](void* b) { delete static_cast<Bytes*>(b); },
                           chunk);
+      piece = piece.Slice(n, piece.size() - n);
+      if (piece.empty()) download_->pop_front();
     }
     write_buf_ = grpc::ByteBuffer(slices.data(), slices.size());
-    offset_ += n;
     download_started_ = true;
-    if (offset_ >= download_->size()) download_.reset();
+    if (download_->empty()) download_.reset();
   } else {
     return;
   }

@@ -15,6 +15,12 @@ Status UnknownHandle(uint64_t handle) {
 
 }  // namespace
 
+size_t SizeOf(const HostBuffer& buffer) {
+  size_t n = 0;
+  for (const Bytes& piece : buffer) n += piece.size();
+  return n;
+}
+
 void HostBuffers::OpenSession(uint64_t session) {
   std::lock_guard<std::mutex> lock(mu_);
   sessions_[session];
@@ -24,7 +30,7 @@ void HostBuffers::CloseSession(uint64_t session) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return;
-  for (auto& [handle, buffer] : it->second) bytes_ -= buffer.size();
+  for (auto& [handle, buffer] : it->second) bytes_ -= SizeOf(buffer);
   sessions_.erase(it);
   watched_.erase(watched_.lower_bound({session, 0}),
                  watched_.upper_bound({session, UINT64_MAX}));
@@ -46,7 +52,7 @@ Status HostBuffers::Store(uint64_t session, uint64_t handle, HostBuffer data) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = sessions_.find(session);
     if (it == sessions_.end()) return UnknownSession(session);
-    size_t size = data.size();
+    size_t size = SizeOf(data);
     if (!it->second.emplace(handle, std::move(data)).second) {
       return Status(Code::kAlreadyExists, "host buffer " +
                                               std::to_string(handle) +
@@ -80,7 +86,7 @@ StatusOr<std::optional<HostBuffer>> HostBuffers::TakeOrWatch(
   }
   HostBuffer out = std::move(b->second);
   it->second.erase(b);
-  bytes_ -= out.size();
+  bytes_ -= SizeOf(out);
   return std::optional<HostBuffer>(std::move(out));
 }
 
@@ -90,7 +96,7 @@ Status HostBuffers::Delete(uint64_t session, uint64_t handle) {
   if (it == sessions_.end()) return UnknownSession(session);
   auto b = it->second.find(handle);
   if (b == it->second.end()) return UnknownHandle(handle);
-  bytes_ -= b->second.size();
+  bytes_ -= SizeOf(b->second);
   it->second.erase(b);
   return Status::Ok();
 }

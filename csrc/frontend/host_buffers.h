@@ -6,7 +6,10 @@
 // reply and the lookup does not wait. Buffers live per session; a session's
 // buffers go when it ends. Buffers are Bytes (shared storage), so a lookup
 // can stream one while the client deletes it, and an upload can go on to a
-// worker without a copy.
+// worker without a copy. An upload stays in the pieces it arrived in
+// (gRPC's own receive slices, referenced rather than copied): the worker
+// reads or is sent them in order, so they land as one contiguous array
+// there.
 //
 // A request that needs an upload which has not arrived yet does not wait
 // here: TakeOrWatch() notes the wait and the waker runs when the upload is
@@ -23,13 +26,16 @@
 #include <optional>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "common/bytes.h"
 #include "common/status.h"
 
 namespace jax_pathways {
 
-using HostBuffer = Bytes;
+// A host buffer's bytes, in order (a download: one piece).
+using HostBuffer = std::vector<Bytes>;
+size_t SizeOf(const HostBuffer& buffer);
 
 class HostBuffers {
  public:

@@ -23,9 +23,12 @@ void RegisterGrpcServer(py::module_& m) {
             }();
             std::optional<HostBuffer> taken = ValueOrThrow(std::move(got));
             if (!taken) return py::none();
-            // A zero-copy uint8 view that keeps the buffer alive; handed to
-            // Dispatcher.submit as a payload tail it is not copied either.
-            return ToNumpy(std::move(*taken));
+            // Its pieces as zero-copy uint8 views that keep them alive;
+            // handed to Dispatcher.submit as payload tails they are not
+            // copied either.
+            py::list pieces;
+            for (Bytes& piece : *taken) pieces.append(ToNumpy(std::move(piece)));
+            return std::move(pieces);
           },
           py::arg("session"), py::arg("handle"))
       .def(
@@ -34,7 +37,7 @@ void RegisterGrpcServer(py::module_& m) {
              py::buffer data) {
             // A fetched array's bytes (an event payload) are kept, not
             // copied.
-            ThrowIfError(h.Store(session, handle, SharedOrCopy(data)));
+            ThrowIfError(h.Store(session, handle, {SharedOrCopy(data)}));
           },
           py::arg("session"), py::arg("handle"), py::arg("data"))
       .def("total_bytes", &HostBuffers::total_bytes);

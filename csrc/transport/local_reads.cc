@@ -51,18 +51,45 @@ bool DecodeLocations(std::string_view* in, std::vector<Location>* where) {
 }
 
 Status ReadLocation(const Location& where, char* out) {
-  size_t done = 0;
-  while (done < where.size) {
-    iovec local{out + done, where.size - done};
-    iovec remote{reinterpret_cast<void*>(where.address + done),
-                 where.size - done};
-    ssize_t n = ::process_vm_readv(static_cast<pid_t>(where.pid), &local, 1,
-                                   &remote, 1, 0);
+  return ReadLocations({where}, out);
+}
+
+Status ReadLocations(const std::vector<Location>& where, char* out) {
+  constexpr size_t kMaxIov = 512;  // below IOV_MAX
+  std::vector<iovec> remote;
+  size_t i = 0, done = 0;  // where[i]'s first `done` bytes are read
+  while (i < where.size()) {
+    // One call for the next run of Locations in one process.
+    remote.clear();
+    size_t total = 0;
+    for (size_t j = i; j < where.size() && remote.size() < kMaxIov &&
+                       where[j].pid == where[i].pid;
+         ++j) {
+      size_t skip = j == i ? done : 0;
+      if (where[j].size == skip) continue;
+      remote.push_back({reinterpret_cast<void*>(where[j].address + skip),
+                        where[j].size - skip});
+      total += where[j].size - skip;
+    }
+    if (total == 0) break;  // only empty Locations left
+    iovec local{out, total};
+    ssize_t n = ::process_vm_readv(static_cast<pid_t>(where[i].pid), &local,
+                                   1, remote.data(), remote.size(), 0);
     if (n <= 0) {
       return Unavailable(std::string("process_vm_readv: ") +
                          (n < 0 ? std::strerror(errno) : "no progress"));
     }
-    done += static_cast<size_t>(n);
+    out += n;
+    for (size_t left = static_cast<size_t>(n); left > 0;) {
+      size_t rest = where[i].size - done;
+      if (left < rest) {
+        done += left;
+        break;
+      }
+      left -= rest;
+      ++i;
+      done = 0;
+    }
   }
   return Status::Ok();
 }

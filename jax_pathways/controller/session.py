@@ -185,8 +185,8 @@ class Session:
     return self._slice
 
   def take_upload(self, handle: int) -> Any:
-    """The client's upload under `handle` (a uint8 array), once it has
-    arrived."""
+    """The client's upload under `handle` (its pieces: uint8 arrays, in
+    order), once it has arrived."""
     data = self._taken.get(handle)
     if data is None:
       try:

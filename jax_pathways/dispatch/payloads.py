@@ -34,7 +34,8 @@ def parts(header: dict[str, Any], *blobs: Any) -> tuple[bytes, list[Any]]:
   the tails after the head without copying those the C++ side made (uploads
   taken from HostBuffers), so array bytes are not copied twice more on
   their way through the controller. Tails are the blobs and the padding
-  between them, in order."""
+  between them, in order. A blob given as a list is the list of its pieces
+  (an upload as it arrived): consecutive tails, one blob to the worker."""
   head = _head(header, blobs)
   if blobs:  # the first blob's padding, in the head: one tail fewer
     head += bytes(_pad(len(head)))
@@ -43,14 +44,21 @@ def parts(header: dict[str, Any], *blobs: Any) -> tuple[bytes, list[Any]]:
     if _pad(offset):
       tails.append(bytes(_pad(offset)))
       offset += len(tails[-1])
-    tails.append(blob)
-    offset += len(memoryview(blob).cast("B"))
+    tails.extend(blob if isinstance(blob, list) else [blob])
+    offset += nbytes(blob)
   return head, tails
+
+
+def nbytes(blob: Any) -> int:
+  """The length of a blob: a buffer, or a list of its pieces."""
+  if isinstance(blob, list):
+    return sum(memoryview(piece).nbytes for piece in blob)
+  return memoryview(blob).nbytes
 
 
 def _head(header: dict[str, Any], blobs: Any) -> bytes:
   head = dict(header)
-  head["_blobs"] = [len(memoryview(b).cast("B")) for b in blobs]
+  head["_blobs"] = [nbytes(b) for b in blobs]
   text = json.dumps(head, separators=(",", ":")).encode()
   return _U32.pack(len(text)) + text
 

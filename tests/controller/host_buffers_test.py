@@ -31,8 +31,8 @@ def test_store_lookup_delete(channel, session_id, side_channel):
 
 
 def test_uploads_of_odd_chunks_arrive_whole(channel, session_id, side_channel):
-  """Chunks are copied from gRPC's slices into place (frontend/
-  grpc_server.cc): empty, tiny and multi-slice chunks, in any mix."""
+  """Chunks are kept as gRPC's slices (frontend/grpc_server.cc): empty,
+  tiny and multi-slice chunks, in any mix, come back whole."""
   data = np.random.default_rng(0).integers(0, 256, 3 << 20, np.uint8).tobytes()
   cuts = [0, 0, 1, 7, 70_000, (1 << 20) + 3, (1 << 20) + 3, 3 << 20]
   chunks = [data[a:b] for a, b in zip(cuts, cuts[1:])]

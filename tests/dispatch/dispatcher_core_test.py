@@ -59,7 +59,7 @@ def test_a_payload_in_parts_arrives_whole():
   hb.open_session(1)
   data = bytes(range(256)) * 5000
   hb.store(1, 7, data)
-  upload = hb.take(1, 7)
+  (upload,) = hb.take(1, 7)  # stored whole: one piece
   assert not upload.flags.writeable
   tails = [upload, upload[1000:], np.frombuffer(data, np.uint8)[5:9], b"xyz",
            b""]
@@ -445,23 +445,29 @@ def test_a_local_worker_reads_large_uploads_from_the_controller():
   hb.store(1, 9, shard[::-1])
   d, ex = _pair(window=8)
   _wait_for(lambda: d.stats()[0]["reads_locally"])
-  uploads = [hb.take(1, h) for h in (7, 8, 9)]
+  uploads = [hb.take(1, h)[0] for h in (7, 8, 9)]
   d.submit([(0, OpKind.PUT, 0, [], [1], (b"h" * 64, [uploads[0]]))], 1)
   # Shards of 40 KiB each: lent, as together they are 80 KiB.
   d.submit([(0, OpKind.PUT, 0, [], [2],
              (b"g" * 64, [uploads[1], b"p" * 3, uploads[2]]))], 2)
   d.submit([(0, OpKind.PUT, 0, [], [3], (b"s", [b"small", b"er"]))], 3)
-  del uploads
+  # An upload in the pieces gRPC received it in: more pieces (with empty
+  # ones) than one read takes.
+  cuts = sorted(rng.integers(0, len(big), 1100)) + [len(big)]
+  pieces = [big[a:b] for a, b in zip([0] + cuts, cuts)]
+  d.submit([(0, OpKind.PUT, 0, [], [4], (b"k" * 64, pieces))], 4)
+  del uploads, pieces
   op = ex.next(2.0)
   assert bytes(op.payload) == b"h" * 64 + big
   assert np.frombuffer(op.payload, np.uint8)[64:].ctypes.data % 64 == 0
   assert bytes(ex.next(2.0).payload) == (b"g" * 64 + shard + b"p" * 3 +
                                          shard[::-1])
   assert bytes(ex.next(2.0).payload) == b"ssmaller"
-  assert d.stats()[0]["lent"] == 2  # until the worker says it is done
-  for seq in (1, 2, 3):
+  assert bytes(ex.next(2.0).payload) == b"k" * 64 + big
+  assert d.stats()[0]["lent"] == 3  # until the worker says it is done
+  for seq in (1, 2, 3, 4):
     ex.complete(seq, 0, "", b"")
-  assert sorted(c[0] for c in _poll_all(d, 3)) == [1, 2, 3]
+  assert sorted(c[0] for c in _poll_all(d, 4)) == [1, 2, 3, 4]
   assert d.stats()[0]["lent"] == 0
 
 

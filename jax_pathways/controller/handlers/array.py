@@ -80,7 +80,7 @@ def _check_upload(data: Any, shape: Sequence[int], dtype: str,
   """The upload holds the array it is declared to: the worker maps it with
   these strides, so nothing may point outside its bytes."""
   validation.check_host_buffer(shape, dtypes.itemsize(dtype), strides,
-                               data.nbytes, field)
+                               payloads.nbytes(data), field)
 
 
 def _new_array(session: Session, handle: int, islands: tuple[Island, ...],
