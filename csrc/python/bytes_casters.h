@@ -7,6 +7,8 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "common/bytes.h"
 
@@ -66,6 +68,27 @@ inline Bytes SharedOrCopy(const pybind11::buffer& b) {
     }
   }
   return Bytes::Copy(view.view());
+}
+
+// Names the capsule that holds the pieces of one buffer (an upload as gRPC
+// received it): Python carries one object however many pieces there are,
+// and Dispatcher.submit takes the pieces as consecutive payload tails.
+inline constexpr char kPiecesCapsule[] = "jax_pathways.Pieces";
+
+inline pybind11::capsule PiecesToCapsule(std::vector<Bytes> pieces) {
+  return pybind11::capsule(
+      new std::vector<Bytes>(std::move(pieces)), kPiecesCapsule,
+      [](PyObject* c) {
+        delete static_cast<std::vector<Bytes>*>(
+            PyCapsule_GetPointer(c, kPiecesCapsule));
+      });
+}
+
+// The pieces in a capsule that PiecesToCapsule made, or nullptr.
+inline const std::vector<Bytes>* PiecesInCapsule(pybind11::handle h) {
+  if (!PyCapsule_IsValid(h.ptr(), kPiecesCapsule)) return nullptr;
+  return static_cast<const std::vector<Bytes>*>(
+      PyCapsule_GetPointer(h.ptr(), kPiecesCapsule));
 }
 
 }  // namespace jax_pathways

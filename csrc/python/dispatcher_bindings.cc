@@ -69,8 +69,14 @@ void RegisterDispatcher(py::module_& m) {
                 io.op.payload = Bytes::Copy(
                     BytesView(parts[0].cast<py::buffer>()).view());
                 for (py::handle tail : parts[1].cast<py::sequence>()) {
-                  io.op.payload_tails.push_back(
-                      SharedOrCopy(tail.cast<py::buffer>()));
+                  if (const std::vector<Bytes>* pieces =
+                          PiecesInCapsule(tail)) {
+                    io.op.payload_tails.insert(io.op.payload_tails.end(),
+                                               pieces->begin(), pieces->end());
+                  } else {
+                    io.op.payload_tails.push_back(
+                        SharedOrCopy(tail.cast<py::buffer>()));
+                  }
                 }
               } else {
                 io.op.payload = Bytes::Copy(

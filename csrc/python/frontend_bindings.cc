@@ -23,12 +23,11 @@ void RegisterGrpcServer(py::module_& m) {
             }();
             std::optional<HostBuffer> taken = ValueOrThrow(std::move(got));
             if (!taken) return py::none();
-            // Its pieces as zero-copy uint8 views that keep them alive;
-            // handed to Dispatcher.submit as payload tails they are not
-            // copied either.
-            py::list pieces;
-            for (Bytes& piece : *taken) pieces.append(ToNumpy(std::move(piece)));
-            return std::move(pieces);
+            // (pieces, size): the pieces in one capsule, not copied; handed
+            // to Dispatcher.submit as a payload tail they are not copied
+            // either.
+            size_t size = SizeOf(*taken);
+            return py::make_tuple(PiecesToCapsule(std::move(*taken)), size);
           },
           py::arg("session"), py::arg("handle"))
       .def(

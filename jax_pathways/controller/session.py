@@ -32,6 +32,7 @@ from jax_pathways.controller.coordination import GlobalClient
 from jax_pathways.controller.handle_store import HandleStore, ServerHandles
 from jax_pathways.controller.profile_executable import ProfileExecutable
 from jax_pathways.controller.tracing import Recording
+from jax_pathways.dispatch import payloads
 from jax_pathways.dispatch.dispatcher import Dispatcher
 from jax_pathways.resources.resource_manager import ResourceManager
 from jax_pathways.resources.topology import Topology
@@ -184,21 +185,20 @@ class Session:
       self._slice = self.services.resources.allocate(self.id, self.request)
     return self._slice
 
-  def take_upload(self, handle: int) -> Any:
-    """The client's upload under `handle` (its pieces: uint8 arrays, in
-    order), once it has arrived."""
+  def take_upload(self, handle: int) -> payloads.Pieces:
+    """The client's upload under `handle`, once it has arrived."""
     data = self._taken.get(handle)
     if data is None:
       try:
-        data = self.services.host_buffers.take(self.id, handle)
+        taken = self.services.host_buffers.take(self.id, handle)
       except Exception as e:  # pylint: disable=broad-except
         raise from_exception(e) from None
-      if data is None:  # the store wakes the service when it arrives
+      if taken is None:  # the store wakes the service when it arrives
         timeout = self.services.upload_timeout_s
         self._wait(timeout, lambda: StatusError(
             Code.DEADLINE_EXCEEDED, f"the upload of host buffer {handle} "
             f"did not arrive within {timeout:.0f} s"))
-      self._taken[handle] = data
+      data = self._taken[handle] = payloads.Pieces(*taken)
     return data
 
   def _wait(self, timeout_s: float, expired: Callable[[], StatusError]

@@ -18,10 +18,18 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any
+from typing import Any, NamedTuple
 
 _U32 = struct.Struct("<I")
 _ALIGN = 64
+
+
+class Pieces(NamedTuple):
+  """A blob held by the C++ side in the pieces it arrived in (an upload as
+  gRPC received it): one object however many pieces, sent as consecutive
+  tails, so the worker gets one blob."""
+  capsule: Any  # from _frontend.HostBuffers.take
+  nbytes: int
 
 
 def encode(header: dict[str, Any], *blobs: bytes | memoryview) -> bytes:
@@ -34,8 +42,7 @@ def parts(header: dict[str, Any], *blobs: Any) -> tuple[bytes, list[Any]]:
   the tails after the head without copying those the C++ side made (uploads
   taken from HostBuffers), so array bytes are not copied twice more on
   their way through the controller. Tails are the blobs and the padding
-  between them, in order. A blob given as a list is the list of its pieces
-  (an upload as it arrived): consecutive tails, one blob to the worker."""
+  between them, in order."""
   head = _head(header, blobs)
   if blobs:  # the first blob's padding, in the head: one tail fewer
     head += bytes(_pad(len(head)))
@@ -44,15 +51,15 @@ def parts(header: dict[str, Any], *blobs: Any) -> tuple[bytes, list[Any]]:
     if _pad(offset):
       tails.append(bytes(_pad(offset)))
       offset += len(tails[-1])
-    tails.extend(blob if isinstance(blob, list) else [blob])
+    tails.append(blob.capsule if isinstance(blob, Pieces) else blob)
     offset += nbytes(blob)
   return head, tails
 
 
 def nbytes(blob: Any) -> int:
-  """The length of a blob: a buffer, or a list of its pieces."""
-  if isinstance(blob, list):
-    return sum(memoryview(piece).nbytes for piece in blob)
+  """The length of a blob: a buffer, or Pieces."""
+  if isinstance(blob, Pieces):
+    return blob.nbytes
   return memoryview(blob).nbytes
 
 

@@ -52,23 +52,30 @@ def test_ops_arrive_in_order_and_window_bounds_launches():
 
 def test_a_payload_in_parts_arrives_whole():
   """(head, tails) payloads: the tails are sent after the head, in order,
-  shared when the C++ side made them (an upload taken from HostBuffers),
-  else copied; the worker sees one payload either way, also after Python
-  drops the tails."""
+  shared when the C++ side made them (an upload taken from HostBuffers, a
+  view of a completion's payload), else copied; the worker sees one payload
+  either way, also after Python drops the tails."""
   hb = _frontend.HostBuffers()
   hb.open_session(1)
   data = bytes(range(256)) * 5000
   hb.store(1, 7, data)
-  (upload,) = hb.take(1, 7)  # stored whole: one piece
-  assert not upload.flags.writeable
-  tails = [upload, upload[1000:], np.frombuffer(data, np.uint8)[5:9], b"xyz",
-           b""]
-  expected = [data, data[1000:], data[5:9], b"xyz", b""]
+  upload, size = hb.take(1, 7)
+  assert size == len(data)
   d, ex = _pair(window=8)
+  d.submit([(0, OpKind.FETCH, 0, [], [], b"")], 1)
+  ex.complete(ex.next(2.0).seq, 0, "", data)
+  polled = []
+  while not polled:
+    polled = d.poll(2.0, 1)
+  (_, _, _, (fetched,)), = polled
+  assert not fetched.flags.writeable
+  tails = [upload, fetched[1000:], np.frombuffer(data, np.uint8)[5:9],
+           b"xyz", b""]
+  expected = [data, data[1000:], data[5:9], b"xyz", b""]
   for i, tail in enumerate(tails):
     d.submit([(0, OpKind.PUT, 0, [], [300 + i], (b"head%d" % i, [tail]))], 1)
   d.submit([(0, OpKind.PUT, 0, [], [310], (b"all", tails))], 1)
-  del tails, upload
+  del tails, upload, fetched
   for i, want in enumerate(expected):
     op = ex.next(2.0)
     assert bytes(op.payload) == b"head%d" % i + want
@@ -445,7 +452,7 @@ def test_a_local_worker_reads_large_uploads_from_the_controller():
   hb.store(1, 9, shard[::-1])
   d, ex = _pair(window=8)
   _wait_for(lambda: d.stats()[0]["reads_locally"])
-  uploads = [hb.take(1, h)[0] for h in (7, 8, 9)]
+  uploads = [hb.take(1, h)[0] for h in (7, 8, 9)]  # (pieces, size)
   d.submit([(0, OpKind.PUT, 0, [], [1], (b"h" * 64, [uploads[0]]))], 1)
   # Shards of 40 KiB each: lent, as together they are 80 KiB.
   d.submit([(0, OpKind.PUT, 0, [], [2],

@@ -19,7 +19,7 @@ def test_an_uploaded_array_is_put_without_a_copy(cpu_devices):
   hb = _frontend.HostBuffers()
   hb.open_session(1)
   hb.store(1, 7, data.tobytes())
-  upload = hb.take(1, 7)
+  upload = payloads.Pieces(*hb.take(1, 7))
   a, b = socket.socketpair()
   dispatcher = _core.Dispatcher(2)
   dispatcher.add_island(0, a.detach(), "w0", 0)
