@@ -1,6 +1,6 @@
 """Host to device: `jax.device_put` of a numpy array onto an island.
 
-    python benchmarks/upload_benchmark.py [--repeats 7]
+    python benchmarks/upload_benchmark.py [--repeats 7] [--cases 4KB,16MB]
 
 The bytes go client -> controller (the IFRT proxy's host-buffer channel)
 -> the island's worker, waited for each time; in-process JAX putting the
@@ -30,9 +30,12 @@ CASES = {"4KB": (4 << 10, 1), "1MB": (1 << 20, 1), "16MB": (16 << 20, 1),
 def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument("--repeats", type=int, default=7)
+  parser.add_argument("--cases", default=",".join(CASES),
+                      help="comma-separated, of " + ", ".join(CASES))
   args = parser.parse_args()
   pathways, cpu, pids = one_island_processes()
-  for label, (size, shards) in CASES.items():
+  for label in args.cases.split(","):
+    size, shards = CASES[label]
     data = np.random.default_rng(0).random((shards, size // 4 // shards),
                                            dtype=np.float32)
     puts = max(1, (64 << 20) // size // 16)  # ~4 MB of puts per sample

@@ -8,13 +8,15 @@ from jax_pathways.status import Code
 
 
 class _Uploads:
-  """host_buffers as the session sees it: take() or None."""
+  """host_buffers as the session sees it: take() -> (pieces, size) or
+  None."""
 
   def __init__(self):
     self.stored: dict[int, bytes] = {}
 
   def take(self, session: int, handle: int):
-    return self.stored.pop(handle, None)
+    data = self.stored.pop(handle, None)
+    return None if data is None else (data, len(data))
 
 
 class _Dispatcher:
@@ -31,7 +33,7 @@ def _session(timeout_s: float = 60.0) -> tuple[Session, _Uploads, list]:
 
   def make_array(session, req, reply):
     data = session.take_upload(req.host_buffer_handle)
-    reply.ok(lambda r: setattr(r, "array_handle", len(data)))
+    reply.ok(lambda r: setattr(r, "array_handle", data.nbytes))
 
   def layout(session, req, reply):
     reply.ok()
