@@ -471,9 +471,9 @@ void Dispatcher::ExpireSilentIslands(double timeout_s) {
     std::lock_guard<std::mutex> lock(mu_);
     auto now = std::chrono::steady_clock::now();
     for (auto& [id, island] : islands_) {
-      if (!island->alive || !island->last_heard) continue;
+      if (!island->alive) continue;
       double silent =
-          std::chrono::duration<double>(now - *island->last_heard).count();
+          std::chrono::duration<double>(now - island->last_heard).count();
       if (silent <= timeout_s) continue;
       char seconds[32];
       snprintf(seconds, sizeof(seconds), "%.1f", silent);

@@ -28,7 +28,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -125,8 +124,8 @@ class Dispatcher {
   // Fails the island as if its connection had dropped.
   void FailIsland(IslandId island, const Status& why);
   // Fails islands that sent nothing (not even a heartbeat) for `timeout_s`
-  // since their last frame: a stopped or wedged worker (called
-  // periodically).
+  // since their last frame or their handshake: a stopped or wedged worker
+  // (called periodically).
   void ExpireSilentIslands(double timeout_s);
 
   // While corked, ops are held and then sent together at the last Uncork():
@@ -155,9 +154,11 @@ class Dispatcher {
     uint64_t submitted = 0;
     uint64_t finished = 0;
     std::chrono::steady_clock::time_point last_finish;  // of a launch
-    // Any frame. Timed from the first (a worker heartbeats from its
-    // handshake on, also while it joins the islands' global client).
-    std::optional<std::chrono::steady_clock::time_point> last_heard;
+    // Any frame, or the handshake: a worker heartbeats from its handshake
+    // on (also while it joins the islands' global client), so one stopped
+    // right after it joined is lost like any other.
+    std::chrono::steady_clock::time_point last_heard =
+        std::chrono::steady_clock::now();
     // Device memory, counted in gang order: results when numbered, freed
     // when their DELETE is numbered (the worker runs both in that order).
     int64_t capacity = 0;
