@@ -219,16 +219,16 @@ class LocalCluster:
         if worker.returncode == 0:
           # It left on purpose: its controller fell silent or went away (a
           # new worker could not join it either), or it was told to stop.
-          self._given_up.add(i)
+          # Said before it is given up on: whoever sees that finds why.
           logging.warning(
               "jax_pathways local cluster: the worker of island %d (pid %d) "
               "left after %.1f s (its controller is gone or stopped it); "
               "not restarting it", i, worker.pid, lived)
+          self._given_up.add(i)
           continue
         self._quick_deaths[i] = (self._quick_deaths[i] + 1
                                  if lived < QUICK_DEATH_S else 1)
         if self._quick_deaths[i] > MAX_QUICK_RESTARTS:
-          self._given_up.add(i)
           logging.error(
               "jax_pathways local cluster: the worker of island %d (pid %d) "
               "exited with code %s, the %d-th time in a row within %.0f s "
@@ -236,6 +236,7 @@ class LocalCluster:
               "(its log: %s)", i, worker.pid, worker.returncode,
               self._quick_deaths[i], QUICK_DEATH_S, i,
               self._logs.get(worker.pid, ""))
+          self._given_up.add(i)
           continue
         delay = RESTART_DELAYS_S[min(self._quick_deaths[i] - 1,
                                      len(RESTART_DELAYS_S) - 1)]
