@@ -24,6 +24,12 @@ constexpr char kAdminService[] = "/jax_pathways.Admin/";
 constexpr char kStoreMetadata[] =
     "ifrt-proxy-grpc-host-buffer-store-metadata-bin";
 constexpr size_t kChunk = 1 << 20;  // as the reference server streams
+// An upload's piece costs ~100 bytes of bookkeeping here: one sent in tiny
+// chunks must not cost the controller many times its size. Beyond a few,
+// pieces must average 1 KiB (JAX's client sends 1 MiB chunks, ~40 KiB a
+// piece).
+constexpr size_t kFreePieces = 64;
+constexpr size_t kMinPieceBytes = 1024;
 
 uint64_t PhysicalMemory() {
   static const uint64_t bytes =
@@ -130,6 +136,7 @@ class Call {
   void ServeLookup(const std::string& request);
   void FinishUpload();
   bool AppendUpload();
+  bool AddChunk();
   bool TooLarge();
 
   GrpcServer* const server_;
@@ -414,10 +421,26 @@ void Call::OnRead(bool ok) {
   }
 }
 
-// Adds one HostBufferStore chunk (field 1 of the message) to the upload.
-// The usual chunk is that one field: gRPC's slices after its head become
-// the upload's pieces, shared, not copied (each keeps its slice alive).
+// Adds one HostBufferStore chunk to the upload, unless the upload has come
+// in too many pieces for its size (kMinPieceBytes).
 bool Call::AppendUpload() {
+  if (!AddChunk()) return false;
+  if (upload_.size() > kFreePieces + uploaded_ / kMinPieceBytes) {
+    RequestFinish(Status(Code::kResourceExhausted,
+                         "host buffer " + std::to_string(handle_) +
+                             " came in " + std::to_string(upload_.size()) +
+                             " pieces for " + std::to_string(uploaded_) +
+                             " bytes: send chunks of at least 1 KiB"),
+                  true);
+    return false;
+  }
+  return true;
+}
+
+// The chunk (field 1 of the message) as pieces of the upload. The usual
+// chunk is that one field: gRPC's slices after its head become the
+// pieces, shared, not copied (each keeps its slice alive).
+bool Call::AddChunk() {
   std::vector<grpc::Slice> slices;
   size_t total = read_buf_.Length();
   if (read_buf_.Dump(&slices).ok() && !slices.empty()) {

@@ -63,6 +63,10 @@ def test_bad_uploads_are_refused(channel, session_id, side_channel):
   with pytest.raises(grpc.RpcError) as e:
     side_channel.store(channel, 12345, 1, [b"abc"])
   assert e.value.code() == grpc.StatusCode.NOT_FOUND
+  with pytest.raises(grpc.RpcError) as e:  # tiny chunks cost the server
+    side_channel.store(channel, session_id, 10**9 + 2, [b"x"] * 200)
+  assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+  assert "send chunks of at least 1 KiB" in e.value.details()
   side_channel.store(channel, session_id, 10**9 + 3, [b"x"])
   with pytest.raises(grpc.RpcError) as e:
     side_channel.store(channel, session_id, 10**9 + 3, [b"y"])
