@@ -30,7 +30,9 @@ if _SANITIZE:
                      f"expected 'address' or 'thread' (or unset)")
   _SANITIZER_FLAGS = [f"-fsanitize={_SANITIZE}", "-fno-omit-frame-pointer",
                       "-g"]
-  _CXX_FLAGS = ["-O1"] + _CXX_FLAGS[1:] + _SANITIZER_FLAGS
+  # -O0: builds in half the time of -O1 (the suite builds both modes on two
+  # cores) and the sanitizers see every access.
+  _CXX_FLAGS = ["-O0"] + _CXX_FLAGS[1:] + _SANITIZER_FLAGS
   _LINK_FLAGS += _SANITIZER_FLAGS
 
 

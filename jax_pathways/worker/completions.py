@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import re
 import threading
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -28,6 +29,10 @@ from absl import logging
 
 from jax_pathways import threads
 from jax_pathways.status import Code, Status, StatusError
+
+# gloo's transport failing: a peer worker went away.
+_GLOO_BROKE = re.compile(r"^(Error dispatching computation: )*Gloo .*"
+                         r"gloo/transport/", re.DOTALL)
 
 # finish() -> the event's payload (bytes-like); runs on the completion
 # thread after the arrays are ready, so it may block on device data
@@ -45,11 +50,13 @@ def error_status(e: BaseException) -> Status:
   prefix = text.split(":", 1)[0].strip()
   if prefix in Code.__members__ and prefix != "OK":
     message = text.split(":", 1)[1].strip()
-    if message.startswith("Gloo ") and "gloo/transport/" in message:
+    if _GLOO_BROKE.search(message):
       # Only programs spanning islands use gloo, and its transport fails
-      # when another island's worker went away: XLA says UNKNOWN, the user
-      # (and pathwaysutils, which retries on DATA_LOSS) must read the loss.
-      # It races the controller's own notice of the loss, which names the
+      # when another island's worker went away: XLA says UNKNOWN (INTERNAL,
+      # behind one "Error dispatching computation:" per program, in the
+      # programs that took the failed arrays as arguments); the user (and
+      # pathwaysutils, which retries on DATA_LOSS) must read the loss. It
+      # races the controller's own notice of the loss, which names the
       # worker.
       return Status(Code.DATA_LOSS, "aborted: the program spans islands and "
                     f"its connection to another island's worker broke "

@@ -128,6 +128,15 @@ def test_a_broken_gloo_connection_reads_as_the_loss_of_an_island():
   assert status.code == Code.DATA_LOSS
   assert "spans islands" in status.message
   assert "Connection reset by peer" in status.message
+  # A later program that took the failed array: XLA:CPU says INTERNAL and
+  # wraps the error once per program on the way.
+  chained = error_status(RuntimeError(
+      "INTERNAL: Error dispatching computation: Error dispatching "
+      "computation: Gloo all-to-all failed: [external/gloo/gloo/transport/"
+      "tcp/pair.cc:538] Read error [127.0.0.1]:3739: Connection reset by "
+      "peer"))
+  assert chained.code == Code.DATA_LOSS
+  assert "all-to-all failed" in chained.message
   other = error_status(RuntimeError("INVALID_ARGUMENT: Gloo AllReduce: "
                                     "unsupported dtype"))
   assert other.code == Code.INVALID_ARGUMENT
