@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstring>
 
 #include "transport/wire.h"
@@ -55,14 +56,14 @@ Status ReadLocation(const Location& where, char* out) {
 }
 
 Status ReadLocations(const std::vector<Location>& where, char* out) {
-  constexpr size_t kMaxIov = 512;  // below IOV_MAX
   std::vector<iovec> remote;
   size_t i = 0, done = 0;  // where[i]'s first `done` bytes are read
   while (i < where.size()) {
     // One call for the next run of Locations in one process.
     remote.clear();
     size_t total = 0;
-    for (size_t j = i; j < where.size() && remote.size() < kMaxIov &&
+    for (size_t j = i; j < where.size() &&
+                       remote.size() < static_cast<size_t>(IOV_MAX) &&
                        where[j].pid == where[i].pid;
          ++j) {
       size_t skip = j == i ? done : 0;

@@ -33,7 +33,7 @@ bool DecodeLocation(std::string_view* in, Location* where);
 // Copies the bytes at `where` into `out` (where.size bytes).
 Status ReadLocation(const Location& where, char* out);
 // Copies the bytes at each of `where`, in order and back to back, into
-// `out`: one syscall for up to 512 Locations in one process.
+// `out`: one syscall for up to IOV_MAX (1024) Locations in one process.
 Status ReadLocations(const std::vector<Location>& where, char* out);
 
 // Several Locations, encoded as a u32 count and then each, in order.

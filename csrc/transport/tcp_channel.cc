@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -85,10 +86,9 @@ struct Channel::Batch {
 
   // One sendmsg of what is left: the bytes written, or -1 with errno.
   ssize_t WriteSome(int fd, int flags) {
-    constexpr size_t kMaxIov = 512;  // below IOV_MAX
     msghdr msg{};
     msg.msg_iov = iov.data() + next;
-    msg.msg_iovlen = std::min(kMaxIov, iov.size() - next);
+    msg.msg_iovlen = std::min<size_t>(IOV_MAX, iov.size() - next);
     ssize_t sent = ::sendmsg(fd, &msg, flags | MSG_NOSIGNAL);
     if (sent <= 0) return sent;
     left -= static_cast<size_t>(sent);
