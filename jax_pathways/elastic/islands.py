@@ -16,6 +16,10 @@ from jax_pathways import _initialize, admin
 
 # Seconds between looks at the controller while waiting for islands.
 POLL_S = 0.05
+# Seconds a loss may reach the client before the controller has seen it: a
+# program spanning islands fails in gloo as soon as a peer worker dies, and
+# the controller sees the death (its connection closing) about then too.
+NOTICE_S = 5.0
 
 
 def up() -> frozenset[int]:

@@ -170,6 +170,9 @@ def run(setup: Callable[[Sequence[jax.Device]], Plan], state: Any,
         raise
       detected = time.monotonic()
       up = islands_lib.up()
+      if up.issuperset(using):  # perhaps not seen by the controller yet
+        up = islands_lib.wait(lambda now: not now.issuperset(using),
+                              islands_lib.NOTICE_S)
       lost = tuple(i for i in using if i not in up)
       if not lost and pending is not None:
         # Failed again before a step went through, with every island up:

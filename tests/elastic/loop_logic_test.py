@@ -36,6 +36,7 @@ def cluster(monkeypatch, cpu_devices):
     monkeypatch.setattr(islands_lib, "up", fake.up)
     monkeypatch.setattr(islands_lib, "devices", fake.devices)
     monkeypatch.setattr(islands_lib, "POLL_S", 0.001)
+    monkeypatch.setattr(islands_lib, "NOTICE_S", 0.2)
     return fake
   return make
 
@@ -102,6 +103,21 @@ def test_grows_back_at_a_commit(cluster):
       ("lost", (0,), 2), ("grew", (0, 1), 6)]
   assert r.islands == (0, 1)
   np.testing.assert_array_equal(np.asarray(r.state), _uninterrupted(10, [0, 1]))
+
+
+def test_a_loss_seen_before_the_controller_sees_it(cluster):
+  """A spanning program fails in gloo as its peer dies, and the client may
+  read that before the controller has seen the worker go: the loop waits a
+  moment for the controller, then names the island."""
+  fake = cluster({0, 1})
+
+  def dies_soon(step, _):  # step 3 then fails before the controller knows
+    if step == 3:
+      threading.Timer(0.05, lambda: setattr(fake, "now", {0})).start()
+  r = elastic.run(_setup({3: "DATA_LOSS: connection to a peer broke"}, []),
+                  STATE, 6, islands=[0, 1], commit_every=2,
+                  rejoin_timeout=0.01, grow=False, on_step=dies_soon)
+  assert [(e.lost, e.islands) for e in r.events] == [((1,), (0,))]
 
 
 def test_other_errors_are_the_callers(cluster):
