@@ -10,8 +10,10 @@ waiting (in-process JAX in windows of 16) and the throughput of jax_pathways
 is compared with in-process jax.jit on 4 CPU devices, in the same run.
 
 Prints one JSON line per size and a summary: the smallest compute per call
-at which jax_pathways reaches 95% of in-process throughput. Target (issue 2):
-<= 2 ms (Pathways: 2.3 ms on 128 TPUs).
+from which jax_pathways keeps 95% of in-process throughput (at that size and
+every larger one: one size above 95% between two below is noise on a shared
+machine, not a crossover). Target (issue 2): <= 2 ms (Pathways: 2.3 ms on
+128 TPUs).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
-SIZES = (8, 16, 32, 64, 96, 128, 192, 256, 384, 512)
+SIZES = (8, 16, 32, 64, 96, 128, 192, 256, 320, 384, 512)
 IN_PROCESS_WINDOW = 16
 PARITY = 0.95
 
@@ -46,7 +48,7 @@ def main() -> None:
   args = parser.parse_args()
   pathways_devices, cpu_devices = setup()
   crossover = None
-  for n in args.sizes:
+  for n in sorted(args.sizes):  # the crossover reads them in order
     runs = {}
     for name, devices in (("pathways", pathways_devices), ("jax", cpu_devices)):
       step, x = make(devices, n)
@@ -71,13 +73,15 @@ def main() -> None:
     log(f"n={n:4d}  in-process {compute_us:9.1f} us/call   jax_pathways "
         f"{med['pathways'] * 1e6:9.1f} us/call   throughput "
         f"{throughput:6.1%}")
-    if crossover is None and throughput >= PARITY:
+    if throughput < PARITY:
+      crossover = None
+    elif crossover is None:
       crossover = (n, compute_us)
   if crossover is None:
     emit("B2 crossover", "summary", crossover_us=None, target_us=2000,
          met=False)
-    log(f"jax_pathways did not reach {PARITY:.0%} of in-process throughput "
-        "at any size")
+    log(f"jax_pathways did not keep {PARITY:.0%} of in-process throughput "
+        "up to the largest size")
   else:
     emit("B2 crossover", "summary", crossover_n=crossover[0],
          crossover_us=round(crossover[1], 1), target_us=2000,
