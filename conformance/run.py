@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Iterable
+from typing import Iterable, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS_DIR = os.path.join(HERE, "jax_tests")
@@ -80,9 +80,9 @@ def _final(lines: list[dict]) -> Outcome:
   return Outcome(call[0]["outcome"], call[0]["message"])
 
 
-def run_pytest(target: str, mode: str, keyword: str | None, cases: int,
-               timeout_s: float, stem: str) -> Run:
-  """One pytest process over one pinned file (or file::Class); killed (its
+def run_pytest(targets: str | Sequence[str], mode: str, keyword: str | None,
+               cases: int, timeout_s: float, stem: str) -> Run:
+  """One pytest process over pinned files (or file::Class); killed (its
   process group) at timeout_s, keeping the outcomes of the tests it
   finished. Leaves STEM.log, STEM.jsonl (outcomes) and STEM.meta.json."""
   out = stem + ".jsonl"
@@ -94,8 +94,9 @@ def run_pytest(target: str, mode: str, keyword: str | None, cases: int,
     cmd += ["-p", "pathways_plugin"]
   if keyword:
     cmd += ["-k", keyword]
-  name, sep, node = target.partition("::")
-  cmd.append(os.path.join(TESTS_DIR, name + ".py") + sep + node)
+  for target in [targets] if isinstance(targets, str) else targets:
+    name, sep, node = target.partition("::")
+    cmd.append(os.path.join(TESTS_DIR, name + ".py") + sep + node)
   start = time.monotonic()
   with open(stem + ".log", "wb") as log:
     # From conformance/: `-m` puts the working directory first on the path,
@@ -191,7 +192,7 @@ def run_files(selection: Iterable[tuple[str, str | None]], cases: int = 3,
   os.makedirs(log_dir, exist_ok=True)
   rows = {}
   for target, keyword in selection:
-    name = target + (f" -k {keyword!r}" if keyword else "")
+    name = _name(target, keyword)
     runs = {}
     for mode in MODES:
       stem = _stem(log_dir, target, keyword, mode)
@@ -204,6 +205,50 @@ def run_files(selection: Iterable[tuple[str, str | None]], cases: int = 3,
               file=sys.stderr, flush=True)
     rows[name] = compare(runs["plain"], runs["pathways"])
   return rows
+
+
+def run_together(selection: Iterable[tuple[str, str | None]], cases: int = 3,
+                 timeout_s: float = 1200, log_dir: str | None = None
+                 ) -> dict[str, dict]:
+  """run_files' rows from one pytest process per mode for the whole
+  selection: process and cluster start-up are paid once, not per entry
+  (~8 s each), and the files share a process as in JAX's own CI. Each
+  entry's -k applies to its own target only."""
+  selection = list(selection)
+  log_dir = log_dir or tempfile.mkdtemp(prefix="jax_pathways_conformance_")
+  os.makedirs(log_dir, exist_ok=True)
+  prefixes = [_prefix(target) for target, _ in selection]
+  for a in prefixes:
+    if any(b != a and b.startswith(a) for b in prefixes):
+      raise ValueError(f"{a} holds another entry's tests: run them apart")
+  # Positional targets keep collection to the entries' files and classes;
+  # each clause names its file (and class) so that its -k leaves the other
+  # entries' tests alone.
+  keyword = " or ".join(
+      "(" + " and ".join(filter(None, (
+          target.partition("::")[0], target.partition("::")[2],
+          f"({kw})" if kw else ""))) + ")"
+      for target, kw in selection)
+  runs = {mode: run_pytest([t for t, _ in selection], mode, keyword, cases,
+                           timeout_s, os.path.join(log_dir, f"all.{mode}"))
+          for mode in MODES}
+  rows = {}
+  for (target, kw), prefix in zip(selection, prefixes):
+    part = {mode: dataclasses.replace(run, outcomes={
+        t: o for t, o in run.outcomes.items() if t.startswith(prefix)})
+            for mode, run in runs.items()}
+    rows[_name(target, kw)] = compare(part["plain"], part["pathways"])
+  return rows
+
+
+def _name(target: str, keyword: str | None) -> str:
+  return target + (f" -k {keyword!r}" if keyword else "")
+
+
+def _prefix(target: str) -> str:
+  """What the ids of `target`'s tests start with (as load_run keys them)."""
+  name, _, node = target.partition("::")
+  return f"{name}.py::" + (f"{node}::" if node else "")
 
 
 def load_known(path: str = KNOWN_FAILURES) -> dict[str, str]:

@@ -18,8 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
 from conformance import run  # noqa: E402  pylint: disable=wrong-import-position
 
 # (file or file::Class, pytest -k): arrays and shardings, multi-device jit,
-# shard_map, control flow, random keys; ~180 tests each way, about two
-# minutes on two shared cores (docs/conformance.md).
+# shard_map, control flow, random keys; ~180 tests each way, one pytest
+# process each way, ~100 s on two shared cores (docs/conformance.md).
 SELECTION = (
     ("multi_device_test", None),
     ("array_test::JaxArrayTest", "device_put or jnp_array or buffer_protocol "
@@ -83,8 +83,8 @@ def test_known_failures_file_is_well_formed():
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_selection_fails_only_as_known(tmp_path):
-  rows = run.run_files(SELECTION, cases=3, timeout_s=240,
-                       log_dir=str(tmp_path), progress=False)
+  rows = run.run_together(SELECTION, cases=3, timeout_s=600,
+                          log_dir=str(tmp_path))
   for file, row in rows.items():
     assert all(row["finished"].values()), (
         f"{file} hit its time limit: {row['seconds']}; logs in {tmp_path}")
