@@ -80,7 +80,7 @@ def _final(lines: list[dict]) -> Outcome:
   return Outcome(call[0]["outcome"], call[0]["message"])
 
 
-def run_pytest(targets: str | Sequence[str], mode: str, keyword: str | None,
+def run_pytest(targets: Sequence[str], mode: str, keyword: str | None,
                cases: int, timeout_s: float, stem: str) -> Run:
   """One pytest process over pinned files (or file::Class); killed (its
   process group) at timeout_s, keeping the outcomes of the tests it
@@ -94,7 +94,7 @@ def run_pytest(targets: str | Sequence[str], mode: str, keyword: str | None,
     cmd += ["-p", "pathways_plugin"]
   if keyword:
     cmd += ["-k", keyword]
-  for target in [targets] if isinstance(targets, str) else targets:
+  for target in targets:
     name, sep, node = target.partition("::")
     cmd.append(os.path.join(TESTS_DIR, name + ".py") + sep + node)
   start = time.monotonic()
@@ -197,7 +197,7 @@ def run_files(selection: Iterable[tuple[str, str | None]], cases: int = 3,
     for mode in MODES:
       stem = _stem(log_dir, target, keyword, mode)
       runs[mode] = load_run(stem) if reuse else run_pytest(
-          target, mode, keyword, cases, timeout_s, stem)
+          [target], mode, keyword, cases, timeout_s, stem)
       if progress:
         print(f"  {name} {mode}: {len(runs[mode].outcomes)} tests in "
               f"{runs[mode].seconds} s"
@@ -224,11 +224,7 @@ def run_together(selection: Iterable[tuple[str, str | None]], cases: int = 3,
   # Positional targets keep collection to the entries' files and classes;
   # each clause names its file (and class) so that its -k leaves the other
   # entries' tests alone.
-  keyword = " or ".join(
-      "(" + " and ".join(filter(None, (
-          target.partition("::")[0], target.partition("::")[2],
-          f"({kw})" if kw else ""))) + ")"
-      for target, kw in selection)
+  keyword = " or ".join(_clause(target, kw) for target, kw in selection)
   runs = {mode: run_pytest([t for t, _ in selection], mode, keyword, cases,
                            timeout_s, os.path.join(log_dir, f"all.{mode}"))
           for mode in MODES}
@@ -243,6 +239,13 @@ def run_together(selection: Iterable[tuple[str, str | None]], cases: int = 3,
 
 def _name(target: str, keyword: str | None) -> str:
   return target + (f" -k {keyword!r}" if keyword else "")
+
+
+def _clause(target: str, keyword: str | None) -> str:
+  """`keyword` for `target`'s tests alone: "(file and Class and (kw))"."""
+  name, _, node = target.partition("::")
+  return "(" + " and ".join(filter(None, (
+      name, node, f"({keyword})" if keyword else ""))) + ")"
 
 
 def _prefix(target: str) -> str:
