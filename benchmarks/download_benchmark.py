@@ -1,6 +1,6 @@
 """Device to host: `np.asarray` of an array on an island.
 
-    python benchmarks/download_benchmark.py [--repeats 7]
+    python benchmarks/download_benchmark.py [--repeats 7] [--sizes 16B,4KB]
 
 The bytes go worker -> controller (an event's payload) -> client (the IFRT
 proxy's host-buffer channel), each array fetched once (JAX keeps an array's
@@ -39,9 +39,16 @@ def fetch_ms(arrays: list[jax.Array], copy: bool) -> list[float]:
 def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument("--repeats", type=int, default=7)
+  parser.add_argument("--sizes", default=",".join(SIZES),
+                      help="comma-separated, of " + ", ".join(SIZES))
   args = parser.parse_args()
+  labels = args.sizes.split(",")
+  unknown = [x for x in labels if x not in SIZES]
+  if unknown:
+    parser.error(f"unknown sizes {unknown}; choose from {list(SIZES)}")
   pathways, cpu, pids = one_island_processes()
-  for label, size in SIZES.items():
+  for label in labels:
+    size = SIZES[label]
     data = np.random.default_rng(0).random(size // 4, dtype=np.float32)
     fetches = min(1024, max(2, (64 << 20) // size // 16))  # ~4 MB a sample
     times: dict[str, list[float]] = {"pathways": [], "jax_view": [],

@@ -14,10 +14,19 @@ extern "C" {
 
 // The frontend's way to answer a session stream, from any thread.
 struct JpReplySink {
-  uint32_t version;  // 1
+  uint32_t version;  // 2
   void* server;
   // Queues one IfrtResponse on stream `stream`; 0 if the stream is gone.
   int (*send)(void* server, uint64_t stream, const char* data, size_t size);
+  // Stores `size` bytes at `data` as host buffer `handle` of host-buffer
+  // session `session` (a download the client looks up after the reply),
+  // without a copy: the frontend calls release(owner) once it no longer
+  // needs them, at once if storing fails. Returns 0, or the absl status
+  // code why not, its message in `error` (NUL-terminated, truncated to
+  // `error_size`).
+  int (*store)(void* server, uint64_t session, uint64_t handle,
+               const char* data, size_t size, void (*release)(void* owner),
+               void* owner, char* error, size_t error_size);
 };
 
 // The fast path, called on the frontend's completion-queue thread with each
@@ -33,7 +42,7 @@ struct JpRequestHook {
 
 }  // extern "C"
 
-inline constexpr char kReplySinkCapsule[] = "jax_pathways.JpReplySink.v1";
+inline constexpr char kReplySinkCapsule[] = "jax_pathways.JpReplySink.v2";
 inline constexpr char kRequestHookCapsule[] =
     "jax_pathways.JpRequestHook.v1";
 

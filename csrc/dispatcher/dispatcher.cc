@@ -360,7 +360,7 @@ void Dispatcher::Publish(std::vector<Completion> done) {
       completions_.Push(std::move(c));
       continue;
     }
-    std::function<void(const Status&)> callback;
+    std::function<void(Completion)> callback;
     {
       std::lock_guard<std::mutex> lock(native_mu_);
       auto it = native_.find(c.tag);
@@ -368,7 +368,7 @@ void Dispatcher::Publish(std::vector<Completion> done) {
       callback = std::move(it->second);
       native_.erase(it);
     }
-    callback(c.status);
+    callback(std::move(c));
   }
 }
 
@@ -647,13 +647,22 @@ void Dispatcher::WhenReady(const std::vector<BufferId>& ids, uint64_t tag) {
 
 void Dispatcher::WhenReady(const std::vector<BufferId>& ids,
                            std::function<void(const Status&)> done) {
-  uint64_t tag;
-  {
-    std::lock_guard<std::mutex> lock(native_mu_);
-    tag = kNativeTag | ++next_native_;
-    native_[tag] = std::move(done);
-  }
-  WhenReady(ids, tag);
+  WhenReady(ids, NativeTag([done = std::move(done)](Completion c) {
+              done(c.status);
+            }));
+}
+
+void Dispatcher::Submit(std::vector<IslandOp> gang,
+                        std::function<void(Completion)> done,
+                        ClientId client) {
+  Submit(std::move(gang), NativeTag(std::move(done)), client);
+}
+
+uint64_t Dispatcher::NativeTag(std::function<void(Completion)> done) {
+  std::lock_guard<std::mutex> lock(native_mu_);
+  uint64_t tag = kNativeTag | ++next_native_;
+  native_[tag] = std::move(done);
+  return tag;
 }
 
 std::vector<BufferId> Dispatcher::NewBuffers(size_t n) {

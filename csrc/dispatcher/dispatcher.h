@@ -98,6 +98,11 @@ class Dispatcher {
   // error if any. Fails at once, sending nothing, if an island is unknown or
   // dead or an argument buffer already failed.
   void Submit(std::vector<IslandOp> gang, uint64_t tag, ClientId client = 0);
+  // The same, calling `done` with the completion (its status and payloads)
+  // instead (C++ callers), on the thread that finishes the gang, never under
+  // a lock of the Dispatcher's.
+  void Submit(std::vector<IslandOp> gang,
+              std::function<void(Completion)> done, ClientId client = 0);
   // A client's share of saturated islands, relative to the others' weights.
   void SetWeight(ClientId client, double weight);
   // The client is gone: drops its bookkeeping once its work has finished.
@@ -222,6 +227,8 @@ class Dispatcher {
                   std::vector<Completion>* done);
   // Sends `outbox` and publishes `done`; called without mu_.
   void Flush(Outbox outbox, std::vector<Completion> done);
+  // A tag under which `done` is called instead of queueing the completion.
+  uint64_t NativeTag(std::function<void(Completion)> done);
 
   void SendNow(Outbox outbox);
   // Hands completions to Python, or to the C++ callbacks filed under them.
@@ -240,7 +247,7 @@ class Dispatcher {
   CompletionQueue completions_;
   std::mutex native_mu_;  // guards native_ (never taken with mu_)
   uint64_t next_native_ = 0;
-  std::unordered_map<uint64_t, std::function<void(const Status&)>> native_;
+  std::unordered_map<uint64_t, std::function<void(Completion)>> native_;
   std::atomic<BufferId> next_buffer_{1};
   std::atomic<uint64_t> epoch_{0};
   bool shut_down_ = false;

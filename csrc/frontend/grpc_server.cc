@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -758,12 +759,27 @@ void GrpcServer::SetRequestHook(const JpRequestHook& hook) {
 
 JpReplySink GrpcServer::reply_sink() {
   JpReplySink sink;
-  sink.version = 1;
+  sink.version = 2;
   sink.server = this;
   sink.send = [](void* server, uint64_t stream, const char* data,
                  size_t size) -> int {
     return static_cast<GrpcServer*>(server)->Send(stream,
                                                   std::string(data, size));
+  };
+  sink.store = [](void* server, uint64_t session, uint64_t handle,
+                  const char* data, size_t size, void (*release)(void*),
+                  void* owner, char* error, size_t error_size) -> int {
+    // The other module's bytes, kept until the last reader lets go.
+    std::shared_ptr<const void> keep(owner, release);
+    Status status = static_cast<GrpcServer*>(server)->host_buffers().Store(
+        session, handle, {Bytes::Borrow(std::move(keep), data, size)});
+    if (status.ok()) return 0;
+    if (error_size > 0) {
+      size_t n = std::min(error_size - 1, status.message().size());
+      std::memcpy(error, status.message().data(), n);
+      error[n] = '\0';
+    }
+    return static_cast<int>(status.code());
   };
   return sink;
 }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "python/bindings.h"
+#include "python/bytes_casters.h"
 #include "sessions/fast_path.h"
 
 namespace py = pybind11;
@@ -43,7 +44,8 @@ void RegisterFastPath(py::module_& m) {
                                   delete static_cast<JpRequestHook*>(p);
                                 });
            })
-      .def("open", &FastPath::Open, py::arg("stream"), py::arg("client"))
+      .def("open", &FastPath::Open, py::arg("stream"), py::arg("client"),
+           py::arg("host_session"))
       .def(
           "close",
           [](FastPath& f, uint64_t stream) {
@@ -57,19 +59,22 @@ void RegisterFastPath(py::module_& m) {
       .def(
           "put",
           [](FastPath& f, uint64_t stream, uint64_t handle, BufferId buffer,
-             int64_t layout, std::vector<IslandId> islands) {
+             int64_t layout, std::vector<IslandId> islands,
+             bool whole_shard) {
             return f.Put(stream, handle,
                          ArrayRecord{buffer, layout, std::move(islands),
-                                     false});
+                                     false, whole_shard});
           },
           py::arg("stream"), py::arg("handle"), py::arg("buffer"),
-          py::arg("layout"), py::arg("islands"))
+          py::arg("layout"), py::arg("islands"), py::arg("whole_shard"))
       .def(
           "take",
-          [](FastPath& f, uint64_t stream, uint64_t handle) -> py::object {
-            std::optional<ArrayRecord> r = f.Take(stream, handle);
-            if (!r) return py::none();
-            return py::cast(ToPython(*r));
+          [](FastPath& f, uint64_t stream, uint64_t handle) {
+            std::vector<std::pair<uint64_t, PyRecord>> out;
+            for (const auto& [h, r] : f.Take(stream, handle)) {
+              out.emplace_back(h, ToPython(r));
+            }
+            return out;
           },
           py::arg("stream"), py::arg("handle"))
       .def("contains", &FastPath::Contains, py::arg("stream"),
@@ -94,10 +99,12 @@ void RegisterFastPath(py::module_& m) {
              std::vector<std::vector<int64_t>> arg_layouts,
              std::vector<int64_t> output_layouts,
              std::vector<std::vector<IslandId>> output_islands,
+             std::vector<bool> output_whole_shards,
              std::vector<std::vector<int64_t>> result_bytes,
              std::vector<size_t> donated) {
             if (result_bytes.size() != islands.size() ||
-                output_islands.size() != output_layouts.size()) {
+                output_islands.size() != output_layouts.size() ||
+                output_whole_shards.size() != output_layouts.size()) {
               throw py::value_error("a fast program's lists do not match");
             }
             f.Register(stream, executable,
@@ -105,13 +112,21 @@ void RegisterFastPath(py::module_& m) {
                                    std::move(arg_layouts),
                                    std::move(output_layouts),
                                    std::move(output_islands),
+                                   std::move(output_whole_shards),
                                    std::move(result_bytes),
                                    std::move(donated)});
           },
           py::arg("stream"), py::arg("executable"), py::arg("program"),
           py::arg("islands"), py::arg("epoch"), py::arg("arg_layouts"),
           py::arg("output_layouts"), py::arg("output_islands"),
-          py::arg("result_bytes"), py::arg("donated"))
+          py::arg("output_whole_shards"), py::arg("result_bytes"),
+          py::arg("donated"))
+      .def(
+          "set_fetch_payload",
+          [](FastPath& f, const py::buffer& payload) {
+            f.SetFetchPayload(SharedOrCopy(payload));
+          },
+          py::arg("payload"))
       .def("unregister", &FastPath::Unregister, py::arg("stream"),
            py::arg("executable"))
       .def("stats", [](FastPath& f) {
@@ -120,6 +135,8 @@ void RegisterFastPath(py::module_& m) {
         d["executes"] = s.executes;
         d["ready_checks"] = s.ready_checks;
         d["destructs"] = s.destructs;
+        d["shards"] = s.shards;
+        d["reads"] = s.reads;
         d["declined"] = s.declined;
         return d;
       });

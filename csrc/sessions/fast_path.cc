@@ -17,6 +17,12 @@ int HandleHook(void* fast_path, uint64_t stream, const char* data,
       stream, std::string_view(data, size));
 }
 
+// JpReplySink::store's release: the frontend is done with a read's bytes.
+void ReleaseBytes(void* owner) { delete static_cast<Bytes*>(owner); }
+
+// ArrayCopySemantics: the shard shares the array's buffer (what JAX asks).
+constexpr uint64_t kReuseInput = 2;
+
 }  // namespace
 
 void FastPath::Attach(const JpReplySink& sink) {
@@ -26,14 +32,17 @@ void FastPath::Attach(const JpReplySink& sink) {
 
 void FastPath::Detach() {
   std::lock_guard<std::mutex> lock(sink_mu_);
-  sink_ = JpReplySink{1, nullptr, nullptr};
+  sink_ = JpReplySink{2, nullptr, nullptr, nullptr};
 }
 
 JpRequestHook FastPath::hook() { return JpRequestHook{1, this, &HandleHook}; }
 
-void FastPath::Open(uint64_t stream, ClientId client) {
+void FastPath::Open(uint64_t stream, ClientId client,
+                    uint64_t host_session) {
   std::lock_guard<std::mutex> lock(mu_);
-  sessions_[stream].client = client;
+  Session& s = sessions_[stream];
+  s.client = client;
+  s.host_session = host_session;
 }
 
 std::vector<ArrayRecord> FastPath::Close(uint64_t stream) {
@@ -41,8 +50,11 @@ std::vector<ArrayRecord> FastPath::Close(uint64_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(stream);
   if (it == sessions_.end()) return out;
+  std::unordered_map<BufferId, bool> seen;
   for (auto& [handle, record] : it->second.arrays) {
-    out.push_back(std::move(record));
+    if (seen.emplace(record.buffer, true).second) {
+      out.push_back(std::move(record));
+    }
   }
   sessions_.erase(it);
   return out;
@@ -54,15 +66,33 @@ bool FastPath::Put(uint64_t stream, uint64_t handle, ArrayRecord record) {
   return s != nullptr && s->arrays.emplace(handle, std::move(record)).second;
 }
 
-std::optional<ArrayRecord> FastPath::Take(uint64_t stream, uint64_t handle) {
+std::vector<std::pair<uint64_t, ArrayRecord>> FastPath::Take(
+    uint64_t stream, uint64_t handle) {
+  std::vector<std::pair<uint64_t, ArrayRecord>> out;
   std::lock_guard<std::mutex> lock(mu_);
   Session* s = FindLocked(stream);
-  if (s == nullptr) return std::nullopt;
+  if (s == nullptr) return out;
   auto a = s->arrays.find(handle);
-  if (a == s->arrays.end()) return std::nullopt;
-  ArrayRecord record = std::move(a->second);
+  if (a == s->arrays.end()) return out;
+  BufferId buffer = a->second.buffer;
+  out.emplace_back(handle, std::move(a->second));
   s->arrays.erase(a);
-  return record;
+  if (s->holders.erase(buffer) == 0) return out;
+  // Python holds a buffer's handles together (one Buffer, counted).
+  for (auto it = s->arrays.begin(); it != s->arrays.end();) {
+    if (it->second.buffer == buffer) {
+      out.emplace_back(it->first, std::move(it->second));
+      it = s->arrays.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+void FastPath::SetFetchPayload(Bytes payload) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fetch_payload_ = std::move(payload);
 }
 
 bool FastPath::Contains(uint64_t stream, uint64_t handle) {
@@ -138,6 +168,7 @@ bool FastPath::Handle(uint64_t stream, std::string_view request) {
   Gangs gangs;
   std::vector<BufferId> buffers;
   ClientId client = 0;
+  uint64_t host_session = 0;
   bool taken = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -157,6 +188,15 @@ bool FastPath::Handle(uint64_t stream, std::string_view request) {
           taken = ReadyBuffers(s, r, &buffers);
           stats_.ready_checks += taken;
           break;
+        case IfrtRequest::kFullyReplicatedShard:
+          taken = Shard(s, r);
+          stats_.shards += taken;
+          break;
+        case IfrtRequest::kCopyToHostBuffer:
+          taken = Fetch(s, r, &gangs);
+          stats_.reads += taken;
+          host_session = s.host_session;
+          break;
         case IfrtRequest::kOther:
           break;
       }
@@ -166,6 +206,16 @@ bool FastPath::Handle(uint64_t stream, std::string_view request) {
   if (!taken) return false;
   // In request order: this thread handles the stream's requests one by
   // one, and Python submitted what it handled before settling it.
+  if (r.kind == IfrtRequest::kCopyToHostBuffer) {
+    dispatcher_->Submit(
+        std::move(gangs[0]),
+        [this, stream, host_session, op_id = r.op_id,
+         host_buffer = r.host_buffer](Completion done) {
+          Fetched(stream, host_session, op_id, host_buffer, std::move(done));
+        },
+        client);
+    return true;
+  }
   for (std::vector<IslandOp>& gang : gangs) {
     dispatcher_->Submit(std::move(gang), 0, client);
   }
@@ -176,6 +226,10 @@ bool FastPath::Handle(uint64_t stream, std::string_view request) {
     case IfrtRequest::kDestructArray:
       dispatcher_->Forget(buffers);
       Reply(stream, r.op_id, ifrt_wire::kDestructArrayField, Status());
+      break;
+    case IfrtRequest::kFullyReplicatedShard:
+      Reply(stream, r.op_id, ifrt_wire::kFullyReplicatedShardField, Status(),
+            ifrt_wire::HandleBody(1, r.results[0]));
       break;
     default:  // CheckValueReady: once the buffers are
       dispatcher_->WhenReady(buffers, [this, stream,
@@ -211,6 +265,10 @@ bool FastPath::Execute(Session& s, const IfrtRequest& r, Gangs* gangs) {
     }
     args.push_back(a->second.buffer);
   }
+  // A donated buffer other handles name is Python's to consume.
+  for (size_t i : program.donated) {
+    if (i < args.size() && s.holders.count(args[i])) return false;
+  }
   // New handles, counting up from every one the client used before.
   uint64_t last = s.max_client_handle;
   for (uint64_t h : r.results) {
@@ -226,7 +284,7 @@ bool FastPath::Execute(Session& s, const IfrtRequest& r, Gangs* gangs) {
   for (size_t i = 0; i < r.results.size(); ++i) {
     s.arrays[r.results[i]] = ArrayRecord{
         results[i], program.output_layouts[i], program.output_islands[i],
-        false};
+        false, program.output_whole_shards[i]};
   }
   std::vector<IslandOp> gang(program.islands.size());
   for (size_t k = 0; k < gang.size(); ++k) {
@@ -254,6 +312,12 @@ bool FastPath::Destruct(Session& s, const IfrtRequest& r, Gangs* gangs,
   std::map<IslandId, std::vector<BufferId>> by_island;
   for (uint64_t h : r.args) {
     auto a = s.arrays.find(h);
+    auto shared = s.holders.find(a->second.buffer);
+    if (shared != s.holders.end()) {  // another handle keeps the buffer
+      if (--shared->second == 1) s.holders.erase(shared);
+      s.arrays.erase(a);
+      continue;
+    }
     for (IslandId island : a->second.islands) {
       by_island[island].push_back(a->second.buffer);
     }
@@ -281,9 +345,76 @@ bool FastPath::ReadyBuffers(Session& s, const IfrtRequest& r,
   return true;
 }
 
+bool FastPath::NewHandle(Session& s, uint64_t handle) {
+  if (handle <= s.max_client_handle || handle >= kServerHandlesStart) {
+    return false;
+  }
+  s.max_client_handle = handle;
+  return true;
+}
+
+bool FastPath::Shard(Session& s, const IfrtRequest& r) {
+  if (r.copy_semantics != kReuseInput) return false;
+  auto a = s.arrays.find(r.args[0]);
+  if (a == s.arrays.end() || a->second.donated || !a->second.whole_shard) {
+    return false;
+  }
+  ArrayRecord shard = a->second;
+  if (!NewHandle(s, r.results[0])) return false;
+  int& holders = s.holders[shard.buffer];
+  holders = holders == 0 ? 2 : holders + 1;
+  s.arrays.emplace(r.results[0], std::move(shard));
+  return true;
+}
+
+bool FastPath::Fetch(Session& s, const IfrtRequest& r, Gangs* gangs) {
+  // Strides (a transposed read) are Python's to check; JAX's np.asarray
+  // sends none. An array on several islands is gathered first: Python's.
+  if (r.byte_strides || fetch_payload_.empty()) return false;
+  auto a = s.arrays.find(r.args[0]);
+  if (a == s.arrays.end() || a->second.donated ||
+      a->second.islands.size() != 1) {
+    return false;
+  }
+  IslandOp fetch;
+  fetch.island = a->second.islands[0];
+  fetch.op.kind = OpKind::kFetch;
+  fetch.op.args = {a->second.buffer};
+  fetch.op.payload = fetch_payload_;
+  gangs->push_back({std::move(fetch)});
+  return true;
+}
+
+void FastPath::Fetched(uint64_t stream, uint64_t host_session,
+                       uint64_t op_id, uint64_t host_buffer,
+                       Completion done) {
+  Status status = done.status;
+  if (status.ok() && done.payloads.size() != 1) {
+    status = Status(Code::kInternal, "a read finished without its bytes");
+  }
+  if (status.ok()) {
+    // Stored before the reply: the client looks it up only afterwards.
+    auto* bytes = new Bytes(std::move(done.payloads[0]));
+    char error[512] = "";
+    int code;
+    {
+      std::lock_guard<std::mutex> lock(sink_mu_);
+      if (sink_.store == nullptr) {  // the frontend is gone
+        delete bytes;
+        return;
+      }
+      code = sink_.store(sink_.server, host_session, host_buffer,
+                         bytes->data(), bytes->size(), &ReleaseBytes, bytes,
+                         error, sizeof error);
+    }
+    if (code != 0) status = Status(static_cast<Code>(code), error);
+  }
+  Reply(stream, op_id, ifrt_wire::kCopyToHostBufferField, status);
+}
+
 void FastPath::Reply(uint64_t stream, uint64_t op_id, uint32_t field,
-                     const Status& status) {
-  std::string reply = ifrt_wire::Reply(op_id, field, status);
+                     const Status& status, const std::string& body) {
+  std::string reply = ifrt_wire::Reply(op_id, field, status, body);
   std::lock_guard<std::mutex> lock(sink_mu_);
   if (sink_.send != nullptr) {
     sink_.send(sink_.server, stream, reply.data(), reply.size());

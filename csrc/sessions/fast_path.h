@@ -1,19 +1,25 @@
 // FastPath: a training loop's steady-state requests, answered in C++.
 //
-// Execute of a program Python registered, CheckValueReady and DestructArray
-// are handled on the frontend's completion-queue thread (through
-// common/request_hook.h) without entering Python, when every array they
-// name is in this session's table here. Anything else -- another request,
-// an array Python holds, a handle that is not plainly new, a program whose
-// islands changed (dispatcher epoch), a donated argument -- is declined and
-// goes to Python unchanged, which checks it fully and answers every error.
+// Execute of a program Python registered, CheckValueReady, DestructArray,
+// and a logged value's read (FullyReplicatedShard of a one-device array,
+// then CopyToHostBuffer of an array on one island) are handled on the
+// frontend's completion-queue thread (through common/request_hook.h)
+// without entering Python, when every array they name is in this session's
+// table here. Anything else -- another request, an array Python holds, a
+// handle that is not plainly new, a program whose islands changed
+// (dispatcher epoch), a donated argument, a read with strides -- is
+// declined and goes to Python unchanged, which checks it fully and answers
+// every error.
 //
 // One source of truth: an array handle lives either in this table or in
 // Python's (controller/array_store.py), never both. Python puts the outputs
 // of the programs it registered here, and takes a record over (it moves to
-// Python) when a rare request needs the array. Records here are plain: one
-// holder, no aliases, no memory shared with other buffers (Python takes
-// them before making any).
+// Python) when a rare request needs the array. Records here share no memory
+// with other buffers (Python takes them before making any); the one alias
+// made here, a one-device array's shard, names the same buffer under
+// another handle: the handles of a buffer are counted, the last one's
+// destruct deletes it, a launch donating it goes to Python, and Python
+// takes them over together.
 //
 // Thread safety: every method may be called from any thread.
 #ifndef JAX_PATHWAYS_CSRC_SESSIONS_FAST_PATH_H_
@@ -21,12 +27,13 @@
 
 #include <cstdint>
 #include <mutex>
-#include <optional>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "common/bytes.h"
 #include "common/request_hook.h"
 #include "dispatcher/dispatcher.h"
 #include "sessions/ifrt_messages.h"
@@ -39,6 +46,9 @@ struct ArrayRecord {
   int64_t layout = 0;
   std::vector<IslandId> islands;
   bool donated = false;  // a launch consumed it
+  // Its only shard is itself (one device, no tiling): FullyReplicatedShard
+  // names the same buffer under a new handle.
+  bool whole_shard = false;
 };
 
 // What Python checked once of a compiled program, for the launches after.
@@ -52,6 +62,7 @@ struct FastProgram {
   std::vector<std::vector<int64_t>> arg_layouts;
   std::vector<int64_t> output_layouts;
   std::vector<std::vector<IslandId>> output_islands;
+  std::vector<bool> output_whole_shards;  // see ArrayRecord::whole_shard
   // Per island of `islands`: the device memory of each output there.
   std::vector<std::vector<int64_t>> result_bytes;
   std::vector<size_t> donated;  // argument indices
@@ -61,6 +72,8 @@ struct FastPathStats {
   uint64_t executes = 0;
   uint64_t ready_checks = 0;
   uint64_t destructs = 0;
+  uint64_t shards = 0;  // FullyReplicatedShard
+  uint64_t reads = 0;   // CopyToHostBuffer
   uint64_t declined = 0;  // requests left to Python
 };
 
@@ -75,12 +88,20 @@ class FastPath {
   void Detach();
   JpRequestHook hook();
 
-  void Open(uint64_t stream, ClientId client);
-  // The session's records, which the caller releases.
+  // `host_session`: the session's id in the frontend's HostBuffers.
+  void Open(uint64_t stream, ClientId client, uint64_t host_session);
+  // The session's records, one per buffer, which the caller releases.
   std::vector<ArrayRecord> Close(uint64_t stream);
   // False if `handle` is in use here.
   bool Put(uint64_t stream, uint64_t handle, ArrayRecord record);
-  std::optional<ArrayRecord> Take(uint64_t stream, uint64_t handle);
+  // The record of `handle` and of every other handle naming its buffer
+  // (`handle`'s first), moved out; empty if `handle` is not here.
+  std::vector<std::pair<uint64_t, ArrayRecord>> Take(uint64_t stream,
+                                                     uint64_t handle);
+  // The payload of a FETCH op that reads an array densely, in row-major
+  // order (its format is Python's: dispatch/payloads.py). Reads are left to
+  // Python until it is set.
+  void SetFetchPayload(Bytes payload);
   bool Contains(uint64_t stream, uint64_t handle);
   size_t Count(uint64_t stream);
   std::vector<std::pair<uint64_t, ArrayRecord>> Records(uint64_t stream);
@@ -100,7 +121,10 @@ class FastPath {
  private:
   struct Session {
     ClientId client = 0;
+    uint64_t host_session = 0;
     std::unordered_map<uint64_t, ArrayRecord> arrays;
+    // Buffers more than one handle names, and how many do.
+    std::unordered_map<BufferId, int> holders;
     std::unordered_map<uint64_t, FastProgram> programs;
     uint64_t max_client_handle = 0;
   };
@@ -115,15 +139,23 @@ class FastPath {
                 std::vector<BufferId>* forget);
   bool ReadyBuffers(Session& s, const IfrtRequest& r,
                     std::vector<BufferId>* buffers);
+  bool Shard(Session& s, const IfrtRequest& r);
+  bool Fetch(Session& s, const IfrtRequest& r, Gangs* gangs);
+  // Takes `handle` as a new result handle of the client's (counting up).
+  bool NewHandle(Session& s, uint64_t handle);
+  // Stores a finished read's bytes in the frontend, then replies.
+  void Fetched(uint64_t stream, uint64_t host_session, uint64_t op_id,
+               uint64_t host_buffer, Completion done);
   void Reply(uint64_t stream, uint64_t op_id, uint32_t field,
-             const Status& status);
+             const Status& status, const std::string& body = "");
 
   Dispatcher* const dispatcher_;
   std::mutex mu_;
   std::unordered_map<uint64_t, Session> sessions_;
   FastPathStats stats_;
+  Bytes fetch_payload_;  // guarded by mu_; empty: reads go to Python
   std::mutex sink_mu_;  // guards sink_ (replies may come from any thread)
-  JpReplySink sink_{1, nullptr, nullptr};
+  JpReplySink sink_{2, nullptr, nullptr, nullptr};
 };
 
 }  // namespace jax_pathways

@@ -1,8 +1,8 @@
-// The three IFRT-proxy requests of a training loop's steady state, read
-// straight from the wire, and their replies written back: Execute,
-// CheckValueReady and DestructArray (field numbers from jaxlib's
-// ifrt_service.proto; Python reads every other request with jaxlib's own
-// schema). A message that does not parse, or parses as something else,
+// The IFRT-proxy requests of a training loop's steady state, read straight
+// from the wire, and their replies written back: Execute, CheckValueReady,
+// DestructArray, and a small read's FullyReplicatedShard and
+// CopyToHostBuffer (field numbers from jaxlib's ifrt_service.proto; Python
+// reads every other request with jaxlib's own schema). A message that does not parse, or parses as something else,
 // reads as kOther and goes to Python, which answers it fully.
 #ifndef JAX_PATHWAYS_CSRC_SESSIONS_IFRT_MESSAGES_H_
 #define JAX_PATHWAYS_CSRC_SESSIONS_IFRT_MESSAGES_H_
@@ -18,16 +18,30 @@
 namespace jax_pathways {
 
 struct IfrtRequest {
-  enum Kind { kOther, kExecute, kCheckValueReady, kDestructArray };
+  enum Kind {
+    kOther,
+    kExecute,
+    kCheckValueReady,
+    kDestructArray,
+    kFullyReplicatedShard,
+    kCopyToHostBuffer,
+  };
   Kind kind = kOther;
   uint64_t op_id = 0;
   // Execute: the executable, its arguments and the client's result handles;
-  // CheckValueReady / DestructArray: the arrays (in `args`).
+  // CheckValueReady / DestructArray: the arrays (in `args`);
+  // FullyReplicatedShard: the array (args[0]), its shard's handle
+  // (results[0]); CopyToHostBuffer: the array (args[0]), the host buffer's
+  // handle (`host_buffer`).
   uint64_t executable = 0;
   std::vector<uint64_t> args;
   std::vector<uint64_t> results;
   uint64_t status_handle = 0;
   bool fill_status = false;
+  // FullyReplicatedShard: ArrayCopySemantics (2: REUSE_INPUT).
+  uint64_t copy_semantics = 0;
+  uint64_t host_buffer = 0;
+  bool byte_strides = false;  // CopyToHostBuffer: the client gave strides
 };
 
 namespace ifrt_wire {
@@ -150,6 +164,55 @@ inline bool ReadExecute(std::string_view body, IfrtRequest* r) {
   return in.ok();
 }
 
+inline bool ReadFullyReplicatedShard(std::string_view body, IfrtRequest* r) {
+  Reader in(body);
+  Field f;
+  while (in.Next(&f)) {
+    switch (f.number) {
+      case 1:  // array_handle
+        if (f.type != 1) return false;
+        r->args.push_back(f.value);
+        break;
+      case 2:  // copy_semantics
+        if (f.type != 0) return false;
+        r->copy_semantics = f.value;
+        break;
+      case 3:  // result_handle
+        if (f.type != 1) return false;
+        r->results.push_back(f.value);
+        break;
+      default:
+        break;
+    }
+  }
+  return in.ok() && r->args.size() == 1 && r->results.size() == 1;
+}
+
+inline bool ReadCopyToHostBuffer(std::string_view body, IfrtRequest* r) {
+  Reader in(body);
+  Field f;
+  bool has_host_buffer = false;
+  while (in.Next(&f)) {
+    switch (f.number) {
+      case 1:  // host_buffer_handle
+        if (f.type != 1) return false;
+        r->host_buffer = f.value;
+        has_host_buffer = true;
+        break;
+      case 2:  // array_handle
+        if (f.type != 1) return false;
+        r->args.push_back(f.value);
+        break;
+      case 3:  // byte_strides
+        r->byte_strides = true;
+        break;
+      default:
+        break;
+    }
+  }
+  return in.ok() && r->args.size() == 1 && has_host_buffer;
+}
+
 // Handles in field `number` of `body` (the only field it reads).
 inline bool ReadHandles(std::string_view body, uint32_t number,
                         std::vector<uint64_t>* out) {
@@ -164,9 +227,11 @@ inline bool ReadHandles(std::string_view body, uint32_t number,
 // IfrtRequest field numbers of the bodies read here; also the IfrtResponse
 // field of each one's response.
 constexpr uint32_t kMetadata = 1;
+constexpr uint32_t kCopyToHostBufferField = 6;
 constexpr uint32_t kCheckValueReadyField = 8;
 constexpr uint32_t kDestructArrayField = 12;
 constexpr uint32_t kExecuteField = 15;
+constexpr uint32_t kFullyReplicatedShardField = 20;
 
 inline IfrtRequest Read(std::string_view message) {
   IfrtRequest r;
@@ -205,6 +270,14 @@ inline IfrtRequest Read(std::string_view message) {
       r.kind = IfrtRequest::kDestructArray;
       read = ReadHandles(body, 2, &r.args);
       break;
+    case kFullyReplicatedShardField:
+      r.kind = IfrtRequest::kFullyReplicatedShard;
+      read = ReadFullyReplicatedShard(body, &r);
+      break;
+    case kCopyToHostBufferField:
+      r.kind = IfrtRequest::kCopyToHostBuffer;
+      read = ReadCopyToHostBuffer(body, &r);
+      break;
     default:
       break;
   }
@@ -225,11 +298,10 @@ inline void PutBody(uint32_t field, const std::string& body, std::string* out) {
   out->append(body);
 }
 
-// The IfrtResponse answering `op_id`: an empty body in `field` if `status`
-// is OK; else the status in its metadata and no body (as the client reads
-// errors).
-inline std::string Reply(uint64_t op_id, uint32_t field,
-                         const Status& status) {
+// The IfrtResponse answering `op_id`: `body` in `field` if `status` is OK;
+// else the status in its metadata and no body (as the client reads errors).
+inline std::string Reply(uint64_t op_id, uint32_t field, const Status& status,
+                         const std::string& body = "") {
   std::string meta(1, '\x09');  // op_id: field 1, fixed64
   meta.append(reinterpret_cast<const char*>(&op_id), 8);
   if (!status.ok()) {
@@ -241,7 +313,15 @@ inline std::string Reply(uint64_t op_id, uint32_t field,
   }
   std::string out;
   PutBody(kMetadata, meta, &out);
-  if (status.ok()) PutBody(field, "", &out);
+  if (status.ok()) PutBody(field, body, &out);
+  return out;
+}
+
+// A response body holding one handle in fixed64 field `number`.
+inline std::string HandleBody(uint32_t number, uint64_t handle) {
+  std::string out;
+  PutVarint((uint64_t{number} << 3) | 1, &out);
+  out.append(reinterpret_cast<const char*>(&handle), 8);
   return out;
 }
 

@@ -6,8 +6,10 @@ _core.FastPath (csrc/sessions/fast_path.h) when every array they name is in
 its table. A handle lives in exactly one of the two tables: the outputs of a
 registered program go to the C++ table; a request Python handles that names
 one takes it over (the record moves here, as an Array). Records in C++ are
-plain arrays: one holder, no aliases, nothing shared, so taking one over
-loses nothing. Their dtype, shape, sharding and islands are interned in
+plain arrays, sharing nothing, except that C++ answers FullyReplicatedShard
+of a one-device array with another handle of its buffer (a logged value's
+read): taking one of a buffer's handles over takes all of them, as one
+counted Buffer, so taking over loses nothing. Their dtype, shape, sharding and islands are interned in
 Layouts (shared by the controller's sessions): C++ compares layout ids.
 """
 from __future__ import annotations
@@ -48,13 +50,14 @@ class Layouts:
   def of_array(self, array: Array) -> int:
     return self.id(array.islands, array.dtype, array.shape, array.sharding)
 
-  def array(self, record: tuple[int, int, list[int], bool]) -> Array:
-    """The Array a fast-path record describes."""
+  def array(self, record: tuple[int, int, list[int], bool],
+            shared: Buffer | None = None) -> Array:
+    """The Array a fast-path record describes (on `shared`, if given)."""
     buffer, layout, _, donated = record
     with self._lock:
       islands, dtype, shape, sharding = self._layouts[layout]
     return Array(buffer, islands, dtype, shape, sharding,
-                 shared=Buffer(donated=donated))
+                 shared=shared or Buffer(donated=donated))
 
 
 class ArrayStore(HandleStore[Array]):
@@ -93,19 +96,22 @@ class ArrayStore(HandleStore[Array]):
   def _to_fast(self, handle: int, array: Array) -> None:
     self._fast.put(self._stream, handle, array.buffer,
                    self.layouts.of_array(array),
-                   [i.id for i in array.islands])
+                   [i.id for i in array.islands], whole_shard(array.sharding))
 
   def _take(self, handle: int) -> Array | None:
-    """The fast path's array under `handle`, moved here; or None."""
+    """The fast path's array under `handle`, moved here (with the other
+    handles of its buffer); or None."""
     if self._fast is None:
       return None
-    record = self._fast.take(self._stream, handle)
-    if record is None:
+    records = self._fast.take(self._stream, handle)
+    if not records:
       return None
-    array = self.layouts.array(record)
-    super().put(handle, array)
-    self._touched.add(handle)
-    return array
+    shared = Buffer(holders=len(records),
+                    donated=any(r[3] for _, r in records))
+    for h, record in records:
+      super().put(h, self.layouts.array(record, shared))
+      self._touched.add(h)
+    return super().get(handle)
 
   def settle(self) -> None:
     """After a request: the plain arrays it made, used or took over go
@@ -166,6 +172,13 @@ class ArrayStore(HandleStore[Array]):
       arrays += [self.layouts.array(r)
                  for _, r in self._fast.records(self._stream)]
     return iter(arrays)
+
+
+def whole_shard(sharding: Sharding | None) -> bool:
+  """Whether an array's only shard is the array itself (one device, not
+  tiled): the fast path answers FullyReplicatedShard of it."""
+  return (sharding is not None and len(sharding.devices) == 1 and
+          sharding.op_sharding is None)
 
 
 def _plain(array: Array) -> bool:

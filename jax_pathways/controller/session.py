@@ -150,7 +150,7 @@ class Session:
     self._settle = settle
     fast = services.fast_path
     if fast is not None:
-      fast.open(stream, number)
+      fast.open(stream, number, session_id)
     self.arrays = ArrayStore(fast, stream, services.layouts)
     self.executables: HandleStore[Any] = HandleStore("loaded executable")
     self.futures: HandleStore[Any] = HandleStore("future")

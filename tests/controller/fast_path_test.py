@@ -1,7 +1,7 @@
 """The steady state in C++ (csrc/sessions/fast_path.h): Execute,
-CheckValueReady and DestructArray of a training loop are answered without
-Python, with the same results and errors as Python's handlers, and leave
-nothing behind."""
+CheckValueReady, DestructArray and the reads of a training loop are
+answered without Python, with the same results and errors as Python's
+handlers, and leave nothing behind."""
 import subprocess
 import sys
 import tempfile
@@ -82,11 +82,11 @@ def test_donated_arguments_keep_plain_jax_bits(pathways, proxy_devices, cpu_devi
   assert used["destructs"] >= 27, used
 
 
-def test_arrays_python_needs_move_to_it_and_back(pathways, proxy_devices,
-                                                 cpu_devices):
-  """Fetching an array (Python's CopyToHostBuffer, and the one-shard alias
-  JAX's client makes of it) in the middle of a loop takes it over; the
-  loop's calls after it go to C++ again once Python has handed it back."""
+def test_logged_reads_run_in_cpp_with_plain_jax_bits(pathways, proxy_devices,
+                                                    cpu_devices):
+  """A loop that reads its value every few steps (np.asarray: JAX's client
+  asks for the one-device array's only shard, then copies that to a host
+  buffer): both requests are C++'s, and so is every call around them."""
   def run(device):
     inc = jax.jit(lambda x: x + 1.5)
     x = jax.device_put(jnp.zeros((8,), jnp.float32), device)
@@ -99,7 +99,109 @@ def test_arrays_python_needs_move_to_it_and_back(pathways, proxy_devices,
     return seen + [np.asarray(x)]
 
   used = _taken(pathways, run, proxy_devices[1], cpu_devices[1])
-  assert used["executes"] >= 12, used
+  assert used["executes"] >= 19, used
+  assert used["shards"] >= 5 and used["reads"] >= 5, used
+
+
+def test_a_read_array_donated_next_keeps_plain_jax_bits(
+    pathways, proxy_devices, cpu_devices):
+  """The shard a read made names the array's buffer: the next call donating
+  the array is Python's (it takes both handles over), and the loop goes on
+  with the same bits."""
+  def run(device):
+    step = jax.jit(lambda x: x * 0.5 + 1.0, donate_argnums=0)
+    x = jax.device_put(jnp.arange(8.0, dtype=jnp.float32), device)
+    seen = []
+    for i in range(24):
+      x = step(x)
+      if i % 4 == 0:
+        seen.append(np.asarray(x))
+    return seen + [np.asarray(x)]
+
+  used = _taken(pathways, run, proxy_devices[2], cpu_devices[2])
+  assert used["reads"] >= 6, used
+
+
+def test_arrays_python_needs_move_to_it_and_back(pathways, proxy_devices,
+                                                 cpu_devices):
+  """A read of an array on several devices (its shards split by Python) in
+  the middle of a loop takes it over; the loop's calls after it go to C++
+  again once Python has handed it back."""
+  mesh = Mesh(np.array(proxy_devices[:4]), ("i",))
+  cpu_mesh = Mesh(np.array(cpu_devices[:4]), ("i",))
+
+  def run(m):
+    inc = jax.jit(lambda x: x + 1.5)
+    x = jax.device_put(jnp.zeros((8,), jnp.float32), NamedSharding(m, P("i")))
+    seen = []
+    for i in range(20):
+      x = inc(x)
+      x.block_until_ready()
+      if i % 5 == 0:
+        seen.append(np.asarray(x))
+    return seen + [np.asarray(x)]
+
+  run(mesh)
+  before = _stats(pathways)
+  got = run(mesh)
+  after = _stats(pathways)
+  assert_bitwise_equal(run(cpu_mesh), got)
+  assert after["executes"] - before["executes"] >= 12
+
+
+def _fill(**fields):
+  return lambda body: [setattr(body, k, v) for k, v in fields.items()]
+
+
+def test_a_read_and_its_shard_in_cpp_over_the_wire(pathways, raw_session):
+  """FullyReplicatedShard and CopyToHostBuffer as the fast path answers
+  them: the shard's handle in the reply, the bytes stored before it, a
+  taken host buffer handle refused as Python refuses it, and the buffer
+  deleted only with the last of its handles."""
+  def live():
+    return admin.status(pathways.address, pathways.token)["live_buffers"]
+
+  session = raw_session()
+  data = np.arange(16, dtype=np.float32)
+  session.store(1, data.tobytes())
+  r = session.wait(session.send_make_array(1, 2, 16))
+  assert r.response_metadata.status.code == 0, r
+  start, before = live(), _stats(pathways)
+  r = session.call(fully_replicated_shard_request=_fill(
+      array_handle=2, copy_semantics=2, result_handle=3))
+  assert r.response_metadata.status.code == 0, r
+  assert r.fully_replicated_shard_response.array_handle == 3
+  assert session.fetch(3, 10) == data.tobytes()
+  assert session.fetch(2, 11) == data.tobytes()
+  # The same host buffer handle again: refused by C++, then (with strides,
+  # which only Python takes) by Python, in the same words.
+  errors = []
+  for strides in (None, [4]):
+    def fill(body, strides=strides):
+      body.array_handle, body.host_buffer_handle = 3, 10
+      if strides is not None:
+        body.byte_strides.strides.extend(strides)
+    status = session.call(copy_to_host_buffer_request=fill).response_metadata.status
+    errors.append((status.code, status.message))
+  assert errors[0] == errors[1], errors
+  assert errors[0][0] == 6 and "host buffer 10 already exists" in errors[0][1]
+  after = _stats(pathways)
+  assert after["shards"] - before["shards"] == 1
+  assert after["reads"] - before["reads"] == 3
+  # One handle gone: the other still reads; both gone: the buffer too.
+  r = session.call(destruct_array_request=lambda b: b.array_handle.append(2))
+  assert r.response_metadata.status.code == 0, r
+  assert session.fetch(3, 12) == data.tobytes()
+  assert live() == start
+  r = session.call(destruct_array_request=lambda b: b.array_handle.append(3))
+  assert r.response_metadata.status.code == 0, r
+  deadline = time.monotonic() + 10
+  while live() >= start and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert live() == start - 1
+  r = session.call(copy_to_host_buffer_request=_fill(
+      array_handle=3, host_buffer_handle=13))
+  assert r.response_metadata.status.code == 5, r  # NOT_FOUND, from Python
 
 
 def test_a_deleted_argument_fails_as_python_words_it(pathways,

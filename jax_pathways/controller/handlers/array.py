@@ -215,6 +215,12 @@ def make_error_arrays(session: Session, req: Any, reply: Reply) -> None:
   reply.ok(lambda r: r.array_handles.extend(req.array_handles))
 
 
+def fetch_payload(strides: list[int] | None) -> bytes:
+  """A FETCH op's payload (worker/worker.py); the fast path's reads
+  (csrc/sessions/fast_path.h) are dense, row-major: strides None."""
+  return payloads.encode({"strides": strides})
+
+
 @handles("copy_to_host_buffer_request")
 def copy_to_host_buffer(session: Session, req: Any, reply: Reply) -> None:
   array = _usable(session, req.array_handle)
@@ -248,7 +254,7 @@ def copy_to_host_buffer(session: Session, req: Any, reply: Reply) -> None:
 
   session.services.dispatcher.submit(
       [IslandOp(array.islands[0].id, OpKind.FETCH, args=[array.buffer],
-                payload=payloads.encode({"strides": _strides(req)}))],
+                payload=fetch_payload(_strides(req)))],
       fetched)
 
 

@@ -12,6 +12,7 @@ import concurrent.futures
 from typing import Any, Callable
 
 from jax_pathways import dtypes
+from jax_pathways.controller.array_store import whole_shard
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.compile_cache import CompiledProgram
 from jax_pathways.controller.mpmd_executable import MpmdExecutable
@@ -191,6 +192,7 @@ def _register_fast(session: Session, handle: int, exe: CompiledProgram,
       [layouts.id(islands, dtype, shape, s) for (shape, dtype), s, islands
        in zip(exe.outputs, exe.output_shardings, exe.output_islands)],
       [[i.id for i in islands] for islands in exe.output_islands],
+      [whole_shard(s) for s in exe.output_shardings],
       [out_bytes[i.id] for i in exe.islands], list(exe.donated))
 
 
