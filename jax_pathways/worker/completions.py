@@ -3,7 +3,10 @@
 Ops are issued asynchronously (PJRT returns arrays as futures), so an op is not
 finished when the op loop moves on. One thread waits for the ops' arrays in
 issue order and sends exactly one event per op. Waiting in order is cheap (an
-island finishes its work roughly in order) and needs no thread per op.
+island finishes its work roughly in order) and needs no thread per op. An op
+whose arrays are ready when it is added (a launch PJRT ran inline, as CPU
+does on one device; a read of a finished array) is reported at once by the
+caller, without waking that thread.
 
 Pushing bytes to other workers can take as long as a launch, so it has a
 thread of its own ("sends", also in issue order): a slow receiver never
@@ -100,12 +103,19 @@ class Completions:
     return threads.start(lambda: self._run(work, self._claim), "jp-spanning")
 
   def add(self, seq: int, arrays: Sequence[Any], finish: Finish | None = None,
-          deadline_s: float | None = None, spanning: bool = False) -> None:
+          deadline_s: float | None = None, spanning: bool = False,
+          quick: bool = False) -> None:
     """Reports `seq` once `arrays` are ready (then runs `finish`). With a
     deadline, waiting longer calls `stuck` (for arrays that depend on
     another process: a pulled array). `spanning`: the arrays are the global
-    client's (see abandon_spanning)."""
+    client's (see abandon_spanning). `quick`: `finish` is short and its
+    report does not wait on the controller (a small payload), so both may
+    run on this thread."""
     if not spanning:
+      if (arrays and deadline_s is None and (finish is None or quick) and
+          _ready(arrays)):
+        self._finish(seq, arrays, finish)  # events are matched by seq
+        return
       self._queue.put((seq, arrays, finish, deadline_s))
       return
     with self._lock:
@@ -185,21 +195,27 @@ class Completions:
       if isinstance(arrays, Status):
         self._send(seq, arrays, b"", False)
         continue
-      waited = self._tracing() and not _ready(arrays)
-      try:
-        if deadline_s is not None and self._watchdog is not None:
-          with self._watchdog.watching(seq, deadline_s):
-            _wait(arrays)
-        else:
+      self._finish(seq, arrays, finish, deadline_s, claim)
+
+  def _finish(self, seq: int | None, arrays: Sequence[Any],
+              finish: Finish | None, deadline_s: float | None = None,
+              claim: Callable[[int], bool] | None = None) -> None:
+    """Waits for `arrays`, runs `finish` and reports `seq`."""
+    waited = self._tracing() and not _ready(arrays)
+    try:
+      if deadline_s is not None and self._watchdog is not None:
+        with self._watchdog.watching(seq, deadline_s):
           _wait(arrays)
-        payload = finish() if finish is not None else b""
-        status = Status()
-      except Exception as e:  # pylint: disable=broad-except
-        payload, status = b"", error_status(e)
-      if seq is not None and (claim is None or claim(seq)):
-        self._send(seq, status, payload, waited)
-      elif not status.ok:
-        logging.warning("side work failed: %s", status)
+      else:
+        _wait(arrays)
+      payload = finish() if finish is not None else b""
+      status = Status()
+    except Exception as e:  # pylint: disable=broad-except
+      payload, status = b"", error_status(e)
+    if seq is not None and (claim is None or claim(seq)):
+      self._send(seq, status, payload, waited)
+    elif not status.ok:
+      logging.warning("side work failed: %s", status)
 
   def _send(self, seq: int, status: Status, payload: Any,
             waited: bool) -> None:

@@ -140,8 +140,10 @@ class Execution:
     return False
 
   def is_ready(self) -> bool:
-    """Known without waiting only while no output has been donated."""
-    return all(not o.is_deleted() and o.is_ready() for o in self._outputs)
+    """Known without waiting only while no output has been donated, and
+    only through outputs (a program without any reads as not ready)."""
+    return bool(self._outputs) and all(
+        not o.is_deleted() and o.is_ready() for o in self._outputs)
 
   def block_until_ready(self) -> None:
     self._token.block_until_ready()

@@ -67,6 +67,10 @@ PULL_MAX_BYTES = 1 << 20
 STOP_TRACE_WAIT_S = 60.0
 # Ops the op loop takes per wake-up (all that have arrived, up to this).
 OPS_PER_WAKE = 64
+# A fetch of a ready array up to this size is sent by the op loop itself:
+# its event fits the socket's buffer, so sending does not wait on the
+# controller.
+QUICK_FETCH_BYTES = 64 << 10
 
 
 class Worker:
@@ -186,10 +190,11 @@ class Worker:
 
     self._completions.add(op.seq, [], built, spanning=True)
 
-  def _add(self, seq: int, arrays: list[Any], finish: Any = None) -> None:
+  def _add(self, seq: int, arrays: list[Any], finish: Any = None,
+           quick: bool = False) -> None:
     """Completions.add, on the spanning thread for global-client arrays."""
     self._completions.add(seq, arrays, finish,
-                          spanning=self._backend.spans(arrays))
+                          spanning=self._backend.spans(arrays), quick=quick)
 
   def _report(self, seq: int, status: Status, payload: Any,
               waited: bool) -> None:
@@ -294,7 +299,8 @@ class Worker:
     header, _ = payloads.decode(op.payload)
     array = self._array(op.args[0])
     strides = header.get("strides")
-    self._add(op.seq, [array], lambda: self._backend.to_host(array, strides))
+    self._add(op.seq, [array], lambda: self._backend.to_host(array, strides),
+              quick=array.nbytes <= QUICK_FETCH_BYTES)
 
   def _delete(self, op: Any) -> None:
     # Only drop the reference: arrays made by copies, shards and assembly can

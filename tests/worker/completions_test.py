@@ -140,3 +140,36 @@ def test_a_broken_gloo_connection_reads_as_the_loss_of_an_island():
   other = error_status(RuntimeError("INVALID_ARGUMENT: Gloo AllReduce: "
                                     "unsupported dtype"))
   assert other.code == Code.INVALID_ARGUMENT
+
+
+def test_a_ready_op_is_reported_by_its_caller_without_a_thread_hop(
+    cpu_devices):
+  """Arrays ready when added (a launch PJRT ran inline, a read of a finished
+  array with a quick finish) are reported before add() returns, on the
+  caller's thread; anything still pending, or with a finish that may wait,
+  goes to the completion thread."""
+  release = threading.Event()
+  ready = jax.device_put(np.ones(2, np.float32), cpu_devices[0])
+  ready.block_until_ready()
+  reports, threads_seen = [], {}
+
+  def report(seq, status, payload, waited):
+    del waited
+    reports.append((seq, status.code, bytes(payload)))
+    threads_seen[seq] = threading.current_thread()
+
+  completions = Completions(report)
+  completions.add(1, [ready])
+  completions.add(2, [ready], lambda: b"quick", quick=True)
+  assert [r[0] for r in reports] == [1, 2]  # before add() returned
+  completions.add(3, [ready], lambda: b"slow")  # may wait: not inline
+  completions.add(4, [_Pending(release)])
+  completions.add(5, [])  # nothing to tell it by: in order, on the thread
+  release.set()
+  completions.close()
+  assert sorted(reports) == [(1, Code.OK, b""), (2, Code.OK, b"quick"),
+                             (3, Code.OK, b"slow"), (4, Code.OK, b""),
+                             (5, Code.OK, b"")]
+  me = threading.current_thread()
+  assert threads_seen[1] is me and threads_seen[2] is me
+  assert all(threads_seen[s] is not me for s in (3, 4, 5))
