@@ -74,8 +74,9 @@ class Dispatcher:
     """Changes whenever an island is lost or rejoins."""
   def shutdown(self) -> None: ...
 
-# A fast-path record: (buffer, layout id, island ids, donated).
-ArrayRecord = tuple[int, int, list[int], bool]
+# A fast-path record: (buffer, layout id, island ids, donated, the buffer
+# whose memory it is part of or 0).
+ArrayRecord = tuple[int, int, list[int], bool, int]
 
 class FastPath:
   """Execute, CheckValueReady, DestructArray and small reads answered in
@@ -89,7 +90,8 @@ class FastPath:
   def open(self, stream: int, client: int, host_session: int) -> None: ...
   def close(self, stream: int) -> list[ArrayRecord]: ...
   def put(self, stream: int, handle: int, buffer: int, layout: int,
-          islands: Sequence[int], whole_shard: bool) -> bool: ...
+          islands: Sequence[int], shard_layout: int,
+          shard_island: int) -> bool: ...
   def take(self, stream: int, handle: int) -> list[tuple[int, ArrayRecord]]:
     """`handle`'s record and those of every other handle of its buffer
     (`handle`'s first), moved out; [] if not here."""
@@ -102,12 +104,14 @@ class FastPath:
                arg_layouts: Sequence[Sequence[int]],
                output_layouts: Sequence[int],
                output_islands: Sequence[Sequence[int]],
-               output_whole_shards: Sequence[bool],
+               output_shard_layouts: Sequence[int],
+               output_shard_islands: Sequence[int],
                result_bytes: Sequence[Sequence[int]],
                donated: Sequence[int]) -> None: ...
   def unregister(self, stream: int, executable: int) -> None: ...
-  def set_fetch_payload(self, payload: bytes) -> None:
-    """The FETCH op payload of a dense row-major read."""
+  def set_payloads(self, fetch: bytes, first_shard: bytes) -> None:
+    """The payloads of a dense row-major FETCH and of a COPY making an
+    array of its first local shard."""
   def stats(self) -> dict[str, int]: ...
 
 class Executor:

@@ -14,11 +14,12 @@ namespace py = pybind11;
 namespace jax_pathways {
 namespace {
 
-// (buffer, layout, islands, donated): a record as Python sees it.
-using PyRecord = std::tuple<BufferId, int64_t, std::vector<IslandId>, bool>;
+// (buffer, layout, islands, donated, shares): a record as Python sees it.
+using PyRecord =
+    std::tuple<BufferId, int64_t, std::vector<IslandId>, bool, BufferId>;
 
 PyRecord ToPython(const ArrayRecord& r) {
-  return {r.buffer, r.layout, r.islands, r.donated};
+  return {r.buffer, r.layout, r.islands, r.donated, r.shares};
 }
 
 }  // namespace
@@ -60,13 +61,14 @@ void RegisterFastPath(py::module_& m) {
           "put",
           [](FastPath& f, uint64_t stream, uint64_t handle, BufferId buffer,
              int64_t layout, std::vector<IslandId> islands,
-             bool whole_shard) {
+             int64_t shard_layout, IslandId shard_island) {
             return f.Put(stream, handle,
                          ArrayRecord{buffer, layout, std::move(islands),
-                                     false, whole_shard});
+                                     false, shard_layout, shard_island});
           },
           py::arg("stream"), py::arg("handle"), py::arg("buffer"),
-          py::arg("layout"), py::arg("islands"), py::arg("whole_shard"))
+          py::arg("layout"), py::arg("islands"), py::arg("shard_layout"),
+          py::arg("shard_island"))
       .def(
           "take",
           [](FastPath& f, uint64_t stream, uint64_t handle) {
@@ -99,12 +101,14 @@ void RegisterFastPath(py::module_& m) {
              std::vector<std::vector<int64_t>> arg_layouts,
              std::vector<int64_t> output_layouts,
              std::vector<std::vector<IslandId>> output_islands,
-             std::vector<bool> output_whole_shards,
+             std::vector<int64_t> output_shard_layouts,
+             std::vector<IslandId> output_shard_islands,
              std::vector<std::vector<int64_t>> result_bytes,
              std::vector<size_t> donated) {
             if (result_bytes.size() != islands.size() ||
                 output_islands.size() != output_layouts.size() ||
-                output_whole_shards.size() != output_layouts.size()) {
+                output_shard_layouts.size() != output_layouts.size() ||
+                output_shard_islands.size() != output_layouts.size()) {
               throw py::value_error("a fast program's lists do not match");
             }
             f.Register(stream, executable,
@@ -112,21 +116,23 @@ void RegisterFastPath(py::module_& m) {
                                    std::move(arg_layouts),
                                    std::move(output_layouts),
                                    std::move(output_islands),
-                                   std::move(output_whole_shards),
+                                   std::move(output_shard_layouts),
+                                   std::move(output_shard_islands),
                                    std::move(result_bytes),
                                    std::move(donated)});
           },
           py::arg("stream"), py::arg("executable"), py::arg("program"),
           py::arg("islands"), py::arg("epoch"), py::arg("arg_layouts"),
           py::arg("output_layouts"), py::arg("output_islands"),
-          py::arg("output_whole_shards"), py::arg("result_bytes"),
-          py::arg("donated"))
+          py::arg("output_shard_layouts"), py::arg("output_shard_islands"),
+          py::arg("result_bytes"), py::arg("donated"))
       .def(
-          "set_fetch_payload",
-          [](FastPath& f, const py::buffer& payload) {
-            f.SetFetchPayload(SharedOrCopy(payload));
+          "set_payloads",
+          [](FastPath& f, const py::buffer& fetch,
+             const py::buffer& first_shard) {
+            f.SetPayloads(SharedOrCopy(fetch), SharedOrCopy(first_shard));
           },
-          py::arg("payload"))
+          py::arg("fetch"), py::arg("first_shard"))
       .def("unregister", &FastPath::Unregister, py::arg("stream"),
            py::arg("executable"))
       .def("stats", [](FastPath& f) {

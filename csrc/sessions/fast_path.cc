@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <string>
+#include <unordered_set>
 
 namespace jax_pathways {
 namespace {
@@ -74,25 +75,44 @@ std::vector<std::pair<uint64_t, ArrayRecord>> FastPath::Take(
   if (s == nullptr) return out;
   auto a = s->arrays.find(handle);
   if (a == s->arrays.end()) return out;
-  BufferId buffer = a->second.buffer;
+  bool alone = !Shared(*s, a->second);
   out.emplace_back(handle, std::move(a->second));
   s->arrays.erase(a);
-  if (s->holders.erase(buffer) == 0) return out;
-  // Python holds a buffer's handles together (one Buffer, counted).
-  for (auto it = s->arrays.begin(); it != s->arrays.end();) {
-    if (it->second.buffer == buffer) {
-      out.emplace_back(it->first, std::move(it->second));
-      it = s->arrays.erase(it);
-    } else {
-      ++it;
+  if (alone) return out;
+  // Python holds a buffer's handles together (one Buffer, counted), and
+  // knows which buffers share memory: take every record linked to this one
+  // by a buffer or a `shares`, until none is left.
+  std::unordered_set<BufferId> group;
+  auto link = [&group](const ArrayRecord& r) {
+    bool added = group.insert(r.buffer).second;
+    if (r.shares != 0) added |= group.insert(r.shares).second;
+    return added;
+  };
+  link(out[0].second);
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (auto it = s->arrays.begin(); it != s->arrays.end();) {
+      if (group.count(it->second.buffer) ||
+          (it->second.shares != 0 && group.count(it->second.shares))) {
+        grew |= link(it->second);
+        out.emplace_back(it->first, std::move(it->second));
+        it = s->arrays.erase(it);
+      } else {
+        ++it;
+      }
     }
+  }
+  for (BufferId b : group) {
+    s->holders.erase(b);
+    s->sharers.erase(b);
   }
   return out;
 }
 
-void FastPath::SetFetchPayload(Bytes payload) {
+void FastPath::SetPayloads(Bytes fetch, Bytes first_shard) {
   std::lock_guard<std::mutex> lock(mu_);
-  fetch_payload_ = std::move(payload);
+  fetch_payload_ = std::move(fetch);
+  first_shard_payload_ = std::move(first_shard);
 }
 
 bool FastPath::Contains(uint64_t stream, uint64_t handle) {
@@ -189,7 +209,7 @@ bool FastPath::Handle(uint64_t stream, std::string_view request) {
           stats_.ready_checks += taken;
           break;
         case IfrtRequest::kFullyReplicatedShard:
-          taken = Shard(s, r);
+          taken = Shard(s, r, &gangs);
           stats_.shards += taken;
           break;
         case IfrtRequest::kCopyToHostBuffer:
@@ -265,9 +285,9 @@ bool FastPath::Execute(Session& s, const IfrtRequest& r, Gangs* gangs) {
     }
     args.push_back(a->second.buffer);
   }
-  // A donated buffer other handles name is Python's to consume.
+  // A donated buffer that shares memory or handles is Python's to consume.
   for (size_t i : program.donated) {
-    if (i < args.size() && s.holders.count(args[i])) return false;
+    if (i < args.size() && Shared(s, s.arrays[r.args[i]])) return false;
   }
   // New handles, counting up from every one the client used before.
   uint64_t last = s.max_client_handle;
@@ -284,7 +304,8 @@ bool FastPath::Execute(Session& s, const IfrtRequest& r, Gangs* gangs) {
   for (size_t i = 0; i < r.results.size(); ++i) {
     s.arrays[r.results[i]] = ArrayRecord{
         results[i], program.output_layouts[i], program.output_islands[i],
-        false, program.output_whole_shards[i]};
+        false, program.output_shard_layouts[i],
+        program.output_shard_islands[i]};
   }
   std::vector<IslandOp> gang(program.islands.size());
   for (size_t k = 0; k < gang.size(); ++k) {
@@ -322,7 +343,9 @@ bool FastPath::Destruct(Session& s, const IfrtRequest& r, Gangs* gangs,
       by_island[island].push_back(a->second.buffer);
     }
     forget->push_back(a->second.buffer);
+    ArrayRecord gone = std::move(a->second);
     s.arrays.erase(a);
+    Deleted(s, gone);
   }
   for (auto& [island, buffers] : by_island) {
     IslandOp op;
@@ -353,16 +376,52 @@ bool FastPath::NewHandle(Session& s, uint64_t handle) {
   return true;
 }
 
-bool FastPath::Shard(Session& s, const IfrtRequest& r) {
+bool FastPath::Shared(const Session& s, const ArrayRecord& record) {
+  return record.shares != 0 || s.holders.count(record.buffer) ||
+         s.sharers.count(record.buffer);
+}
+
+void FastPath::Deleted(Session& s, const ArrayRecord& record) {
+  if (record.shares != 0) {
+    auto it = s.sharers.find(record.shares);
+    if (it != s.sharers.end() && --it->second == 0) s.sharers.erase(it);
+  }
+  if (s.sharers.erase(record.buffer) == 0) return;
+  // Its shards' memory is theirs alone now (PJRT counts its users).
+  for (auto& [handle, other] : s.arrays) {
+    if (other.shares == record.buffer) other.shares = 0;
+  }
+}
+
+bool FastPath::Shard(Session& s, const IfrtRequest& r, Gangs* gangs) {
   if (r.copy_semantics != kReuseInput) return false;
   auto a = s.arrays.find(r.args[0]);
-  if (a == s.arrays.end() || a->second.donated || !a->second.whole_shard) {
+  if (a == s.arrays.end() || a->second.donated ||
+      a->second.shard_layout < 0) {
     return false;
   }
-  ArrayRecord shard = a->second;
+  const ArrayRecord& array = a->second;
+  bool whole = array.shard_layout == array.layout;
+  if (!whole && first_shard_payload_.empty()) return false;
   if (!NewHandle(s, r.results[0])) return false;
-  int& holders = s.holders[shard.buffer];
-  holders = holders == 0 ? 2 : holders + 1;
+  ArrayRecord shard = array;
+  if (whole) {  // the same buffer under another handle
+    int& holders = s.holders[shard.buffer];
+    holders = holders == 0 ? 2 : holders + 1;
+  } else {  // a new buffer of part of its memory
+    shard.buffer = dispatcher_->NewBuffers(1)[0];
+    shard.layout = shard.shard_layout;  // its only shard is itself
+    shard.islands = {array.shard_island};
+    shard.shares = array.buffer;
+    ++s.sharers[array.buffer];
+    IslandOp copy;
+    copy.island = array.shard_island;
+    copy.op.kind = OpKind::kCopy;
+    copy.op.args = {array.buffer};
+    copy.op.results = {shard.buffer};
+    copy.op.payload = first_shard_payload_;
+    gangs->push_back({std::move(copy)});
+  }
   s.arrays.emplace(r.results[0], std::move(shard));
   return true;
 }

@@ -1,8 +1,8 @@
 // FastPath: a training loop's steady-state requests, answered in C++.
 //
 // Execute of a program Python registered, CheckValueReady, DestructArray,
-// and a logged value's read (FullyReplicatedShard of a one-device array,
-// then CopyToHostBuffer of an array on one island) are handled on the
+// and a logged value's read (FullyReplicatedShard of an array that is not
+// tiled, then CopyToHostBuffer of an array on one island) are handled on the
 // frontend's completion-queue thread (through common/request_hook.h)
 // without entering Python, when every array they name is in this session's
 // table here. Anything else -- another request, an array Python holds, a
@@ -15,11 +15,13 @@
 // Python's (controller/array_store.py), never both. Python puts the outputs
 // of the programs it registered here, and takes a record over (it moves to
 // Python) when a rare request needs the array. Records here share no memory
-// with other buffers (Python takes them before making any); the one alias
-// made here, a one-device array's shard, names the same buffer under
-// another handle: the handles of a buffer are counted, the last one's
-// destruct deletes it, a launch donating it goes to Python, and Python
-// takes them over together.
+// with other buffers (Python takes them before making any), except the
+// shards FullyReplicatedShard makes: a one-device array's only shard is
+// the array, named by another handle of the same buffer (a buffer's
+// handles are counted, and the last one's destruct deletes it); another
+// array's first shard is a new buffer holding part of its memory (a COPY
+// op). A launch donating a buffer that shares memory or handles goes to
+// Python, and Python takes such buffers' handles over together.
 //
 // Thread safety: every method may be called from any thread.
 #ifndef JAX_PATHWAYS_CSRC_SESSIONS_FAST_PATH_H_
@@ -46,9 +48,14 @@ struct ArrayRecord {
   int64_t layout = 0;
   std::vector<IslandId> islands;
   bool donated = false;  // a launch consumed it
-  // Its only shard is itself (one device, no tiling): FullyReplicatedShard
-  // names the same buffer under a new handle.
-  bool whole_shard = false;
+  // FullyReplicatedShard of it: the layout and island of its first shard as
+  // an array of its own; -1: Python's to answer. `layout` itself when its
+  // only shard is the array (one device, not tiled).
+  int64_t shard_layout = -1;
+  IslandId shard_island = 0;
+  // The buffer whose device memory this one is part of (a shard made here
+  // of an array still held); 0: none.
+  BufferId shares = 0;
 };
 
 // What Python checked once of a compiled program, for the launches after.
@@ -62,7 +69,9 @@ struct FastProgram {
   std::vector<std::vector<int64_t>> arg_layouts;
   std::vector<int64_t> output_layouts;
   std::vector<std::vector<IslandId>> output_islands;
-  std::vector<bool> output_whole_shards;  // see ArrayRecord::whole_shard
+  // See ArrayRecord::shard_layout and shard_island.
+  std::vector<int64_t> output_shard_layouts;
+  std::vector<IslandId> output_shard_islands;
   // Per island of `islands`: the device memory of each output there.
   std::vector<std::vector<int64_t>> result_bytes;
   std::vector<size_t> donated;  // argument indices
@@ -98,10 +107,11 @@ class FastPath {
   // (`handle`'s first), moved out; empty if `handle` is not here.
   std::vector<std::pair<uint64_t, ArrayRecord>> Take(uint64_t stream,
                                                      uint64_t handle);
-  // The payload of a FETCH op that reads an array densely, in row-major
-  // order (its format is Python's: dispatch/payloads.py). Reads are left to
-  // Python until it is set.
-  void SetFetchPayload(Bytes payload);
+  // The payloads (their format is Python's: dispatch/payloads.py) of a
+  // FETCH op that reads an array densely, in row-major order, and of a
+  // COPY op that makes an array of its first local shard. Reads are left to
+  // Python until they are set.
+  void SetPayloads(Bytes fetch, Bytes first_shard);
   bool Contains(uint64_t stream, uint64_t handle);
   size_t Count(uint64_t stream);
   std::vector<std::pair<uint64_t, ArrayRecord>> Records(uint64_t stream);
@@ -125,6 +135,8 @@ class FastPath {
     std::unordered_map<uint64_t, ArrayRecord> arrays;
     // Buffers more than one handle names, and how many do.
     std::unordered_map<BufferId, int> holders;
+    // Buffers part of whose memory shards made here hold, and how many.
+    std::unordered_map<BufferId, int> sharers;
     std::unordered_map<uint64_t, FastProgram> programs;
     uint64_t max_client_handle = 0;
   };
@@ -139,7 +151,11 @@ class FastPath {
                 std::vector<BufferId>* forget);
   bool ReadyBuffers(Session& s, const IfrtRequest& r,
                     std::vector<BufferId>* buffers);
-  bool Shard(Session& s, const IfrtRequest& r);
+  bool Shard(Session& s, const IfrtRequest& r, Gangs* gangs);
+  // Whether `buffer` shares memory or handles (see Take).
+  static bool Shared(const Session& s, const ArrayRecord& record);
+  // The last handle of `record`'s buffer is gone.
+  static void Deleted(Session& s, const ArrayRecord& record);
   bool Fetch(Session& s, const IfrtRequest& r, Gangs* gangs);
   // Takes `handle` as a new result handle of the client's (counting up).
   bool NewHandle(Session& s, uint64_t handle);
@@ -153,7 +169,8 @@ class FastPath {
   std::mutex mu_;
   std::unordered_map<uint64_t, Session> sessions_;
   FastPathStats stats_;
-  Bytes fetch_payload_;  // guarded by mu_; empty: reads go to Python
+  Bytes fetch_payload_;        // guarded by mu_; empty: reads go to Python
+  Bytes first_shard_payload_;  // guarded by mu_
   std::mutex sink_mu_;  // guards sink_ (replies may come from any thread)
   JpReplySink sink_{2, nullptr, nullptr, nullptr};
 };

@@ -6,10 +6,12 @@ _core.FastPath (csrc/sessions/fast_path.h) when every array they name is in
 its table. A handle lives in exactly one of the two tables: the outputs of a
 registered program go to the C++ table; a request Python handles that names
 one takes it over (the record moves here, as an Array). Records in C++ are
-plain arrays, sharing nothing, except that C++ answers FullyReplicatedShard
-of a one-device array with another handle of its buffer (a logged value's
-read): taking one of a buffer's handles over takes all of them, as one
-counted Buffer, so taking over loses nothing. Their dtype, shape, sharding and islands are interned in
+plain arrays, sharing nothing, except the shards C++ makes for a logged
+value's read (FullyReplicatedShard): another handle of a one-device array's
+buffer, or a new buffer holding part of a replicated array's memory. Taking
+one of those over takes every record linked to it, rebuilt as Python's own
+(one counted Buffer per buffer, shares_memory_with between a shard and its
+array), so taking over loses nothing. Their dtype, shape, sharding and islands are interned in
 Layouts (shared by the controller's sessions): C++ compares layout ids.
 """
 from __future__ import annotations
@@ -50,10 +52,24 @@ class Layouts:
   def of_array(self, array: Array) -> int:
     return self.id(array.islands, array.dtype, array.shape, array.sharding)
 
-  def array(self, record: tuple[int, int, list[int], bool],
+  def shard(self, islands: Sequence[Island], dtype: str,
+            shape: Sequence[int], sharding: Sharding | None
+            ) -> tuple[int, int]:
+    """(layout, island) of the array FullyReplicatedShard makes of such an
+    array (as handlers/array.py does: its first device's shard), or (-1, 0)
+    where that is Python's to answer: a tiled array (an error), or one on
+    several islands."""
+    if (sharding is None or sharding.op_sharding is not None or
+        len(islands) != 1):
+      return -1, 0
+    if len(sharding.devices) > 1:
+      sharding = Sharding(sharding.devices[:1], None, sharding.memory_kind)
+    return self.id(islands, dtype, shape, sharding), islands[0].id
+
+  def array(self, record: tuple[int, int, list[int], bool, int],
             shared: Buffer | None = None) -> Array:
     """The Array a fast-path record describes (on `shared`, if given)."""
-    buffer, layout, _, donated = record
+    buffer, layout, _, donated, _ = record
     with self._lock:
       islands, dtype, shape, sharding = self._layouts[layout]
     return Array(buffer, islands, dtype, shape, sharding,
@@ -96,22 +112,33 @@ class ArrayStore(HandleStore[Array]):
   def _to_fast(self, handle: int, array: Array) -> None:
     self._fast.put(self._stream, handle, array.buffer,
                    self.layouts.of_array(array),
-                   [i.id for i in array.islands], whole_shard(array.sharding))
+                   [i.id for i in array.islands],
+                   *self.layouts.shard(array.islands, array.dtype,
+                                       array.shape, array.sharding))
 
   def _take(self, handle: int) -> Array | None:
-    """The fast path's array under `handle`, moved here (with the other
-    handles of its buffer); or None."""
+    """The fast path's array under `handle`, moved here (with every record
+    linked to it: other handles of its buffer, shards sharing its memory);
+    or None."""
     if self._fast is None:
       return None
     records = self._fast.take(self._stream, handle)
     if not records:
       return None
-    shared = Buffer(holders=len(records),
-                    donated=any(r[3] for _, r in records))
-    for h, record in records:
-      super().put(h, self.layouts.array(record, shared))
+    buffers: dict[int, Buffer] = {}
+    for _, (buffer, _, _, donated, _) in records:
+      shared = buffers.setdefault(buffer, Buffer(holders=0))
+      shared.holders += 1
+      shared.donated = shared.donated or donated
+    arrays = {h: self.layouts.array(r, buffers[r[0]]) for h, r in records}
+    for h, array in arrays.items():
+      super().put(h, array)
       self._touched.add(h)
-    return super().get(handle)
+    for h, (_, _, _, _, shares) in records:
+      if shares in buffers:
+        arrays[h].shares_memory_with(
+            next(a for a in arrays.values() if a.buffer == shares))
+    return arrays[handle]
 
   def settle(self) -> None:
     """After a request: the plain arrays it made, used or took over go
@@ -172,13 +199,6 @@ class ArrayStore(HandleStore[Array]):
       arrays += [self.layouts.array(r)
                  for _, r in self._fast.records(self._stream)]
     return iter(arrays)
-
-
-def whole_shard(sharding: Sharding | None) -> bool:
-  """Whether an array's only shard is the array itself (one device, not
-  tiled): the fast path answers FullyReplicatedShard of it."""
-  return (sharding is not None and len(sharding.devices) == 1 and
-          sharding.op_sharding is None)
 
 
 def _plain(array: Array) -> bool:

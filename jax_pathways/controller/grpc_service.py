@@ -28,7 +28,8 @@ from jax_pathways import threads
 from jax_pathways.controller import tracing
 from jax_pathways.controller import versions
 from jax_pathways.controller.handlers import HANDLERS, RESULT_HANDLES
-from jax_pathways.controller.handlers.array import fetch_payload
+from jax_pathways.controller.handlers.array import (fetch_payload,
+                                                   shards_payload)
 from jax_pathways.controller.session import Services, Session
 from jax_pathways.resources.virtual_slice import SliceRequest
 from jax_pathways.status import Code, Status, StatusError
@@ -85,7 +86,7 @@ class GrpcService:
     if fast is not None:  # steady-state requests answered in C++
       self._server.set_request_hook(fast.hook())
       fast.attach(self._server.reply_sink())
-      fast.set_fetch_payload(fetch_payload(None))
+      fast.set_payloads(fetch_payload(None), shards_payload([0]))
     port = self._server.start(bind)
     self._thread = threads.start(self._loop, "jp-sessions")
     return port

@@ -122,6 +122,52 @@ def test_a_read_array_donated_next_keeps_plain_jax_bits(
   assert used["reads"] >= 6, used
 
 
+def _data_parallel(devices, donate: bool):
+  """A data-parallel loop over 4 devices logging its replicated loss every
+  few steps (np.asarray: its first device's shard, then that shard's
+  bytes)."""
+  mesh = Mesh(np.array(devices[:4]), ("i",))
+
+  def step(w, x):
+    loss = jnp.mean((x @ w) ** 2)
+    return w - 0.01 * jax.grad(lambda w: jnp.mean((x @ w) ** 2))(w), loss
+
+  step = jax.jit(step, donate_argnums=(0,) if donate else ())
+  w = jax.device_put(jnp.ones((8, 2), jnp.float32) * 0.5,
+                     NamedSharding(mesh, P()))
+  x = jax.device_put(jnp.arange(64.0, dtype=jnp.float32).reshape(8, 8) / 64,
+                     NamedSharding(mesh, P("i")))
+  losses = []
+  for i in range(24):
+    w, loss = step(w, x)
+    if i % 4 == 0:
+      losses.append(np.asarray(loss))
+      if donate:  # the next step donates w with a shard of it alive
+        losses.append(np.asarray(w))
+  return losses + [np.asarray(w)]
+
+
+@pytest.mark.parametrize("donate", [False, True])
+def test_a_replicated_loss_is_read_in_cpp_with_plain_jax_bits(
+    pathways, proxy_devices, cpu_devices, donate):
+  """The shard of a replicated array is a COPY op's new buffer holding
+  part of the array's memory: made, read and deleted in C++; a launch
+  donating the array while the shard lives is Python's, which takes both
+  over as sharing memory."""
+  _data_parallel(proxy_devices, donate)
+  before = _stats(pathways)
+  got = _data_parallel(proxy_devices, donate)
+  after = _stats(pathways)
+  expected = _data_parallel(cpu_devices, donate)
+  assert len(expected) == len(got)
+  for e, a in zip(expected, got):
+    assert_bitwise_equal(e, a)
+  used = {k: after[k] - before[k] for k in after}
+  reads = 12 if donate else 6
+  assert used["shards"] >= reads and used["reads"] >= reads, used
+  assert used["executes"] >= (18 if donate else 23), used
+
+
 def test_arrays_python_needs_move_to_it_and_back(pathways, proxy_devices,
                                                  cpu_devices):
   """A read of an array on several devices (its shards split by Python) in
@@ -254,3 +300,66 @@ def test_a_closed_session_leaves_no_buffer(pathways):
   while live() > start and time.monotonic() < deadline:
     time.sleep(0.2)
   assert live() <= start
+
+
+def test_a_replicated_array_s_shard_in_cpp_over_the_wire(pathways,
+                                                         raw_session):
+  """FullyReplicatedShard of an array replicated over 4 devices makes a new
+  buffer of part of its memory (a COPY op): it outlives the array's
+  destruct, and goes with its own; a request Python answers takes the
+  array and its shard over together, still sharing memory."""
+  def live():
+    return admin.status(pathways.address, pathways.token)["live_buffers"]
+
+  def shard(array, result):
+    r = session.call(fully_replicated_shard_request=_fill(
+        array_handle=array, copy_semantics=2, result_handle=result))
+    assert r.response_metadata.status.code == 0, r
+    assert r.fully_replicated_shard_response.array_handle == result
+
+  def destruct(handle):
+    r = session.call(destruct_array_request=lambda b: b.array_handle.append(
+        handle))
+    assert r.response_metadata.status.code == 0, r
+
+  def settled(count):
+    deadline = time.monotonic() + 10
+    while live() != count and time.monotonic() < deadline:
+      time.sleep(0.05)
+    return live()
+
+  session = raw_session()
+  data = np.arange(8, dtype=np.float32)
+  session.store(1, data.tobytes())
+  r = session.wait(session.send_make_array(1, 2, 8, devices=(0, 1, 2, 3)))
+  assert r.response_metadata.status.code == 0, r
+  start, before = live(), _stats(pathways)
+  shard(2, 3)
+  assert session.fetch(3, 10) == data.tobytes()
+  destruct(2)  # the shard keeps its part of the memory
+  assert session.fetch(3, 11) == data.tobytes()
+  destruct(3)
+  assert settled(start - 1) == start - 1
+  after = _stats(pathways)
+  assert after["shards"] - before["shards"] == 1
+  assert after["reads"] - before["reads"] == 2
+
+  # Again; then Python answers a read of the array (with strides, which
+  # only Python takes): it takes the array and its shard over.
+  session.store(4, data.tobytes())
+  r = session.wait(session.send_make_array(4, 5, 8, devices=(0, 1, 2, 3)))
+  assert r.response_metadata.status.code == 0, r
+  shard(5, 6)
+
+  def strided(body):
+    body.array_handle, body.host_buffer_handle = 5, 12
+    body.byte_strides.strides.append(4)
+
+  r = session.call(copy_to_host_buffer_request=strided)
+  assert r.response_metadata.status.code == 0, r
+  assert session.lookup(12) == data.tobytes()
+  assert session.fetch(6, 13) == data.tobytes()
+  destruct(5)
+  assert session.fetch(6, 14) == data.tobytes()
+  destruct(6)
+  assert settled(start - 1) == start - 1

@@ -150,15 +150,17 @@ class RawSession:
   def lookup(self, handle: int) -> bytes:
     return lookup(self._channel, self.id, handle)
 
-  def send_make_array(self, host_buffer: int, array: int, n: int) -> int:
-    """MakeArrayFromHostBuffer of n float32 on (virtual) device 0."""
+  def send_make_array(self, host_buffer: int, array: int, n: int,
+                      devices: tuple[int, ...] = (0,)) -> int:
+    """MakeArrayFromHostBuffer of n float32 on (virtual) device 0, or
+    replicated over `devices`."""
 
     def fill(body):
       body.host_buffer_handle = host_buffer
       body.array_handle = array
       dtypes.to_proto("float32", body.dtype)
       body.shape.dims.append(n)
-      sharding_lib.to_proto(Sharding((0,), None, None), body.sharding)
+      sharding_lib.to_proto(Sharding(devices, None, None), body.sharding)
 
     return self.send(make_array_from_host_buffer_request=fill)
 

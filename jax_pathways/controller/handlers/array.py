@@ -221,6 +221,12 @@ def fetch_payload(strides: list[int] | None) -> bytes:
   return payloads.encode({"strides": strides})
 
 
+def shards_payload(positions: list[int]) -> bytes:
+  """A COPY op's payload making arrays of the source's local shards at
+  these positions; the fast path's FullyReplicatedShard takes [0]."""
+  return payloads.encode({"mode": "shards", "positions": positions})
+
+
 @handles("copy_to_host_buffer_request")
 def copy_to_host_buffer(session: Session, req: Any, reply: Reply) -> None:
   array = _usable(session, req.array_handle)
@@ -335,8 +341,7 @@ def _split(session: Session, src: Array, handles_: Sequence[int]) -> None:
   # The shards share the source's device memory: no result_bytes.
   session.services.dispatcher.submit(
       [IslandOp(i, OpKind.COPY, args=[src.buffer], results=results[i],
-                payload=payloads.encode({"mode": "shards",
-                                         "positions": positions[i]}))
+                payload=shards_payload(positions[i]))
        for i in positions])
 
 

@@ -12,7 +12,6 @@ import concurrent.futures
 from typing import Any, Callable
 
 from jax_pathways import dtypes
-from jax_pathways.controller.array_store import whole_shard
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.compile_cache import CompiledProgram
 from jax_pathways.controller.mpmd_executable import MpmdExecutable
@@ -186,13 +185,16 @@ def _register_fast(session: Session, handle: int, exe: CompiledProgram,
     return
   layouts = session.arrays.layouts
   out_bytes = exe.output_bytes(services.topology)
+  outputs = list(zip(exe.output_islands, exe.outputs, exe.output_shardings))
+  shards = [layouts.shard(islands, dtype, shape, s)
+            for islands, (shape, dtype), s in outputs]
   services.fast_path.register(
       session.stream, handle, exe.program_id, [i.id for i in exe.islands],
       epoch, [[layouts.of_array(a)] for a in args],
-      [layouts.id(islands, dtype, shape, s) for (shape, dtype), s, islands
-       in zip(exe.outputs, exe.output_shardings, exe.output_islands)],
+      [layouts.id(islands, dtype, shape, s)
+       for islands, (shape, dtype), s in outputs],
       [[i.id for i in islands] for islands in exe.output_islands],
-      [whole_shard(s) for s in exe.output_shardings],
+      [layout for layout, _ in shards], [island for _, island in shards],
       [out_bytes[i.id] for i in exe.islands], list(exe.donated))
 
 
