@@ -8,7 +8,8 @@ host copy after the first fetch). In the same run, in-process JAX: reading
 an array of a local CPU device (a view of its buffer, no copy) and copying
 it into a fresh host array (what the bytes' last hop costs at least: a
 fresh buffer, first-touch page faults, a copy). Prints one JSON line per
-size, with each process's CPU time per download.
+size, with each process's CPU time per download. 16B/4: a 16-byte array
+replicated over the island's 4 devices (a data-parallel loss).
 """
 from __future__ import annotations
 
@@ -19,11 +20,15 @@ import time
 from harness import cpu_seconds, emit_host_transfer, one_island_processes  # pylint: disable=g-bad-import-order
 
 import jax  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-# 16B: a logged loss; what a read costs when there are no bytes to speak of.
-SIZES = {"16B": 16, "4KB": 4 << 10, "1MB": 1 << 20, "16MB": 16 << 20}
+# Label -> (bytes, devices the array is replicated over). 16B: a logged
+# loss, what a read costs when there are no bytes to speak of; 16B/4: a
+# data-parallel loss, replicated over the island's 4 devices.
+SIZES = {"16B": (16, 1), "4KB": (4 << 10, 1), "1MB": (1 << 20, 1),
+         "16MB": (16 << 20, 1), "16B/4": (16, 4)}
 
 
 def fetch_ms(arrays: list[jax.Array], copy: bool) -> list[float]:
@@ -48,7 +53,10 @@ def main() -> None:
     parser.error(f"unknown sizes {unknown}; choose from {list(SIZES)}")
   pathways, cpu, pids = one_island_processes()
   for label in labels:
-    size = SIZES[label]
+    size, replicas = SIZES[label]
+    on_pathways, on_cpu = (
+        NamedSharding(Mesh(np.array(devices[:replicas]), ("d",)), P())
+        for devices in (pathways, cpu))
     data = np.random.default_rng(0).random(size // 4, dtype=np.float32)
     fetches = min(1024, max(2, (64 << 20) // size // 16))  # ~4 MB a sample
     times: dict[str, list[float]] = {"pathways": [], "jax_view": [],
@@ -57,8 +65,8 @@ def main() -> None:
     # Interleaved, fresh arrays each time; the first round warms buffer
     # pools up to this size and is not counted.
     for repeat in range(-1, args.repeats):
-      for case, device in (("pathways", pathways[0]), ("jax_view", cpu[0]),
-                           ("jax_copy", cpu[0])):
+      for case, device in (("pathways", on_pathways), ("jax_view", on_cpu),
+                           ("jax_copy", on_cpu)):
         arrays = [jax.device_put(data, device) for _ in range(fetches)]
         jax.block_until_ready(arrays)
         before = {k: cpu_seconds(p) for k, p in pids.items()}
