@@ -17,12 +17,14 @@ pytestmark = pytest.mark.integration
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SUPPRESSIONS = REPO / "tests" / "tsan_suppressions.txt"
 # The tests whose code paths are C++: dispatcher and executor over socket
-# pairs, worker links, the host-buffer side channel, and sessions that end
+# pairs, worker links, the host-buffer side channel, sessions that end
 # abruptly against a controller with two workers (full size: ~5 s more,
-# and 40 sessions missed the bug it guards against once in 6 runs).
+# and 40 sessions missed the bug it guards against once in 6 runs), and
+# the fast path (replies and reads completed from the dispatcher's threads).
 TESTS = ["tests/dispatch", "tests/transport",
          "tests/controller/host_buffers_test.py",
-         "tests/controller/session_churn_test.py"]
+         "tests/controller/session_churn_test.py",
+         "tests/controller/fast_path_test.py"]
 # Its bound assumes submitting 80 ops is fast next to serving them; under
 # TSan it is not, and the first op is charged the whole wait.
 TSAN_DESELECT = ("tests/dispatch/dispatcher_core_test.py::"
