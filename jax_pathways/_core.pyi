@@ -78,6 +78,15 @@ class Dispatcher:
 # whose memory it is part of or 0).
 ArrayRecord = tuple[int, int, list[int], bool, int]
 
+class ShardPlan:
+  """How the fast path splits an array of one layout into single-device
+  arrays: per device its shard's layout (one: the array itself, another
+  handle), whether it is replicated, the COPY payloads making the first
+  shard and every one, and (with several) each shard's own plan."""
+  def __init__(self, island: int, layouts: Sequence[int], replicated: bool,
+               first: bytes, all: bytes,
+               shard_plans: Sequence[ShardPlan | None]) -> None: ...
+
 class FastPath:
   """Execute, CheckValueReady, DestructArray and small reads answered in
   C++ (csrc/sessions/fast_path.h; controller/array_store.py)."""
@@ -90,8 +99,7 @@ class FastPath:
   def open(self, stream: int, client: int, host_session: int) -> None: ...
   def close(self, stream: int) -> list[ArrayRecord]: ...
   def put(self, stream: int, handle: int, buffer: int, layout: int,
-          islands: Sequence[int], shard_layout: int,
-          shard_island: int) -> bool: ...
+          islands: Sequence[int], shards: ShardPlan | None) -> bool: ...
   def take(self, stream: int, handle: int) -> list[tuple[int, ArrayRecord]]:
     """`handle`'s record and those of every other handle of its buffer
     (`handle`'s first), moved out; [] if not here."""
@@ -104,14 +112,12 @@ class FastPath:
                arg_layouts: Sequence[Sequence[int]],
                output_layouts: Sequence[int],
                output_islands: Sequence[Sequence[int]],
-               output_shard_layouts: Sequence[int],
-               output_shard_islands: Sequence[int],
+               output_shards: Sequence[ShardPlan | None],
                result_bytes: Sequence[Sequence[int]],
                donated: Sequence[int]) -> None: ...
   def unregister(self, stream: int, executable: int) -> None: ...
-  def set_payloads(self, fetch: bytes, first_shard: bytes) -> None:
-    """The payloads of a dense row-major FETCH and of a COPY making an
-    array of its first local shard."""
+  def set_fetch_payload(self, fetch: bytes) -> None:
+    """The payload of a dense row-major FETCH."""
   def stats(self) -> dict[str, int]: ...
 
 class Executor:

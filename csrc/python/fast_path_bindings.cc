@@ -1,5 +1,6 @@
 #include <pybind11/stl.h>
 
+#include <memory>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -25,6 +26,24 @@ PyRecord ToPython(const ArrayRecord& r) {
 }  // namespace
 
 void RegisterFastPath(py::module_& m) {
+  py::class_<ShardPlan, std::shared_ptr<ShardPlan>>(m, "ShardPlan")
+      .def(py::init([](IslandId island, std::vector<int64_t> layouts,
+                       bool replicated, const py::buffer& first,
+                       const py::buffer& all,
+                       std::vector<std::shared_ptr<ShardPlan>> shard_plans) {
+             if (layouts.empty() ||
+                 (layouts.size() > 1 &&
+                  shard_plans.size() != layouts.size())) {
+               throw py::value_error("a shard plan needs a layout per "
+                                     "shard, and then a plan per shard");
+             }
+             return std::make_shared<ShardPlan>(ShardPlan{
+                 island, std::move(layouts), replicated, SharedOrCopy(first),
+                 SharedOrCopy(all),
+                 {shard_plans.begin(), shard_plans.end()}});
+           }),
+           py::arg("island"), py::arg("layouts"), py::arg("replicated"),
+           py::arg("first"), py::arg("all"), py::arg("shard_plans"));
   py::class_<FastPath>(m, "FastPath")
       .def(py::init<Dispatcher*>(), py::arg("dispatcher"),
            py::keep_alive<1, 2>())
@@ -61,14 +80,13 @@ void RegisterFastPath(py::module_& m) {
           "put",
           [](FastPath& f, uint64_t stream, uint64_t handle, BufferId buffer,
              int64_t layout, std::vector<IslandId> islands,
-             int64_t shard_layout, IslandId shard_island) {
+             std::shared_ptr<ShardPlan> shards) {
             return f.Put(stream, handle,
                          ArrayRecord{buffer, layout, std::move(islands),
-                                     false, shard_layout, shard_island});
+                                     false, std::move(shards)});
           },
           py::arg("stream"), py::arg("handle"), py::arg("buffer"),
-          py::arg("layout"), py::arg("islands"), py::arg("shard_layout"),
-          py::arg("shard_island"))
+          py::arg("layout"), py::arg("islands"), py::arg("shards"))
       .def(
           "take",
           [](FastPath& f, uint64_t stream, uint64_t handle) {
@@ -101,14 +119,12 @@ void RegisterFastPath(py::module_& m) {
              std::vector<std::vector<int64_t>> arg_layouts,
              std::vector<int64_t> output_layouts,
              std::vector<std::vector<IslandId>> output_islands,
-             std::vector<int64_t> output_shard_layouts,
-             std::vector<IslandId> output_shard_islands,
+             std::vector<std::shared_ptr<ShardPlan>> output_shards,
              std::vector<std::vector<int64_t>> result_bytes,
              std::vector<size_t> donated) {
             if (result_bytes.size() != islands.size() ||
                 output_islands.size() != output_layouts.size() ||
-                output_shard_layouts.size() != output_layouts.size() ||
-                output_shard_islands.size() != output_layouts.size()) {
+                output_shards.size() != output_layouts.size()) {
               throw py::value_error("a fast program's lists do not match");
             }
             f.Register(stream, executable,
@@ -116,23 +132,22 @@ void RegisterFastPath(py::module_& m) {
                                    std::move(arg_layouts),
                                    std::move(output_layouts),
                                    std::move(output_islands),
-                                   std::move(output_shard_layouts),
-                                   std::move(output_shard_islands),
+                                   {output_shards.begin(),
+                                    output_shards.end()},
                                    std::move(result_bytes),
                                    std::move(donated)});
           },
           py::arg("stream"), py::arg("executable"), py::arg("program"),
           py::arg("islands"), py::arg("epoch"), py::arg("arg_layouts"),
           py::arg("output_layouts"), py::arg("output_islands"),
-          py::arg("output_shard_layouts"), py::arg("output_shard_islands"),
-          py::arg("result_bytes"), py::arg("donated"))
+          py::arg("output_shards"), py::arg("result_bytes"),
+          py::arg("donated"))
       .def(
-          "set_payloads",
-          [](FastPath& f, const py::buffer& fetch,
-             const py::buffer& first_shard) {
-            f.SetPayloads(SharedOrCopy(fetch), SharedOrCopy(first_shard));
+          "set_fetch_payload",
+          [](FastPath& f, const py::buffer& fetch) {
+            f.SetFetchPayload(SharedOrCopy(fetch));
           },
-          py::arg("fetch"), py::arg("first_shard"))
+          py::arg("fetch"))
       .def("unregister", &FastPath::Unregister, py::arg("stream"),
            py::arg("executable"))
       .def("stats", [](FastPath& f) {

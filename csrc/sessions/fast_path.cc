@@ -109,10 +109,9 @@ std::vector<std::pair<uint64_t, ArrayRecord>> FastPath::Take(
   return out;
 }
 
-void FastPath::SetPayloads(Bytes fetch, Bytes first_shard) {
+void FastPath::SetFetchPayload(Bytes fetch) {
   std::lock_guard<std::mutex> lock(mu_);
   fetch_payload_ = std::move(fetch);
-  first_shard_payload_ = std::move(first_shard);
 }
 
 bool FastPath::Contains(uint64_t stream, uint64_t handle) {
@@ -209,7 +208,8 @@ bool FastPath::Handle(uint64_t stream, std::string_view request) {
           stats_.ready_checks += taken;
           break;
         case IfrtRequest::kFullyReplicatedShard:
-          taken = Shard(s, r, &gangs);
+        case IfrtRequest::kDisassemble:
+          taken = Split(s, r, &gangs);
           stats_.shards += taken;
           break;
         case IfrtRequest::kCopyToHostBuffer:
@@ -251,6 +251,10 @@ bool FastPath::Handle(uint64_t stream, std::string_view request) {
       Reply(stream, r.op_id, ifrt_wire::kFullyReplicatedShardField, Status(),
             ifrt_wire::HandleBody(1, r.results[0]));
       break;
+    case IfrtRequest::kDisassemble:
+      Reply(stream, r.op_id, ifrt_wire::kDisassembleField, Status(),
+            ifrt_wire::HandlesBody(1, r.results));
+      break;
     default:  // CheckValueReady: once the buffers are
       dispatcher_->WhenReady(buffers, [this, stream,
                                         op_id = r.op_id](const Status& s) {
@@ -289,14 +293,9 @@ bool FastPath::Execute(Session& s, const IfrtRequest& r, Gangs* gangs) {
   for (size_t i : program.donated) {
     if (i < args.size() && Shared(s, s.arrays[r.args[i]])) return false;
   }
-  // New handles, counting up from every one the client used before.
-  uint64_t last = s.max_client_handle;
-  for (uint64_t h : r.results) {
-    if (h <= last || h >= kServerHandlesStart) return false;
-    last = h;
-  }
+  if (!FreshHandles(s, r.results)) return false;
   // Taken: nothing below declines.
-  s.max_client_handle = last;
+  s.max_client_handle = r.results.back();
   for (size_t i : program.donated) {
     if (i < r.args.size()) s.arrays[r.args[i]].donated = true;
   }
@@ -304,8 +303,7 @@ bool FastPath::Execute(Session& s, const IfrtRequest& r, Gangs* gangs) {
   for (size_t i = 0; i < r.results.size(); ++i) {
     s.arrays[r.results[i]] = ArrayRecord{
         results[i], program.output_layouts[i], program.output_islands[i],
-        false, program.output_shard_layouts[i],
-        program.output_shard_islands[i]};
+        false, program.output_shards[i]};
   }
   std::vector<IslandOp> gang(program.islands.size());
   for (size_t k = 0; k < gang.size(); ++k) {
@@ -368,11 +366,13 @@ bool FastPath::ReadyBuffers(Session& s, const IfrtRequest& r,
   return true;
 }
 
-bool FastPath::NewHandle(Session& s, uint64_t handle) {
-  if (handle <= s.max_client_handle || handle >= kServerHandlesStart) {
-    return false;
+bool FastPath::FreshHandles(const Session& s,
+                            const std::vector<uint64_t>& handles) {
+  uint64_t last = s.max_client_handle;
+  for (uint64_t h : handles) {
+    if (h <= last || h >= kServerHandlesStart) return false;
+    last = h;
   }
-  s.max_client_handle = handle;
   return true;
 }
 
@@ -393,36 +393,49 @@ void FastPath::Deleted(Session& s, const ArrayRecord& record) {
   }
 }
 
-bool FastPath::Shard(Session& s, const IfrtRequest& r, Gangs* gangs) {
+bool FastPath::Split(Session& s, const IfrtRequest& r, Gangs* gangs) {
   if (r.copy_semantics != kReuseInput) return false;
   auto a = s.arrays.find(r.args[0]);
-  if (a == s.arrays.end() || a->second.donated ||
-      a->second.shard_layout < 0) {
+  if (a == s.arrays.end() || a->second.donated || !a->second.shards) {
     return false;
   }
-  const ArrayRecord& array = a->second;
-  bool whole = array.shard_layout == array.layout;
-  if (!whole && first_shard_payload_.empty()) return false;
-  if (!NewHandle(s, r.results[0])) return false;
-  ArrayRecord shard = array;
-  if (whole) {  // the same buffer under another handle
-    int& holders = s.holders[shard.buffer];
-    holders = holders == 0 ? 2 : holders + 1;
-  } else {  // a new buffer of part of its memory
-    shard.buffer = dispatcher_->NewBuffers(1)[0];
-    shard.layout = shard.shard_layout;  // its only shard is itself
-    shard.islands = {array.shard_island};
-    shard.shares = array.buffer;
-    ++s.sharers[array.buffer];
-    IslandOp copy;
-    copy.island = array.shard_island;
-    copy.op.kind = OpKind::kCopy;
-    copy.op.args = {array.buffer};
-    copy.op.results = {shard.buffer};
-    copy.op.payload = first_shard_payload_;
-    gangs->push_back({std::move(copy)});
+  std::shared_ptr<const ShardPlan> plan = a->second.shards;
+  // Python words the errors: a tiled array's only shard, a wrong count.
+  bool first_only = r.kind == IfrtRequest::kFullyReplicatedShard;
+  if ((first_only && !plan->replicated) ||
+      (!first_only && r.results.size() != plan->layouts.size())) {
+    return false;
   }
-  s.arrays.emplace(r.results[0], std::move(shard));
+  if (!FreshHandles(s, r.results)) return false;
+  s.max_client_handle = r.results.back();
+  ArrayRecord array = a->second;
+  if (plan->layouts.size() == 1) {  // the same buffer under another handle
+    ArrayRecord shard = array;
+    shard.layout = plan->layouts[0];
+    int& holders = s.holders[array.buffer];
+    holders = holders == 0 ? 2 : holders + 1;
+    s.arrays.emplace(r.results[0], std::move(shard));
+    return true;
+  }
+  // New buffers of parts of its memory.
+  std::vector<BufferId> buffers = dispatcher_->NewBuffers(r.results.size());
+  for (size_t k = 0; k < buffers.size(); ++k) {
+    ArrayRecord shard;
+    shard.buffer = buffers[k];
+    shard.layout = plan->layouts[k];
+    shard.islands = {plan->island};
+    shard.shards = plan->shard_plans[k];
+    shard.shares = array.buffer;
+    s.arrays.emplace(r.results[k], std::move(shard));
+  }
+  s.sharers[array.buffer] += static_cast<int>(buffers.size());
+  IslandOp copy;
+  copy.island = plan->island;
+  copy.op.kind = OpKind::kCopy;
+  copy.op.args = {array.buffer};
+  copy.op.results = std::move(buffers);
+  copy.op.payload = first_only ? plan->first : plan->all;
+  gangs->push_back({std::move(copy)});
   return true;
 }
 

@@ -1,8 +1,9 @@
 // FastPath: a training loop's steady-state requests, answered in C++.
 //
 // Execute of a program Python registered, CheckValueReady, DestructArray,
-// and a logged value's read (FullyReplicatedShard of an array that is not
-// tiled, then CopyToHostBuffer of an array on one island) are handled on the
+// and a logged value's read (FullyReplicatedShard or
+// DisassembleIntoSingleDeviceArrays of an array on one island, then
+// CopyToHostBuffer of the shards) are handled on the
 // frontend's completion-queue thread (through common/request_hook.h)
 // without entering Python, when every array they name is in this session's
 // table here. Anything else -- another request, an array Python holds, a
@@ -16,18 +17,19 @@
 // of the programs it registered here, and takes a record over (it moves to
 // Python) when a rare request needs the array. Records here share no memory
 // with other buffers (Python takes them before making any), except the
-// shards FullyReplicatedShard makes: a one-device array's only shard is
-// the array, named by another handle of the same buffer (a buffer's
-// handles are counted, and the last one's destruct deletes it); another
-// array's first shard is a new buffer holding part of its memory (a COPY
-// op). A launch donating a buffer that shares memory or handles goes to
-// Python, and Python takes such buffers' handles over together.
+// shards made here: a one-device array's only shard is the array, named by
+// another handle of the same buffer (a buffer's handles are counted, and
+// the last one's destruct deletes it); another array's shards are new
+// buffers holding parts of its memory (a COPY op). A launch donating a
+// buffer that shares memory or handles goes to Python, and Python takes
+// such buffers' handles over together.
 //
 // Thread safety: every method may be called from any thread.
 #ifndef JAX_PATHWAYS_CSRC_SESSIONS_FAST_PATH_H_
 #define JAX_PATHWAYS_CSRC_SESSIONS_FAST_PATH_H_
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -42,17 +44,32 @@
 
 namespace jax_pathways {
 
+// How an array of one layout splits into single-device arrays, as Python's
+// handlers split it (controller/handlers/array.py `_split`): Python's plan,
+// one per layout.
+struct ShardPlan {
+  IslandId island = 0;  // the array's only island
+  // Per device of the array, in order: its shard's layout. One entry: the
+  // shard is the array itself, under another handle.
+  std::vector<int64_t> layouts;
+  bool replicated = false;  // not tiled: FullyReplicatedShard applies
+  // COPY op payloads making arrays of the first local shard, and of every
+  // one in order.
+  Bytes first;
+  Bytes all;
+  // With several layouts: how each shard splits in turn (JAX reads a shard
+  // through its own FullyReplicatedShard).
+  std::vector<std::shared_ptr<const ShardPlan>> shard_plans;
+};
+
 struct ArrayRecord {
   BufferId buffer = 0;
   // Python's interned (dtype, shape, sharding, islands) of the array.
   int64_t layout = 0;
   std::vector<IslandId> islands;
   bool donated = false;  // a launch consumed it
-  // FullyReplicatedShard of it: the layout and island of its first shard as
-  // an array of its own; -1: Python's to answer. `layout` itself when its
-  // only shard is the array (one device, not tiled).
-  int64_t shard_layout = -1;
-  IslandId shard_island = 0;
+  // How to split it; null: Python's to answer.
+  std::shared_ptr<const ShardPlan> shards;
   // The buffer whose device memory this one is part of (a shard made here
   // of an array still held); 0: none.
   BufferId shares = 0;
@@ -69,9 +86,7 @@ struct FastProgram {
   std::vector<std::vector<int64_t>> arg_layouts;
   std::vector<int64_t> output_layouts;
   std::vector<std::vector<IslandId>> output_islands;
-  // See ArrayRecord::shard_layout and shard_island.
-  std::vector<int64_t> output_shard_layouts;
-  std::vector<IslandId> output_shard_islands;
+  std::vector<std::shared_ptr<const ShardPlan>> output_shards;
   // Per island of `islands`: the device memory of each output there.
   std::vector<std::vector<int64_t>> result_bytes;
   std::vector<size_t> donated;  // argument indices
@@ -81,7 +96,7 @@ struct FastPathStats {
   uint64_t executes = 0;
   uint64_t ready_checks = 0;
   uint64_t destructs = 0;
-  uint64_t shards = 0;  // FullyReplicatedShard
+  uint64_t shards = 0;  // FullyReplicatedShard and Disassemble
   uint64_t reads = 0;   // CopyToHostBuffer
   uint64_t declined = 0;  // requests left to Python
 };
@@ -107,11 +122,10 @@ class FastPath {
   // (`handle`'s first), moved out; empty if `handle` is not here.
   std::vector<std::pair<uint64_t, ArrayRecord>> Take(uint64_t stream,
                                                      uint64_t handle);
-  // The payloads (their format is Python's: dispatch/payloads.py) of a
-  // FETCH op that reads an array densely, in row-major order, and of a
-  // COPY op that makes an array of its first local shard. Reads are left to
-  // Python until they are set.
-  void SetPayloads(Bytes fetch, Bytes first_shard);
+  // The payload (its format is Python's: controller/op_payloads.py) of a
+  // FETCH op that reads an array densely, in row-major order. Reads are
+  // left to Python until it is set.
+  void SetFetchPayload(Bytes fetch);
   bool Contains(uint64_t stream, uint64_t handle);
   size_t Count(uint64_t stream);
   std::vector<std::pair<uint64_t, ArrayRecord>> Records(uint64_t stream);
@@ -151,14 +165,17 @@ class FastPath {
                 std::vector<BufferId>* forget);
   bool ReadyBuffers(Session& s, const IfrtRequest& r,
                     std::vector<BufferId>* buffers);
-  bool Shard(Session& s, const IfrtRequest& r, Gangs* gangs);
+  // FullyReplicatedShard (the first shard) and Disassemble (every one).
+  bool Split(Session& s, const IfrtRequest& r, Gangs* gangs);
   // Whether `buffer` shares memory or handles (see Take).
   static bool Shared(const Session& s, const ArrayRecord& record);
   // The last handle of `record`'s buffer is gone.
   static void Deleted(Session& s, const ArrayRecord& record);
   bool Fetch(Session& s, const IfrtRequest& r, Gangs* gangs);
-  // Takes `handle` as a new result handle of the client's (counting up).
-  bool NewHandle(Session& s, uint64_t handle);
+  // Whether `handles` are new: counting up from every one the client used
+  // before, below the controller's own.
+  static bool FreshHandles(const Session& s,
+                           const std::vector<uint64_t>& handles);
   // Stores a finished read's bytes in the frontend, then replies.
   void Fetched(uint64_t stream, uint64_t host_session, uint64_t op_id,
                uint64_t host_buffer, Completion done);
@@ -169,8 +186,7 @@ class FastPath {
   std::mutex mu_;
   std::unordered_map<uint64_t, Session> sessions_;
   FastPathStats stats_;
-  Bytes fetch_payload_;        // guarded by mu_; empty: reads go to Python
-  Bytes first_shard_payload_;  // guarded by mu_
+  Bytes fetch_payload_;  // guarded by mu_; empty: reads go to Python
   std::mutex sink_mu_;  // guards sink_ (replies may come from any thread)
   JpReplySink sink_{2, nullptr, nullptr, nullptr};
 };

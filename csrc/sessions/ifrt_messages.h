@@ -24,21 +24,22 @@ struct IfrtRequest {
     kCheckValueReady,
     kDestructArray,
     kFullyReplicatedShard,
+    kDisassemble,
     kCopyToHostBuffer,
   };
   Kind kind = kOther;
   uint64_t op_id = 0;
   // Execute: the executable, its arguments and the client's result handles;
   // CheckValueReady / DestructArray: the arrays (in `args`);
-  // FullyReplicatedShard: the array (args[0]), its shard's handle
-  // (results[0]); CopyToHostBuffer: the array (args[0]), the host buffer's
-  // handle (`host_buffer`).
+  // FullyReplicatedShard / DisassembleIntoSingleDeviceArrays: the array
+  // (args[0]), its shards' handles (`results`); CopyToHostBuffer: the array
+  // (args[0]), the host buffer's handle (`host_buffer`).
   uint64_t executable = 0;
   std::vector<uint64_t> args;
   std::vector<uint64_t> results;
   uint64_t status_handle = 0;
   bool fill_status = false;
-  // FullyReplicatedShard: ArrayCopySemantics (2: REUSE_INPUT).
+  // FullyReplicatedShard, Disassemble: ArrayCopySemantics (2: REUSE_INPUT).
   uint64_t copy_semantics = 0;
   uint64_t host_buffer = 0;
   bool byte_strides = false;  // CopyToHostBuffer: the client gave strides
@@ -164,28 +165,26 @@ inline bool ReadExecute(std::string_view body, IfrtRequest* r) {
   return in.ok();
 }
 
-inline bool ReadFullyReplicatedShard(std::string_view body, IfrtRequest* r) {
+// FullyReplicatedShard (result_handle: field 3) and
+// DisassembleIntoSingleDeviceArrays (result_handles: field 4; field 3 is
+// single_device_shard_semantics, of no matter here: every shard of an array
+// the fast path holds is addressable).
+inline bool ReadSplit(std::string_view body, uint32_t results_field,
+                      IfrtRequest* r) {
   Reader in(body);
   Field f;
   while (in.Next(&f)) {
-    switch (f.number) {
-      case 1:  // array_handle
-        if (f.type != 1) return false;
-        r->args.push_back(f.value);
-        break;
-      case 2:  // copy_semantics
-        if (f.type != 0) return false;
-        r->copy_semantics = f.value;
-        break;
-      case 3:  // result_handle
-        if (f.type != 1) return false;
-        r->results.push_back(f.value);
-        break;
-      default:
-        break;
+    if (f.number == 1) {  // array_handle
+      if (f.type != 1) return false;
+      r->args.push_back(f.value);
+    } else if (f.number == 2) {  // copy_semantics
+      if (f.type != 0) return false;
+      r->copy_semantics = f.value;
+    } else if (f.number == results_field) {
+      if (!AppendFixed64(f, &r->results)) return false;
     }
   }
-  return in.ok() && r->args.size() == 1 && r->results.size() == 1;
+  return in.ok() && r->args.size() == 1 && !r->results.empty();
 }
 
 inline bool ReadCopyToHostBuffer(std::string_view body, IfrtRequest* r) {
@@ -228,6 +227,7 @@ inline bool ReadHandles(std::string_view body, uint32_t number,
 // field of each one's response.
 constexpr uint32_t kMetadata = 1;
 constexpr uint32_t kCopyToHostBufferField = 6;
+constexpr uint32_t kDisassembleField = 7;
 constexpr uint32_t kCheckValueReadyField = 8;
 constexpr uint32_t kDestructArrayField = 12;
 constexpr uint32_t kExecuteField = 15;
@@ -272,7 +272,11 @@ inline IfrtRequest Read(std::string_view message) {
       break;
     case kFullyReplicatedShardField:
       r.kind = IfrtRequest::kFullyReplicatedShard;
-      read = ReadFullyReplicatedShard(body, &r);
+      read = ReadSplit(body, 3, &r) && r.results.size() == 1;
+      break;
+    case kDisassembleField:
+      r.kind = IfrtRequest::kDisassemble;
+      read = ReadSplit(body, 4, &r);
       break;
     case kCopyToHostBufferField:
       r.kind = IfrtRequest::kCopyToHostBuffer;
@@ -317,11 +321,24 @@ inline std::string Reply(uint64_t op_id, uint32_t field, const Status& status,
   return out;
 }
 
-// A response body holding one handle in fixed64 field `number`.
+// A response body holding one handle in (singular) fixed64 field `number`.
 inline std::string HandleBody(uint32_t number, uint64_t handle) {
   std::string out;
   PutVarint((uint64_t{number} << 3) | 1, &out);
   out.append(reinterpret_cast<const char*>(&handle), 8);
+  return out;
+}
+
+// A response body holding handles in repeated fixed64 field `number`
+// (packed).
+inline std::string HandlesBody(uint32_t number,
+                               const std::vector<uint64_t>& handles) {
+  std::string packed;
+  for (uint64_t h : handles) {
+    packed.append(reinterpret_cast<const char*>(&h), 8);
+  }
+  std::string out;
+  PutBody(number, packed, &out);
   return out;
 }
 

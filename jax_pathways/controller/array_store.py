@@ -6,9 +6,10 @@ _core.FastPath (csrc/sessions/fast_path.h) when every array they name is in
 its table. A handle lives in exactly one of the two tables: the outputs of a
 registered program go to the C++ table; a request Python handles that names
 one takes it over (the record moves here, as an Array). Records in C++ are
-plain arrays, sharing nothing, except the shards C++ makes for a logged
-value's read (FullyReplicatedShard): another handle of a one-device array's
-buffer, or a new buffer holding part of a replicated array's memory. Taking
+plain arrays, sharing nothing, except the shards C++ makes for a read
+(FullyReplicatedShard, DisassembleIntoSingleDeviceArrays; per layout, a
+ShardPlan Python made says how): another handle of a one-device array's
+buffer, or new buffers holding parts of an array's memory. Taking
 one of those over takes every record linked to it, rebuilt as Python's own
 (one counted Buffer per buffer, shares_memory_with between a shard and its
 array), so taking over loses nothing. Their dtype, shape, sharding and islands are interned in
@@ -19,6 +20,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Iterator, Sequence
 
+from jax_pathways import _core
+from jax_pathways.controller import op_payloads
 from jax_pathways.controller.arrays import Array, Buffer
 from jax_pathways.controller.handle_store import HandleStore
 from jax_pathways.programs.sharding import Sharding
@@ -34,6 +37,7 @@ class Layouts:
   def __init__(self):
     self._ids: dict[tuple[Any, ...], int] = {}
     self._layouts: list[Layout] = []
+    self._plans: dict[int, _core.ShardPlan | None] = {}
     self._lock = threading.Lock()
 
   def id(self, islands: Sequence[Island], dtype: str,
@@ -52,19 +56,29 @@ class Layouts:
   def of_array(self, array: Array) -> int:
     return self.id(array.islands, array.dtype, array.shape, array.sharding)
 
-  def shard(self, islands: Sequence[Island], dtype: str,
-            shape: Sequence[int], sharding: Sharding | None
-            ) -> tuple[int, int]:
-    """(layout, island) of the array FullyReplicatedShard makes of such an
-    array (as handlers/array.py does: its first device's shard), or (-1, 0)
-    where that is Python's to answer: a tiled array (an error), or one on
-    several islands."""
-    if (sharding is None or sharding.op_sharding is not None or
-        len(islands) != 1):
-      return -1, 0
-    if len(sharding.devices) > 1:
-      sharding = Sharding(sharding.devices[:1], None, sharding.memory_kind)
-    return self.id(islands, dtype, shape, sharding), islands[0].id
+  def plan(self, layout: int) -> _core.ShardPlan | None:
+    """How the fast path splits an array of `layout` into single-device
+    arrays, as handlers/array.py `_split` does (a shard per device, on its
+    device, not tiled); None where Python answers: no sharding, several
+    islands."""
+    with self._lock:
+      if layout in self._plans:
+        return self._plans[layout]
+      islands, dtype, shape, sharding = self._layouts[layout]
+    plan = None
+    if sharding is not None and len(islands) == 1:
+      shard_shape = sharding.shard_shape(shape)
+      kind = sharding.memory_kind
+      n = len(sharding.devices)
+      shards = [self.id(islands, dtype, shard_shape,
+                        Sharding((d,), None, kind)) for d in sharding.devices]
+      plan = _core.ShardPlan(
+          islands[0].id, shards, sharding.op_sharding is None,
+          op_payloads.shards([0]), op_payloads.shards(list(range(n))),
+          # A one-device shard's plan is one entry: no deeper.
+          [self.plan(s) for s in shards] if n > 1 else [])
+    with self._lock:
+      return self._plans.setdefault(layout, plan)
 
   def array(self, record: tuple[int, int, list[int], bool, int],
             shared: Buffer | None = None) -> Array:
@@ -110,11 +124,9 @@ class ArrayStore(HandleStore[Array]):
     self._to_fast(handle, array)
 
   def _to_fast(self, handle: int, array: Array) -> None:
-    self._fast.put(self._stream, handle, array.buffer,
-                   self.layouts.of_array(array),
-                   [i.id for i in array.islands],
-                   *self.layouts.shard(array.islands, array.dtype,
-                                       array.shape, array.sharding))
+    layout = self.layouts.of_array(array)
+    self._fast.put(self._stream, handle, array.buffer, layout,
+                   [i.id for i in array.islands], self.layouts.plan(layout))
 
   def _take(self, handle: int) -> Array | None:
     """The fast path's array under `handle`, moved here (with every record

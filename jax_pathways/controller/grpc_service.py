@@ -25,11 +25,10 @@ from absl import logging
 from jax_pathways import _frontend
 from jax_pathways import protos
 from jax_pathways import threads
+from jax_pathways.controller import op_payloads
 from jax_pathways.controller import tracing
 from jax_pathways.controller import versions
 from jax_pathways.controller.handlers import HANDLERS, RESULT_HANDLES
-from jax_pathways.controller.handlers.array import (fetch_payload,
-                                                   shards_payload)
 from jax_pathways.controller.session import Services, Session
 from jax_pathways.resources.virtual_slice import SliceRequest
 from jax_pathways.status import Code, Status, StatusError
@@ -86,7 +85,7 @@ class GrpcService:
     if fast is not None:  # steady-state requests answered in C++
       self._server.set_request_hook(fast.hook())
       fast.attach(self._server.reply_sink())
-      fast.set_payloads(fetch_payload(None), shards_payload([0]))
+      fast.set_fetch_payload(op_payloads.fetch(None))
     port = self._server.start(bind)
     self._thread = threads.start(self._loop, "jp-sessions")
     return port

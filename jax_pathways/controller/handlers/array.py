@@ -12,7 +12,7 @@ import concurrent.futures
 from typing import Any, Sequence
 
 from jax_pathways import dtypes, validation
-from jax_pathways.controller import moves, remap_plan
+from jax_pathways.controller import moves, op_payloads, remap_plan
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.handlers.registry import handles
 from jax_pathways.controller.session import Reply, Session
@@ -215,18 +215,6 @@ def make_error_arrays(session: Session, req: Any, reply: Reply) -> None:
   reply.ok(lambda r: r.array_handles.extend(req.array_handles))
 
 
-def fetch_payload(strides: list[int] | None) -> bytes:
-  """A FETCH op's payload (worker/worker.py); the fast path's reads
-  (csrc/sessions/fast_path.h) are dense, row-major: strides None."""
-  return payloads.encode({"strides": strides})
-
-
-def shards_payload(positions: list[int]) -> bytes:
-  """A COPY op's payload making arrays of the source's local shards at
-  these positions; the fast path's FullyReplicatedShard takes [0]."""
-  return payloads.encode({"mode": "shards", "positions": positions})
-
-
 @handles("copy_to_host_buffer_request")
 def copy_to_host_buffer(session: Session, req: Any, reply: Reply) -> None:
   array = _usable(session, req.array_handle)
@@ -260,7 +248,7 @@ def copy_to_host_buffer(session: Session, req: Any, reply: Reply) -> None:
 
   session.services.dispatcher.submit(
       [IslandOp(array.islands[0].id, OpKind.FETCH, args=[array.buffer],
-                payload=fetch_payload(_strides(req)))],
+                payload=op_payloads.fetch(_strides(req)))],
       fetched)
 
 
@@ -341,7 +329,7 @@ def _split(session: Session, src: Array, handles_: Sequence[int]) -> None:
   # The shards share the source's device memory: no result_bytes.
   session.services.dispatcher.submit(
       [IslandOp(i, OpKind.COPY, args=[src.buffer], results=results[i],
-                payload=shards_payload(positions[i]))
+                payload=op_payloads.shards(positions[i]))
        for i in positions])
 
 

@@ -185,16 +185,13 @@ def _register_fast(session: Session, handle: int, exe: CompiledProgram,
     return
   layouts = session.arrays.layouts
   out_bytes = exe.output_bytes(services.topology)
-  outputs = list(zip(exe.output_islands, exe.outputs, exe.output_shardings))
-  shards = [layouts.shard(islands, dtype, shape, s)
-            for islands, (shape, dtype), s in outputs]
+  outputs = [layouts.id(islands, dtype, shape, s) for islands, (shape, dtype), s
+             in zip(exe.output_islands, exe.outputs, exe.output_shardings)]
   services.fast_path.register(
       session.stream, handle, exe.program_id, [i.id for i in exe.islands],
-      epoch, [[layouts.of_array(a)] for a in args],
-      [layouts.id(islands, dtype, shape, s)
-       for islands, (shape, dtype), s in outputs],
+      epoch, [[layouts.of_array(a)] for a in args], outputs,
       [[i.id for i in islands] for islands in exe.output_islands],
-      [layout for layout, _ in shards], [island for _, island in shards],
+      [layouts.plan(layout) for layout in outputs],
       [out_bytes[i.id] for i in exe.islands], list(exe.donated))
 
 
