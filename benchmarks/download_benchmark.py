@@ -9,7 +9,8 @@ an array of a local CPU device (a view of its buffer, no copy) and copying
 it into a fresh host array (what the bytes' last hop costs at least: a
 fresh buffer, first-touch page faults, a copy). Prints one JSON line per
 size, with each process's CPU time per download. 16B/4: a 16-byte array
-replicated over the island's 4 devices (a data-parallel loss).
+replicated over the island's 4 devices (a data-parallel loss); 16B/4s:
+split over them.
 """
 from __future__ import annotations
 
@@ -24,11 +25,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-# Label -> (bytes, devices the array is replicated over). 16B: a logged
+# Label -> (bytes, devices, sharded over them or replicated). 16B: a logged
 # loss, what a read costs when there are no bytes to speak of; 16B/4: a
-# data-parallel loss, replicated over the island's 4 devices.
-SIZES = {"16B": (16, 1), "4KB": (4 << 10, 1), "1MB": (1 << 20, 1),
-         "16MB": (16 << 20, 1), "16B/4": (16, 4)}
+# data-parallel loss, replicated over the island's 4 devices; 16B/4s: 16
+# bytes split over them (np.asarray reads each shard).
+SIZES = {"16B": (16, 1, False), "4KB": (4 << 10, 1, False),
+         "1MB": (1 << 20, 1, False), "16MB": (16 << 20, 1, False),
+         "16B/4": (16, 4, False), "16B/4s": (16, 4, True)}
 
 
 def fetch_ms(arrays: list[jax.Array], copy: bool) -> list[float]:
@@ -53,9 +56,10 @@ def main() -> None:
     parser.error(f"unknown sizes {unknown}; choose from {list(SIZES)}")
   pathways, cpu, pids = one_island_processes()
   for label in labels:
-    size, replicas = SIZES[label]
+    size, n, split = SIZES[label]
     on_pathways, on_cpu = (
-        NamedSharding(Mesh(np.array(devices[:replicas]), ("d",)), P())
+        NamedSharding(Mesh(np.array(devices[:n]), ("d",)),
+                      P("d") if split else P())
         for devices in (pathways, cpu))
     data = np.random.default_rng(0).random(size // 4, dtype=np.float32)
     fetches = min(1024, max(2, (64 << 20) // size // 16))  # ~4 MB a sample
