@@ -41,6 +41,16 @@ def _taken(cluster, run, device, reference):
   return {k: after[k] - before[k] for k in after}
 
 
+def _logged(step, x, steps: int, every: int) -> list[np.ndarray]:
+  """`steps` calls of `step` on its own result, read every `every` calls."""
+  seen = []
+  for i in range(steps):
+    x = step(x)
+    if i % every == 0:
+      seen.append(np.asarray(x))
+  return seen + [np.asarray(x)]
+
+
 def _chain(devices, n: int, wait_each: bool):
   mesh = Mesh(np.array(devices[:4]), ("i",))
   step = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, "i") * 0.25 + a,
@@ -110,13 +120,8 @@ def test_a_read_array_donated_next_keeps_plain_jax_bits(
   with the same bits."""
   def run(device):
     step = jax.jit(lambda x: x * 0.5 + 1.0, donate_argnums=0)
-    x = jax.device_put(jnp.arange(8.0, dtype=jnp.float32), device)
-    seen = []
-    for i in range(24):
-      x = step(x)
-      if i % 4 == 0:
-        seen.append(np.asarray(x))
-    return seen + [np.asarray(x)]
+    return _logged(step, jax.device_put(jnp.arange(8.0, dtype=jnp.float32),
+                                        device), 24, 4)
 
   used = _taken(pathways, run, proxy_devices[2], cpu_devices[2])
   assert used["reads"] >= 6, used
@@ -176,15 +181,9 @@ def test_reads_of_a_sharded_array_run_in_cpp_with_plain_jax_bits(
   four reads are all C++'s, and so is every call around them."""
   def run(devices):
     mesh = Mesh(np.array(devices[:4]), ("i",))
-    inc = jax.jit(lambda x: x * 0.5 + 1.5)
     x = jax.device_put(jnp.arange(8.0, dtype=jnp.float32),
                        NamedSharding(mesh, P("i")))
-    seen = []
-    for i in range(20):
-      x = inc(x)
-      if i % 5 == 0:
-        seen.append(np.asarray(x))
-    return seen + [np.asarray(x)]
+    return _logged(jax.jit(lambda x: x * 0.5 + 1.5), x, 20, 5)
 
   used = _taken(pathways, run, proxy_devices, cpu_devices)
   assert used["executes"] >= 19, used
