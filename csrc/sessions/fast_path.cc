@@ -51,9 +51,9 @@ std::vector<ArrayRecord> FastPath::Close(uint64_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(stream);
   if (it == sessions_.end()) return out;
-  std::unordered_map<BufferId, bool> seen;
+  std::unordered_set<BufferId> seen;
   for (auto& [handle, record] : it->second.arrays) {
-    if (seen.emplace(record.buffer, true).second) {
+    if (seen.insert(record.buffer).second) {
       out.push_back(std::move(record));
     }
   }
@@ -291,7 +291,7 @@ bool FastPath::Execute(Session& s, const IfrtRequest& r, Gangs* gangs) {
   }
   // A donated buffer that shares memory or handles is Python's to consume.
   for (size_t i : program.donated) {
-    if (i < args.size() && Shared(s, s.arrays[r.args[i]])) return false;
+    if (i < args.size() && Shared(s, s.arrays.at(r.args[i]))) return false;
   }
   if (!FreshHandles(s, r.results)) return false;
   // Taken: nothing below declines.
@@ -386,11 +386,10 @@ void FastPath::Deleted(Session& s, const ArrayRecord& record) {
     auto it = s.sharers.find(record.shares);
     if (it != s.sharers.end() && --it->second == 0) s.sharers.erase(it);
   }
-  if (s.sharers.erase(record.buffer) == 0) return;
-  // Its shards' memory is theirs alone now (PJRT counts its users).
-  for (auto& [handle, other] : s.arrays) {
-    if (other.shares == record.buffer) other.shares = 0;
-  }
+  // Its shards keep naming it (no scan of the table here): buffer ids are
+  // never reused, and a stale `shares` only sends a launch donating such a
+  // shard to Python.
+  s.sharers.erase(record.buffer);
 }
 
 bool FastPath::Split(Session& s, const IfrtRequest& r, Gangs* gangs) {

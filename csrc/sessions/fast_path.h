@@ -70,8 +70,8 @@ struct ArrayRecord {
   bool donated = false;  // a launch consumed it
   // How to split it; null: Python's to answer.
   std::shared_ptr<const ShardPlan> shards;
-  // The buffer whose device memory this one is part of (a shard made here
-  // of an array still held); 0: none.
+  // The buffer whose device memory this one is part of (a shard made here;
+  // it may have been deleted since); 0: none.
   BufferId shares = 0;
 };
 
