@@ -17,14 +17,17 @@ pytestmark = pytest.mark.integration
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SUPPRESSIONS = REPO / "tests" / "tsan_suppressions.txt"
 # The tests whose code paths are C++: dispatcher and executor over socket
-# pairs, worker links, the host-buffer side channel, sessions that end
+# pairs, worker links, the host-buffer side channel, and sessions that end
 # abruptly against a controller with two workers (full size: ~5 s more,
-# and 40 sessions missed the bug it guards against once in 6 runs), and
-# the fast path (replies and reads completed from the dispatcher's threads).
+# and 40 sessions missed the bug it guards against once in 6 runs).
 TESTS = ["tests/dispatch", "tests/transport",
          "tests/controller/host_buffers_test.py",
-         "tests/controller/session_churn_test.py",
-         "tests/controller/fast_path_test.py"]
+         "tests/controller/session_churn_test.py"]
+# Under ASan only: the fast path (replies and reads completed from the
+# dispatcher's threads). Its workers run XLA programs on 4 devices, whose
+# thread churn in uninstrumented jaxlib tripped TSan's own bookkeeping
+# once in CI ("dup thread with used id"), no report of ours.
+ASAN_TESTS = ["tests/controller/fast_path_test.py"]
 # Its bound assumes submitting 80 ops is fast next to serving them; under
 # TSan it is not, and the first op is charged the whole wait.
 TSAN_DESELECT = ("tests/dispatch/dispatcher_core_test.py::"
@@ -93,6 +96,8 @@ def test_cpp_tests_pass_under_sanitizer(mode, tmp_path):
   env["TSAN_OPTIONS"] = (f"{common}:ignore_noninstrumented_modules=1:"
                          f"die_after_fork=0:suppressions={SUPPRESSIONS}")
   tests = [str(REPO / t) for t in TESTS]
+  if mode == "address":
+    tests += [str(REPO / t) for t in ASAN_TESTS]
   if mode == "thread":
     tests += ["--deselect", str(REPO / TSAN_DESELECT)]
   # cwd is the tree, so that `-m pytest` imports the sanitized package.
