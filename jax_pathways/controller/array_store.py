@@ -9,11 +9,12 @@ one takes it over (the record moves here, as an Array). Records in C++ are
 plain arrays, sharing nothing, except the shards C++ makes for a read
 (FullyReplicatedShard, DisassembleIntoSingleDeviceArrays; per layout, a
 ShardPlan Python made says how): another handle of a one-device array's
-buffer, or new buffers holding parts of an array's memory. Taking
-one of those over takes every record linked to it, rebuilt as Python's own
-(one counted Buffer per buffer, shares_memory_with between a shard and its
-array), so taking over loses nothing. Their dtype, shape, sharding and islands are interned in
-Layouts (shared by the controller's sessions): C++ compares layout ids.
+buffer, or new buffers holding parts of an array's memory. Taking one of
+those over takes every record linked to it, rebuilt as Python's own (one
+counted Buffer per buffer, shares_memory_with between a shard and its
+array), so taking over loses nothing. Their dtype, shape, sharding and
+islands are interned in Layouts (shared by the controller's sessions): C++
+compares layout ids.
 """
 from __future__ import annotations
 
