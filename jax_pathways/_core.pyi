@@ -88,8 +88,8 @@ class ShardPlan:
                shard_plans: Sequence[ShardPlan | None]) -> None: ...
 
 class FastPath:
-  """Execute, CheckValueReady, DestructArray and small reads answered in
-  C++ (csrc/sessions/fast_path.h; controller/array_store.py)."""
+  """Execute, CheckValueReady, DestructArray, uploads and reads answered
+  in C++ (csrc/sessions/fast_path.h; controller/array_store.py)."""
   def __init__(self, dispatcher: Dispatcher) -> None: ...
   def attach(self, sink: object) -> None:
     """`sink`: GrpcServer.reply_sink()'s capsule."""
@@ -117,6 +117,14 @@ class FastPath:
                result_bytes: Sequence[Sequence[int]],
                donated: Sequence[int]) -> None: ...
   def unregister(self, stream: int, executable: int) -> None: ...
+  def register_upload(self, stream: int, array: int, head: bytes,
+                      nbytes: int, layout: int, islands: Sequence[int],
+                      island_bytes: Sequence[int],
+                      shards: ShardPlan | None, epoch: int) -> None:
+    """What Python made of the MakeArrayFromHostBuffer that made `array`
+    (the PUT op's head, the upload's size, the array's layout, islands and
+    device memory per island, the dispatcher epoch it placed it at), for
+    the fast path's uploads alike."""
   def set_fetch_payload(self, fetch: bytes) -> None:
     """The payload of a dense row-major FETCH."""
   def stats(self) -> dict[str, int]: ...

@@ -14,7 +14,7 @@ extern "C" {
 
 // The frontend's way to answer a session stream, from any thread.
 struct JpReplySink {
-  uint32_t version;  // 2
+  uint32_t version;  // 3
   void* server;
   // Queues one IfrtResponse on stream `stream`; 0 if the stream is gone.
   int (*send)(void* server, uint64_t stream, const char* data, size_t size);
@@ -27,6 +27,15 @@ struct JpReplySink {
   int (*store)(void* server, uint64_t session, uint64_t handle,
                const char* data, size_t size, void (*release)(void* owner),
                void* owner, char* error, size_t error_size);
+  // Takes upload `handle` of host-buffer session `session` if it has
+  // arrived and holds exactly `size` bytes, handing its pieces in order to
+  // piece(ctx, data, n, release, owner), lent: the fast path calls
+  // release(owner) once done with one. Returns 1 if taken; 0 if not (not
+  // arrived yet, another size, no such session), leaving it as it was.
+  int (*take)(void* server, uint64_t session, uint64_t handle, size_t size,
+              void (*piece)(void* ctx, const char* data, size_t n,
+                            void (*release)(void* owner), void* owner),
+              void* ctx);
 };
 
 // The fast path, called on the frontend's completion-queue thread with each
@@ -42,7 +51,7 @@ struct JpRequestHook {
 
 }  // extern "C"
 
-inline constexpr char kReplySinkCapsule[] = "jax_pathways.JpReplySink.v2";
+inline constexpr char kReplySinkCapsule[] = "jax_pathways.JpReplySink.v3";
 inline constexpr char kRequestHookCapsule[] =
     "jax_pathways.JpRequestHook.v1";
 

@@ -759,7 +759,7 @@ void GrpcServer::SetRequestHook(const JpRequestHook& hook) {
 
 JpReplySink GrpcServer::reply_sink() {
   JpReplySink sink;
-  sink.version = 2;
+  sink.version = 3;
   sink.server = this;
   sink.send = [](void* server, uint64_t stream, const char* data,
                  size_t size) -> int {
@@ -780,6 +780,21 @@ JpReplySink GrpcServer::reply_sink() {
       error[n] = '\0';
     }
     return static_cast<int>(status.code());
+  };
+  sink.take = [](void* server, uint64_t session, uint64_t handle, size_t size,
+                 void (*piece)(void*, const char*, size_t, void (*)(void*),
+                               void*),
+                 void* ctx) -> int {
+    std::optional<HostBuffer> taken =
+        static_cast<GrpcServer*>(server)->host_buffers().TakeIfSize(
+            session, handle, size);
+    if (!taken) return 0;
+    for (Bytes& b : *taken) {
+      auto* owner = new Bytes(std::move(b));
+      piece(ctx, owner->data(), owner->size(),
+            [](void* p) { delete static_cast<Bytes*>(p); }, owner);
+    }
+    return 1;
   };
   return sink;
 }

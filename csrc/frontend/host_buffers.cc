@@ -90,6 +90,20 @@ StatusOr<std::optional<HostBuffer>> HostBuffers::TakeOrWatch(
   return std::optional<HostBuffer>(std::move(out));
 }
 
+std::optional<HostBuffer> HostBuffers::TakeIfSize(uint64_t session,
+                                                  uint64_t handle,
+                                                  size_t size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return std::nullopt;
+  auto b = it->second.find(handle);
+  if (b == it->second.end() || SizeOf(b->second) != size) return std::nullopt;
+  HostBuffer out = std::move(b->second);
+  it->second.erase(b);
+  bytes_ -= size;
+  return out;
+}
+
 Status HostBuffers::Delete(uint64_t session, uint64_t handle) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session);

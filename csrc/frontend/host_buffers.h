@@ -51,6 +51,10 @@ class HostBuffers {
                                                   uint64_t handle);
   // Called without the lock, from the thread that stored a watched upload.
   void set_waker(std::function<void()> waker);
+  // Removes and returns the upload if it has arrived and holds `size`
+  // bytes; otherwise nullopt, leaving everything as it was (no watch).
+  std::optional<HostBuffer> TakeIfSize(uint64_t session, uint64_t handle,
+                                       size_t size);
   Status Delete(uint64_t session, uint64_t handle);
   size_t total_bytes();
 

@@ -150,6 +150,24 @@ void RegisterFastPath(py::module_& m) {
           py::arg("fetch"))
       .def("unregister", &FastPath::Unregister, py::arg("stream"),
            py::arg("executable"))
+      .def(
+          "register_upload",
+          [](FastPath& f, uint64_t stream, uint64_t array,
+             const py::buffer& head, size_t nbytes, int64_t layout,
+             std::vector<IslandId> islands, std::vector<int64_t> island_bytes,
+             std::shared_ptr<ShardPlan> shards, uint64_t epoch) {
+            if (island_bytes.size() != islands.size()) {
+              throw py::value_error("an upload plan's lists do not match");
+            }
+            f.RegisterUpload(stream, array,
+                             UploadPlan{SharedOrCopy(head), nbytes, layout,
+                                        std::move(islands),
+                                        std::move(island_bytes),
+                                        std::move(shards), epoch});
+          },
+          py::arg("stream"), py::arg("array"), py::arg("head"),
+          py::arg("nbytes"), py::arg("layout"), py::arg("islands"),
+          py::arg("island_bytes"), py::arg("shards"), py::arg("epoch"))
       .def("stats", [](FastPath& f) {
         FastPathStats s = f.stats();
         py::dict d;
@@ -158,6 +176,7 @@ void RegisterFastPath(py::module_& m) {
         d["destructs"] = s.destructs;
         d["shards"] = s.shards;
         d["reads"] = s.reads;
+        d["uploads"] = s.uploads;
         d["declined"] = s.declined;
         return d;
       });

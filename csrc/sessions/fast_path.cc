@@ -24,6 +24,17 @@ void ReleaseBytes(void* owner) { delete static_cast<Bytes*>(owner); }
 // ArrayCopySemantics: the shard shares the array's buffer (what JAX asks).
 constexpr uint64_t kReuseInput = 2;
 
+// Upload plans and pending signatures a session keeps (a loop uploads
+// arrays of a few kinds; more is a client trying every kind).
+constexpr size_t kUploadKinds = 64;
+
+// JpReplySink::take's piece callback: an upload's piece, lent.
+void AddPiece(void* tails, const char* data, size_t n, void (*release)(void*),
+              void* owner) {
+  static_cast<std::vector<Bytes>*>(tails)->push_back(
+      Bytes::Borrow(std::shared_ptr<const void>(owner, release), data, n));
+}
+
 }  // namespace
 
 void FastPath::Attach(const JpReplySink& sink) {
@@ -33,7 +44,7 @@ void FastPath::Attach(const JpReplySink& sink) {
 
 void FastPath::Detach() {
   std::lock_guard<std::mutex> lock(sink_mu_);
-  sink_ = JpReplySink{2, nullptr, nullptr, nullptr};
+  sink_ = JpReplySink{3, nullptr, nullptr, nullptr, nullptr};
 }
 
 JpRequestHook FastPath::hook() { return JpRequestHook{1, this, &HandleHook}; }
@@ -171,6 +182,18 @@ void FastPath::Unregister(uint64_t stream, uint64_t executable) {
   if (Session* s = FindLocked(stream)) s->programs.erase(executable);
 }
 
+void FastPath::RegisterUpload(uint64_t stream, uint64_t array,
+                              UploadPlan plan) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Session* s = FindLocked(stream);
+  if (s == nullptr) return;
+  auto it = s->unplanned.find(array);
+  if (it == s->unplanned.end()) return;
+  if (s->uploads.size() >= kUploadKinds) s->uploads.clear();
+  s->uploads[std::move(it->second)] = std::move(plan);
+  s->unplanned.erase(it);
+}
+
 FastPath::Session* FastPath::FindLocked(uint64_t stream) {
   auto it = sessions_.find(stream);
   return it == sessions_.end() ? nullptr : &it->second;
@@ -217,6 +240,10 @@ bool FastPath::Handle(uint64_t stream, std::string_view request) {
           stats_.reads += taken;
           host_session = s.host_session;
           break;
+        case IfrtRequest::kMakeArray:
+          taken = Upload(s, r, &gangs);
+          stats_.uploads += taken;
+          break;
         case IfrtRequest::kOther:
           break;
       }
@@ -254,6 +281,10 @@ bool FastPath::Handle(uint64_t stream, std::string_view request) {
     case IfrtRequest::kDisassemble:
       Reply(stream, r.op_id, ifrt_wire::kDisassembleField, Status(),
             ifrt_wire::HandlesBody(1, r.results));
+      break;
+    case IfrtRequest::kMakeArray:
+      Reply(stream, r.op_id, ifrt_wire::kMakeArrayField, Status(),
+            ifrt_wire::HandleBody(1, r.results[0]));
       break;
     default:  // CheckValueReady: once the buffers are
       dispatcher_->WhenReady(buffers, [this, stream,
@@ -453,6 +484,48 @@ bool FastPath::Fetch(Session& s, const IfrtRequest& r, Gangs* gangs) {
   fetch.op.args = {a->second.buffer};
   fetch.op.payload = fetch_payload_;
   gangs->push_back({std::move(fetch)});
+  return true;
+}
+
+bool FastPath::Upload(Session& s, const IfrtRequest& r, Gangs* gangs) {
+  auto p = s.uploads.find(r.signature);
+  if (p != s.uploads.end() && p->second.epoch != dispatcher_->epoch()) {
+    s.uploads.erase(p);
+    p = s.uploads.end();
+  }
+  if (p == s.uploads.end()) {
+    if (s.unplanned.size() >= kUploadKinds) s.unplanned.clear();
+    s.unplanned[r.results[0]] = r.signature;  // Python may plan it
+    return false;
+  }
+  if (!FreshHandles(s, r.results)) return false;
+  const UploadPlan& plan = p->second;
+  // Not here yet, or not the size planned: Python waits for it, or words
+  // the error.
+  std::vector<Bytes> tails;
+  {
+    std::lock_guard<std::mutex> lock(sink_mu_);
+    if (sink_.take == nullptr ||
+        !sink_.take(sink_.server, s.host_session, r.host_buffer, plan.nbytes,
+                    &AddPiece, &tails)) {
+      return false;
+    }
+  }
+  s.max_client_handle = r.results[0];
+  BufferId buffer = dispatcher_->NewBuffers(1)[0];
+  s.arrays[r.results[0]] =
+      ArrayRecord{buffer, plan.layout, plan.islands, false, plan.shards};
+  // Every island gets the whole upload and keeps its own shards.
+  std::vector<IslandOp> gang(plan.islands.size());
+  for (size_t k = 0; k < gang.size(); ++k) {
+    gang[k].island = plan.islands[k];
+    gang[k].op.kind = OpKind::kPut;
+    gang[k].op.results = {buffer};
+    gang[k].op.payload = plan.head;
+    gang[k].op.payload_tails = tails;
+    gang[k].result_bytes = {plan.island_bytes[k]};
+  }
+  gangs->push_back(std::move(gang));
   return true;
 }
 

@@ -1,7 +1,8 @@
 // FastPath: a training loop's steady-state requests, answered in C++.
 //
 // Execute of a program Python registered, CheckValueReady, DestructArray,
-// and a logged value's read (FullyReplicatedShard or
+// an upload alike to one Python made (MakeArrayFromHostBuffer), and a
+// logged value's read (FullyReplicatedShard or
 // DisassembleIntoSingleDeviceArrays of an array on one island, then
 // CopyToHostBuffer of the shards) are handled on the
 // frontend's completion-queue thread (through common/request_hook.h)
@@ -92,12 +93,27 @@ struct FastProgram {
   std::vector<size_t> donated;  // argument indices
 };
 
+// What Python made of one MakeArrayFromHostBuffer, for the uploads alike
+// (the same request but for its two handles).
+struct UploadPlan {
+  Bytes head;         // the PUT op's payload before the upload's bytes
+  size_t nbytes = 0;  // the upload's size
+  int64_t layout = 0;
+  std::vector<IslandId> islands;
+  std::vector<int64_t> island_bytes;  // device memory per island
+  std::shared_ptr<const ShardPlan> shards;
+  // Dispatcher epoch Python placed it at: islands lost or rejoined since
+  // send the next one to Python again.
+  uint64_t epoch = 0;
+};
+
 struct FastPathStats {
   uint64_t executes = 0;
   uint64_t ready_checks = 0;
   uint64_t destructs = 0;
   uint64_t shards = 0;  // FullyReplicatedShard and Disassemble
   uint64_t reads = 0;   // CopyToHostBuffer
+  uint64_t uploads = 0;  // MakeArrayFromHostBuffer
   uint64_t declined = 0;  // requests left to Python
 };
 
@@ -137,6 +153,9 @@ class FastPath {
   // argument layouts of another call Python checked.
   void Register(uint64_t stream, uint64_t executable, FastProgram program);
   void Unregister(uint64_t stream, uint64_t executable);
+  // The plan of the upload that made `array` (a MakeArrayFromHostBuffer
+  // this declined, which Python answered), for those alike.
+  void RegisterUpload(uint64_t stream, uint64_t array, UploadPlan plan);
   FastPathStats stats();
 
   // The hook: true if it took the request (see common/request_hook.h).
@@ -152,6 +171,10 @@ class FastPath {
     // Buffers part of whose memory shards made here hold, and how many.
     std::unordered_map<BufferId, int> sharers;
     std::unordered_map<uint64_t, FastProgram> programs;
+    // Upload plans by request signature; the signatures of uploads left to
+    // Python, by the array they make (both bounded).
+    std::unordered_map<std::string, UploadPlan> uploads;
+    std::unordered_map<uint64_t, std::string> unplanned;
     uint64_t max_client_handle = 0;
   };
   using Gangs = std::vector<std::vector<IslandOp>>;
@@ -172,6 +195,7 @@ class FastPath {
   // The last handle of `record`'s buffer is gone.
   static void Deleted(Session& s, const ArrayRecord& record);
   bool Fetch(Session& s, const IfrtRequest& r, Gangs* gangs);
+  bool Upload(Session& s, const IfrtRequest& r, Gangs* gangs);
   // Whether `handles` are new: counting up from every one the client used
   // before, below the controller's own.
   static bool FreshHandles(const Session& s,
@@ -188,7 +212,7 @@ class FastPath {
   FastPathStats stats_;
   Bytes fetch_payload_;  // guarded by mu_; empty: reads go to Python
   std::mutex sink_mu_;  // guards sink_ (replies may come from any thread)
-  JpReplySink sink_{2, nullptr, nullptr, nullptr};
+  JpReplySink sink_{3, nullptr, nullptr, nullptr, nullptr};
 };
 
 }  // namespace jax_pathways

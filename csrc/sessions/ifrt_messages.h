@@ -26,6 +26,7 @@ struct IfrtRequest {
     kFullyReplicatedShard,
     kDisassemble,
     kCopyToHostBuffer,
+    kMakeArray,  // MakeArrayFromHostBuffer
   };
   Kind kind = kOther;
   uint64_t op_id = 0;
@@ -43,6 +44,10 @@ struct IfrtRequest {
   uint64_t copy_semantics = 0;
   uint64_t host_buffer = 0;
   bool byte_strides = false;  // CopyToHostBuffer: the client gave strides
+  // MakeArrayFromHostBuffer: the upload (`host_buffer`), the new array
+  // (results[0]), and every other field's bytes as sent (dtype, shape,
+  // sharding, strides, layout): requests alike in these make alike arrays.
+  std::string signature;
 };
 
 namespace ifrt_wire {
@@ -86,6 +91,7 @@ class Reader {
     }
   }
   bool ok() const { return ok_; }
+  size_t pos() const { return i_; }  // where the next field starts
 
  private:
   bool Varint(uint64_t* v) {
@@ -212,6 +218,25 @@ inline bool ReadCopyToHostBuffer(std::string_view body, IfrtRequest* r) {
   return in.ok() && r->args.size() == 1 && has_host_buffer;
 }
 
+inline bool ReadMakeArray(std::string_view body, IfrtRequest* r) {
+  Reader in(body);
+  Field f;
+  bool has_host_buffer = false;
+  size_t start = 0;
+  while (in.Next(&f)) {
+    if (f.number == 4 && f.type == 1) {  // host_buffer_handle
+      r->host_buffer = f.value;
+      has_host_buffer = true;
+    } else if (f.number == 6 && f.type == 1) {  // array_handle
+      r->results.push_back(f.value);
+    } else {
+      r->signature.append(body.substr(start, in.pos() - start));
+    }
+    start = in.pos();
+  }
+  return in.ok() && has_host_buffer && r->results.size() == 1;
+}
+
 // Handles in field `number` of `body` (the only field it reads).
 inline bool ReadHandles(std::string_view body, uint32_t number,
                         std::vector<uint64_t>* out) {
@@ -226,6 +251,7 @@ inline bool ReadHandles(std::string_view body, uint32_t number,
 // IfrtRequest field numbers of the bodies read here; also the IfrtResponse
 // field of each one's response.
 constexpr uint32_t kMetadata = 1;
+constexpr uint32_t kMakeArrayField = 4;
 constexpr uint32_t kCopyToHostBufferField = 6;
 constexpr uint32_t kDisassembleField = 7;
 constexpr uint32_t kCheckValueReadyField = 8;
@@ -277,6 +303,10 @@ inline IfrtRequest Read(std::string_view message) {
     case kDisassembleField:
       r.kind = IfrtRequest::kDisassemble;
       read = ReadSplit(body, 4, &r);
+      break;
+    case kMakeArrayField:
+      r.kind = IfrtRequest::kMakeArray;
+      read = ReadMakeArray(body, &r);
       break;
     case kCopyToHostBufferField:
       r.kind = IfrtRequest::kCopyToHostBuffer;

@@ -378,3 +378,61 @@ def test_a_replicated_array_s_shard_in_cpp_over_the_wire(pathways,
   assert session.fetch(6, 14) == data.tobytes()
   destruct(6)
   assert settled(start - 1) == start - 1
+
+
+def test_uploads_alike_run_in_cpp_with_plain_jax_bits(pathways, proxy_devices,
+                                                      cpu_devices):
+  """A loop putting a new batch every step: after Python has made the first
+  array of a kind (dtype, shape, sharding: the request but for its
+  handles), the uploads alike are C++'s (a PUT of the upload's pieces as
+  they arrived); one that has not arrived yet is Python's, which waits."""
+  def run(device):
+    step = jax.jit(lambda w, b: w * 0.5 + b)
+    w = jax.device_put(jnp.zeros((64,), jnp.float32), device)
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+      w = step(w, jax.device_put(rng.random(64, dtype=np.float32), device))
+    return np.asarray(w)
+
+  used = _taken(pathways, run, proxy_devices[3], cpu_devices[3])
+  assert used["uploads"] >= 10, used
+  assert used["executes"] >= 29, used
+
+
+def test_uploads_python_answers_over_the_wire(pathways, raw_session):
+  """Only an upload alike to one Python made, already arrived, of the size
+  planned and with a new handle is C++'s; the rest go to Python, which
+  waits for a late upload and words every error."""
+  session = raw_session()
+  data = np.arange(16, dtype=np.float32)
+
+  def make(host_buffer, array, upload=None):
+    if upload is not None:
+      session.store(host_buffer, upload)
+    return session.wait(session.send_make_array(host_buffer, array, 16))
+
+  def uploads():
+    return _stats(pathways)["uploads"]
+
+  assert make(1, 2, data.tobytes()).response_metadata.status.code == 0
+  before = uploads()
+  r = make(3, 4, (data + 1).tobytes())  # alike: C++'s
+  assert r.response_metadata.status.code == 0, r
+  assert r.make_array_from_host_buffer_response.array_handle == 4
+  assert uploads() == before + 1
+  assert session.fetch(4, 100) == (data + 1).tobytes()
+  # Another size: Python's words.
+  r = make(5, 6, data.tobytes()[:60])
+  assert r.response_metadata.status.code == 3, r  # INVALID_ARGUMENT
+  assert "64" in r.response_metadata.status.message, r
+  # A handle in use: Python's words.
+  r = make(7, 4, data.tobytes())
+  assert r.response_metadata.status.code == 3, r
+  assert "already names an array" in r.response_metadata.status.message, r
+  # Not arrived yet: Python waits for it.
+  op = session.send_make_array(9, 10, 16)
+  time.sleep(0.2)
+  session.store(9, (data * 2).tobytes())
+  assert session.wait(op).response_metadata.status.code == 0
+  assert session.fetch(10, 101) == (data * 2).tobytes()
+  assert uploads() == before + 1

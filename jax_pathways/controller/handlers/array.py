@@ -98,6 +98,7 @@ def make_array_from_host_buffer(session: Session, req: Any,
   if not req.HasField("array_handle"):
     raise invalid_argument("MakeArrayFromHostBuffer without an array_handle "
                            "(protocol versions below 10 are not supported)")
+  epoch = session.services.dispatcher.epoch  # before placing it
   data = session.take_upload(req.host_buffer_handle)
   dtype = dtypes.name_of(req.dtype)
   shape = _shape(req.shape.dims, dtype, "MakeArrayFromHostBuffer")
@@ -117,6 +118,15 @@ def make_array_from_host_buffer(session: Session, req: Any,
       [IslandOp(i.id, OpKind.PUT, results=[array.buffer], payload=payload,
                 result_bytes=[sizes[i.id]])
        for i in islands])
+  fast = session.services.fast_path
+  if fast is not None:  # the uploads alike are C++'s from now on
+    layouts = session.arrays.layouts
+    layout = layouts.of_array(array)
+    fast.register_upload(session.stream, req.array_handle, payload[0],
+                         payloads.nbytes(data), layout,
+                         [i.id for i in islands],
+                         [sizes[i.id] for i in islands], layouts.plan(layout),
+                         epoch)
   reply.ok(lambda r: setattr(r, "array_handle", req.array_handle))
 
 
