@@ -25,8 +25,11 @@ void ReleaseBytes(void* owner) { delete static_cast<Bytes*>(owner); }
 constexpr uint64_t kReuseInput = 2;
 
 // Upload plans and pending signatures a session keeps (a loop uploads
-// arrays of a few kinds; more is a client trying every kind).
+// arrays of a few kinds; more is a client trying every kind), and the
+// longest signature kept (a dtype, shape and sharding take ~100 bytes; a
+// client padding them must not make each entry cost megabytes).
 constexpr size_t kUploadKinds = 64;
+constexpr size_t kMaxSignature = 4096;
 
 // JpReplySink::take's piece callback: an upload's piece, lent.
 void AddPiece(void* tails, const char* data, size_t n, void (*release)(void*),
@@ -494,6 +497,7 @@ bool FastPath::Upload(Session& s, const IfrtRequest& r, Gangs* gangs) {
     p = s.uploads.end();
   }
   if (p == s.uploads.end()) {
+    if (r.signature.size() > kMaxSignature) return false;
     if (s.unplanned.size() >= kUploadKinds) s.unplanned.clear();
     s.unplanned[r.results[0]] = r.signature;  // Python may plan it
     return false;
