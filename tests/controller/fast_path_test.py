@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jax_pathways import admin
+from jax_pathways import admin, dtypes, protos
+from jax_pathways.programs import sharding as sharding_lib
+from jax_pathways.programs.sharding import Sharding
 
 pytestmark = pytest.mark.integration
 
@@ -436,3 +438,41 @@ def test_uploads_python_answers_over_the_wire(pathways, raw_session):
   assert session.wait(op).response_metadata.status.code == 0
   assert session.fetch(10, 101) == (data * 2).tobytes()
   assert uploads() == before + 1
+
+
+def _varint(v: int) -> bytes:
+  out = bytearray()
+  while True:
+    out.append((v & 0x7F) | (0x80 if v > 0x7F else 0))
+    v >>= 7
+    if not v:
+      return bytes(out)
+
+
+def test_a_padded_upload_kind_is_never_remembered(pathways, raw_session):
+  """A MakeArrayFromHostBuffer padded with 8 KiB of an unknown field (which
+  Python's parser skips): its kind is never planned, so C++ keeps nothing
+  of that size, and every such upload stays Python's."""
+  session = raw_session()
+  data = np.arange(16, dtype=np.float32).tobytes()
+  request = protos.msg("xla.ifrt.proxy.IfrtRequest")
+  before = _stats(pathways)["uploads"]
+  for host_buffer, array in ((1, 2), (3, 4), (5, 6)):
+    session.store(host_buffer, data)
+    req = request()
+    req.request_metadata.op_id = session.next_op_id
+    body = req.make_array_from_host_buffer_request
+    body.host_buffer_handle, body.array_handle = host_buffer, array
+    dtypes.to_proto("float32", body.dtype)
+    body.shape.dims.append(16)
+    sharding_lib.to_proto(Sharding((0,), None, None), body.sharding)
+    padding = b"\x00" * 8192
+    padded = (body.SerializeToString() + _varint(99 << 3 | 2) +
+              _varint(len(padding)) + padding)
+    req.ClearField("make_array_from_host_buffer_request")
+    wire = (req.SerializeToString() + _varint(4 << 3 | 2) +
+            _varint(len(padded)) + padded)
+    r = session.wait(session.send_raw(wire))
+    assert r.response_metadata.status.code == 0, r
+    assert session.fetch(array, 100 + array) == data
+  assert _stats(pathways)["uploads"] == before
