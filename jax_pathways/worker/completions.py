@@ -6,7 +6,8 @@ issue order and sends exactly one event per op. Waiting in order is cheap (an
 island finishes its work roughly in order) and needs no thread per op. An op
 whose arrays are ready when it is added (a launch PJRT ran inline, as CPU
 does on one device; a read of a finished array) is reported at once by the
-caller, without waking that thread.
+caller, without waking that thread, except while a trace records: its
+timings need every report in op order.
 
 Pushing bytes to other workers can take as long as a launch, so it has a
 thread of its own ("sends", also in issue order): a slow receiver never
@@ -113,7 +114,7 @@ class Completions:
     run on this thread."""
     if not spanning:
       if (arrays and deadline_s is None and (finish is None or quick) and
-          _ready(arrays)):
+          not self._tracing() and _ready(arrays)):
         self._finish(seq, arrays, finish)  # events are matched by seq
         return
       self._queue.put((seq, arrays, finish, deadline_s))

@@ -173,3 +173,22 @@ def test_a_ready_op_is_reported_by_its_caller_without_a_thread_hop(
   me = threading.current_thread()
   assert threads_seen[1] is me and threads_seen[2] is me
   assert all(threads_seen[s] is not me for s in (3, 4, 5))
+
+
+def test_while_tracing_every_op_is_reported_in_order_by_the_thread(
+    cpu_devices):
+  """A trace's timings need reports in op order: a ready op added behind a
+  pending one is not reported first by its caller."""
+  release = threading.Event()
+  ready = jax.device_put(np.ones(2, np.float32), cpu_devices[0])
+  ready.block_until_ready()
+  reports = []
+  completions = Completions(
+      lambda seq, status, payload, waited: reports.append(seq),
+      tracing=lambda: True)
+  completions.add(1, [_Pending(release)])
+  completions.add(2, [ready])
+  assert reports == []
+  release.set()
+  completions.close()
+  assert reports == [1, 2]
