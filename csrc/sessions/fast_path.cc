@@ -21,9 +21,6 @@ int HandleHook(void* fast_path, uint64_t stream, const char* data,
 // JpReplySink::store's release: the frontend is done with a read's bytes.
 void ReleaseBytes(void* owner) { delete static_cast<Bytes*>(owner); }
 
-// ArrayCopySemantics: the shard shares the array's buffer (what JAX asks).
-constexpr uint64_t kReuseInput = 2;
-
 // Upload plans and pending signatures a session keeps (a loop uploads
 // arrays of a few kinds; more is a client trying every kind), and the
 // longest signature kept (a dtype, shape and sharding take ~100 bytes; a
@@ -427,7 +424,7 @@ void FastPath::Deleted(Session& s, const ArrayRecord& record) {
 }
 
 bool FastPath::Split(Session& s, const IfrtRequest& r, Gangs* gangs) {
-  if (r.copy_semantics != kReuseInput) return false;
+  if (r.copy_semantics != ifrt_wire::kReuseInput) return false;
   auto a = s.arrays.find(r.args[0]);
   if (a == s.arrays.end() || a->second.donated || !a->second.shards) {
     return false;

@@ -250,6 +250,10 @@ inline bool ReadHandles(std::string_view body, uint32_t number,
 
 // IfrtRequest field numbers of the bodies read here; also the IfrtResponse
 // field of each one's response.
+// ArrayCopySemantics REUSE_INPUT: a shard shares the array's buffer (what
+// JAX's client asks for).
+constexpr uint64_t kReuseInput = 2;
+
 constexpr uint32_t kMetadata = 1;
 constexpr uint32_t kMakeArrayField = 4;
 constexpr uint32_t kCopyToHostBufferField = 6;

@@ -143,15 +143,15 @@ class ArrayStore(HandleStore[Array]):
       shared = buffers.setdefault(buffer, Buffer(holders=0))
       shared.holders += 1
       shared.donated = shared.donated or donated
-    arrays = {h: self.layouts.array(r, buffers[r[0]]) for h, r in records}
-    for h, array in arrays.items():
+    arrays = [(h, r[4], self.layouts.array(r, buffers[r[0]]))
+              for h, r in records]
+    on_buffer = {array.buffer: array for _, _, array in arrays}
+    for h, shares, array in arrays:
       super().put(h, array)
       self._touched.add(h)
-    for h, (_, _, _, _, shares) in records:
-      if shares in buffers:
-        arrays[h].shares_memory_with(
-            next(a for a in arrays.values() if a.buffer == shares))
-    return arrays[handle]
+      if shares in on_buffer:  # a shard made in C++, its array still here
+        array.shares_memory_with(on_buffer[shares])
+    return arrays[0][2]  # `handle`'s comes first
 
   def settle(self) -> None:
     """After a request: the plain arrays it made, used or took over go
