@@ -265,6 +265,51 @@ def test_executor_raises_once_controller_is_gone():
   assert e.value.code == 14
 
 
+def test_executor_hears_the_controller_while_the_op_loop_is_away():
+  """Nothing calls next() for longer than the controller timeout (the op
+  loop runs a long program): the controller's heartbeats must still be
+  read, or a busy worker would think its controller silent and exit."""
+  a, b = socket.socketpair()
+  d = _core.Dispatcher(4)
+  d.add_island(0, a.detach(), "w0")  # sends a heartbeat every second
+  ex = _core.Executor(b.detach(), "c", 2.5)
+  time.sleep(5.0)
+  assert ex.lost() == ""
+  d.submit([(0, OpKind.LAUNCH, 1, [], [1], b"late")], 1)
+  assert bytes(ex.next(2.0).payload) == b"late"
+
+
+def test_executor_notices_a_silent_controller_while_the_op_loop_is_away():
+  a, b = socket.socketpair()  # `a` sends nothing, not even heartbeats
+  ex = _core.Executor(b.detach(), "c", 2.0)
+  deadline = time.monotonic() + 10.0
+  while not ex.lost() and time.monotonic() < deadline:
+    time.sleep(0.1)
+  assert "is lost: it sent nothing, not even a heartbeat" in ex.lost()
+  with pytest.raises(_core.JaxPathwaysError, match="is lost"):
+    ex.next(1.0)
+  a.close()
+
+
+def test_executor_sees_the_end_behind_ops_before_handing_them_out():
+  """Ops followed by the connection's end, both in before the op loop
+  asks: the end is known (lost()) when they are handed out, so a worker resumed after its loss (SIGCONT) runs
+  none of them (Worker.run asks lost() before each op)."""
+  a, b = socket.socketpair()
+  d = _core.Dispatcher(8)
+  d.add_island(0, a.detach(), "w0")
+  ex = _core.Executor(b.detach())
+  d.submit([(0, OpKind.DELETE, 0, [0], [], b"")], 0)
+  assert ex.next(2.0).seq == 1  # the read probe before it is answered
+  for i in range(3):
+    d.submit([(0, OpKind.DELETE, 0, [i], [], b"")], 0)
+  d.shutdown()
+  time.sleep(0.2)  # all of it in the socket before the op loop reads
+  ops = ex.next_batch(2.0, 64)
+  assert [op.seq for op in ops] == [2, 3, 4]
+  assert "controller connection lost" in ex.lost()
+
+
 def _lent_op_frame(locations: bytes) -> bytes:
   """A raw OpLocal frame (channel.h) whose op part is empty: only its
   Locations matter to the tests below."""
