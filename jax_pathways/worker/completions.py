@@ -38,6 +38,9 @@ from jax_pathways.status import Code, Status, StatusError
 _GLOO_BROKE = re.compile(r"^(Error dispatching computation: )*Gloo .*"
                          r"gloo/transport/", re.DOTALL)
 
+# How often the watchdog looks for waits past their deadline.
+WATCHDOG_PERIOD_S = 0.5
+
 # finish() -> the event's payload (bytes-like); runs on the completion
 # thread after the arrays are ready, so it may block on device data
 # (fetches, sends).
@@ -249,8 +252,11 @@ def _wait(arrays: Sequence[Any]) -> None:
 
 
 class _Watchdog:
-  """Calls stuck(seq, seconds) when a watched wait outlives its deadline.
-  One thread, asleep until the nearest deadline."""
+  """Calls stuck(seq, seconds) when a watched wait outlives its deadline
+  (found within WATCHDOG_PERIOD_S of it). One thread, looking every
+  period: a pipeline watches one pull per stage, and waking the thread at
+  each (to wait for the new nearest deadline) cost the worker ~35 µs of CPU
+  per stage."""
 
   def __init__(self, stuck: Callable[[int, float], None]):
     self._stuck = stuck
@@ -263,7 +269,6 @@ class _Watchdog:
   def watching(self, seq: int, seconds: float) -> Iterator[None]:
     with self._mu:
       self._watched[seq] = (time.monotonic() + seconds, seconds)
-      self._mu.notify()
     try:
       yield
     finally:
@@ -279,14 +284,9 @@ class _Watchdog:
   def _run(self) -> None:
     with self._mu:
       while not self._closed:
-        if not self._watched:
-          self._mu.wait()
-          continue
-        seq, (due, seconds) = min(self._watched.items(),
-                                  key=lambda kv: kv[1][0])
-        left = due - time.monotonic()
-        if left > 0:
-          self._mu.wait(left)
-          continue
-        del self._watched[seq]
-        self._stuck(seq, seconds)
+        self._mu.wait(WATCHDOG_PERIOD_S)
+        now = time.monotonic()
+        for seq, (due, seconds) in list(self._watched.items()):
+          if due <= now:
+            del self._watched[seq]
+            self._stuck(seq, seconds)
