@@ -8,11 +8,13 @@ through the controller.
 from __future__ import annotations
 
 import secrets
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+import weakref
 
 from jax_pathways.controller.arrays import Array
 from jax_pathways.dispatch import payloads
 from jax_pathways.dispatch.dispatcher import IslandOp, OpKind
+from jax_pathways.resources.topology import Topology
 from jax_pathways.status import invalid_argument
 
 if TYPE_CHECKING:
@@ -27,6 +29,32 @@ def move(services: Services, src: Array, dst: Array) -> None:
   services.dispatcher.submit(list(sends) + list(receives))
 
 
+# A move's transfer ids: `transfer` + piece index (20 bits), random above
+# (so no transfer of anyone else can collide with, or guess, these) and of
+# a fixed number of digits (its header is a payloads.Template).
+_TRANSFER_BITS = 38
+_TRANSFER_DIGITS = 18  # every value of (2**38 | r) << 20, r < 2**38
+# Plans kept per topology (a pipeline's moves, step after step).
+PLANS_KEPT = 1024
+
+
+class _PlannedOp(NamedTuple):
+  """One island's op of a move, but for the buffers and transfer id."""
+  island: int
+  kind: OpKind
+  takes_source: bool  # the source buffer is its argument
+  later: bool         # a receive the caller may submit when it is needed
+  payload: payloads.Template | bytes
+  result_bytes: list[int]
+
+
+# Per topology (weakly: a process may run several controllers, as tests
+# do): move kind -> its planned ops.
+_Plans = dict[tuple[Any, ...], list[_PlannedOp]]
+_plans: weakref.WeakKeyDictionary[Topology, _Plans] = (
+    weakref.WeakKeyDictionary())
+
+
 def plan(services: Services, src: Array, dst: Array, pull: bool = False
          ) -> tuple[list[IslandOp], list[IslandOp]]:
   """The ops of a move, as (sends, receives): two gangs when the source and
@@ -38,25 +66,61 @@ def plan(services: Services, src: Array, dst: Array, pull: bool = False
   pull: let the receiver pull the array (worker/transfers.py) where it can:
   its op loop goes on at once and the launches after it are enqueued ahead
   of the bytes, which is what a pipeline stage wants; a lone copy is
-  quicker pushed."""
+  quicker pushed.
+
+  Planned once per kind of move (islands, shardings, shape, dtype) and
+  dispatcher epoch (a lost or rejoined island changes addresses)."""
   topology = services.topology
+  key = (services.dispatcher.epoch, tuple(i.id for i in src.islands),
+         tuple(i.id for i in dst.islands), src.sharding, dst.sharding,
+         tuple(src.shape), src.dtype, tuple(dst.shape), dst.dtype, pull)
+  kept = _plans.setdefault(topology, {})
+  planned = kept.get(key)
+  if planned is None:
+    if len(kept) >= PLANS_KEPT:
+      kept.clear()
+    planned = kept[key] = _plan(topology, src, dst, pull)
+  transfer = failed = None
+  sends, receives = [], []
+  for p in planned:
+    if isinstance(p.payload, payloads.Template):
+      if transfer is None:
+        transfer = ((secrets.randbits(_TRANSFER_BITS) |
+                     1 << _TRANSFER_BITS) << 20)
+        # A failed source (its island lost, or its producer failed) fails
+        # the receivers at once too: the dispatcher refuses a gang that
+        # names a failed buffer, as it refuses the sends. Otherwise a
+        # receiver holding none of it would pull from a lost worker's
+        # transfer server (INTERNAL, not the loss) or wait for a push that
+        # never comes.
+        failed = services.dispatcher.state(src.buffer)[0] == "failed"
+      payload = p.payload.fill(transfer)
+    else:
+      payload = p.payload
+    receive = p.kind in (OpKind.RECEIVE, OpKind.COPY)
+    op = IslandOp(p.island, p.kind,
+                  args=[src.buffer] if p.takes_source or failed else [],
+                  results=[dst.buffer] if receive else [],
+                  payload=payload, result_bytes=p.result_bytes)
+    (receives if p.later else sends).append(op)
+  return sends, receives
+
+
+def _plan(topology: Topology, src: Array, dst: Array, pull: bool
+          ) -> list[_PlannedOp]:
   sizes = dst.island_bytes(topology)
   if ([i.id for i in src.islands] == [i.id for i in dst.islands] and
       len(src.islands) == 1):
-    return [IslandOp(src.islands[0].id, OpKind.COPY, args=[src.buffer],
-                     results=[dst.buffer],
-                     payload=payloads.encode({
-                         "mode": "reshard",
-                         "sharding": dst.sharding.worker_spec(topology)}),
-                     result_bytes=[sizes[src.islands[0].id]])], []
+    island = src.islands[0].id
+    return [_PlannedOp(island, OpKind.COPY, True, False, payloads.encode({
+        "mode": "reshard", "sharding": dst.sharding.worker_spec(topology)}),
+                       [sizes[island]])]
   if dst.dtype != src.dtype or dst.shape != src.shape:
     raise invalid_argument(
         f"cannot change dtype or shape ({src.dtype}{list(src.shape)} -> "
         f"{dst.dtype}{list(dst.shape)}) while moving between islands")
   source = src.sharding.worker_spec(topology)
-  # Pieces travel as transfer, transfer + 1, ...: random, so no transfer of
-  # anyone else can collide with (or guess) these.
-  transfer = secrets.randbits(40) << 20
+  sharding = dst.sharding.worker_spec(topology)
   src_ids = {i.id for i in src.islands}
   dst_ids = {i.id for i in dst.islands}
   # From one island to another, both with transfer servers: the receiver
@@ -65,33 +129,25 @@ def plan(services: Services, src: Array, dst: Array, pull: bool = False
                if pull and len(src_ids) == 1 and len(dst_ids) == 1 and
                not src_ids & dst_ids and
                topology.island(min(dst_ids)).transfer_address else "")
-  # A failed source (its island lost, or its producer failed) fails the
-  # receivers at once too: the dispatcher refuses a gang that names a
-  # failed buffer, as it refuses the sends. Otherwise a receiver holding
-  # none of it would pull from a lost worker's transfer server (INTERNAL,
-  # not the loss) or wait for a push that never comes.
-  failed = services.dispatcher.state(src.buffer)[0] == "failed"
-  sends, receives = [], []
+  planned = []
   for island in sorted(src_ids | dst_ids):
     header = {
         "source": source, "source_islands": sorted(src_ids),
-        "shape": list(src.shape), "dtype": src.dtype, "transfer": transfer,
+        "shape": list(src.shape), "dtype": src.dtype,
         "send_to": [{"island": d,
                      "address": topology.island(d).data_address}
                     for d in sorted(dst_ids) if d != island and
                     island in src_ids],
-        "sharding": dst.sharding.worker_spec(topology),
+        "sharding": sharding,
         "pull_from": pull_from,
     }
     receive = island in dst_ids
-    op = IslandOp(
+    planned.append(_PlannedOp(
         island, OpKind.RECEIVE if receive else OpKind.SEND,
-        args=[src.buffer] if island in src_ids or failed else [],
-        results=[dst.buffer] if receive else [],
-        payload=payloads.encode(header),
-        result_bytes=[sizes[island]] if receive else [])
-    (receives if receive and not src_ids & dst_ids else sends).append(op)
-  return sends, receives
+        island in src_ids, receive and not src_ids & dst_ids,
+        payloads.template(header, "transfer", _TRANSFER_DIGITS),
+        [sizes[island]] if receive else []))
+  return planned
 
 
 def release(services: Services, arrays: Sequence[Array]) -> None:
