@@ -38,8 +38,10 @@ from jax_pathways.status import Code, Status, StatusError
 _GLOO_BROKE = re.compile(r"^(Error dispatching computation: )*Gloo .*"
                          r"gloo/transport/", re.DOTALL)
 
-# How often the watchdog looks for waits past their deadline.
+# How often the watchdog looks for waits past their deadline, and after
+# how long with nothing to watch it sleeps until the next watch.
 WATCHDOG_PERIOD_S = 0.5
+WATCHDOG_IDLE_S = 5.0
 
 # finish() -> the event's payload (bytes-like); runs on the completion
 # thread after the arrays are ready, so it may block on device data
@@ -253,15 +255,17 @@ def _wait(arrays: Sequence[Any]) -> None:
 
 class _Watchdog:
   """Calls stuck(seq, seconds) when a watched wait outlives its deadline
-  (found within WATCHDOG_PERIOD_S of it). One thread, looking every
-  period: a pipeline watches one pull per stage, and waking the thread at
-  each (to wait for the new nearest deadline) cost the worker ~35 µs of CPU
-  per stage."""
+  (found within WATCHDOG_PERIOD_S of it). One thread, looking every period
+  while there is or lately was something to watch, asleep otherwise: a
+  pipeline watches one pull per stage, and waking the thread at each (to
+  wait for the new nearest deadline) cost the worker ~35 µs of CPU per
+  stage; only a watch that finds it asleep wakes it now."""
 
   def __init__(self, stuck: Callable[[int, float], None]):
     self._stuck = stuck
     self._mu = threading.Condition()
     self._watched: dict[int, tuple[float, float]] = {}  # seq -> (due, s)
+    self._asleep = True  # until the first watch
     self._closed = False
     self._thread = threads.start(self._run, "jp-watchdog")
 
@@ -269,6 +273,9 @@ class _Watchdog:
   def watching(self, seq: int, seconds: float) -> Iterator[None]:
     with self._mu:
       self._watched[seq] = (time.monotonic() + seconds, seconds)
+      if self._asleep:
+        self._asleep = False
+        self._mu.notify()
     try:
       yield
     finally:
@@ -283,10 +290,19 @@ class _Watchdog:
 
   def _run(self) -> None:
     with self._mu:
+      idle_since = time.monotonic()
       while not self._closed:
+        if self._asleep:
+          self._mu.wait()
+          idle_since = time.monotonic()
+          continue
         self._mu.wait(WATCHDOG_PERIOD_S)
         now = time.monotonic()
         for seq, (due, seconds) in list(self._watched.items()):
           if due <= now:
             del self._watched[seq]
             self._stuck(seq, seconds)
+        if self._watched:
+          idle_since = now
+        elif now - idle_since >= WATCHDOG_IDLE_S:
+          self._asleep = True

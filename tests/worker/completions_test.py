@@ -2,11 +2,13 @@
 one of its arrays (a donating launch): failing it would poison its other
 results, which are fine."""
 import threading
+import time
 
 import jax
 import numpy as np
 
 from jax_pathways.status import Code, Status
+from jax_pathways.worker import completions as completions_lib
 from jax_pathways.worker.completions import Completions, error_status
 
 
@@ -192,3 +194,31 @@ def test_while_tracing_every_op_is_reported_in_order_by_the_thread(
   release.set()
   completions.close()
   assert reports == [1, 2]
+
+
+def test_the_watchdog_reports_late_waits_awake_and_after_sleeping(
+    monkeypatch):
+  """It looks every period while waits are watched (no wake-up per watch)
+  and sleeps once idle; a watch then wakes it, and is still reported."""
+  monkeypatch.setattr(completions_lib, "WATCHDOG_PERIOD_S", 0.05)
+  monkeypatch.setattr(completions_lib, "WATCHDOG_IDLE_S", 0.2)
+  stuck = []
+  watchdog = completions_lib._Watchdog(lambda seq, s: stuck.append((seq, s)))  # pylint: disable=protected-access
+
+  def until(predicate):
+    deadline = time.monotonic() + 5
+    while not predicate() and time.monotonic() < deadline:
+      time.sleep(0.01)
+    return predicate()
+
+  try:
+    with watchdog.watching(1, 0.1):
+      assert until(lambda: stuck == [(1, 0.1)])
+    with watchdog.watching(2, 10.0):  # done in time: never reported
+      pass
+    assert until(lambda: watchdog._asleep)  # pylint: disable=protected-access
+    with watchdog.watching(3, 0.1):
+      assert until(lambda: (3, 0.1) in stuck)
+    assert stuck == [(1, 0.1), (3, 0.1)]
+  finally:
+    watchdog.close()
