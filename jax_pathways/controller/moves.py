@@ -8,17 +8,16 @@ through the controller.
 from __future__ import annotations
 
 import secrets
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
-import weakref
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from jax_pathways.controller.arrays import Array
 from jax_pathways.dispatch import payloads
 from jax_pathways.dispatch.dispatcher import IslandOp, OpKind
-from jax_pathways.resources.topology import Topology
 from jax_pathways.status import invalid_argument
 
 if TYPE_CHECKING:
   from jax_pathways.controller.session import Services
+  from jax_pathways.resources.topology import Topology
 
 
 def move(services: Services, src: Array, dst: Array) -> None:
@@ -34,7 +33,7 @@ def move(services: Services, src: Array, dst: Array) -> None:
 # a fixed number of digits (its header is a payloads.Template).
 _TRANSFER_BITS = 38
 _TRANSFER_DIGITS = 18  # every value of (2**38 | r) << 20, r < 2**38
-# Plans kept per topology (a pipeline's moves, step after step).
+# Plans kept (Services.move_plans; a pipeline's moves, step after step).
 PLANS_KEPT = 1024
 
 
@@ -46,13 +45,6 @@ class _PlannedOp(NamedTuple):
   later: bool         # a receive the caller may submit when it is needed
   payload: payloads.Template | bytes
   result_bytes: list[int]
-
-
-# Per topology (weakly: a process may run several controllers, as tests
-# do): move kind -> its planned ops.
-_Plans = dict[tuple[Any, ...], list[_PlannedOp]]
-_plans: weakref.WeakKeyDictionary[Topology, _Plans] = (
-    weakref.WeakKeyDictionary())
 
 
 def plan(services: Services, src: Array, dst: Array, pull: bool = False
@@ -74,7 +66,7 @@ def plan(services: Services, src: Array, dst: Array, pull: bool = False
   key = (services.dispatcher.epoch, tuple(i.id for i in src.islands),
          tuple(i.id for i in dst.islands), src.sharding, dst.sharding,
          tuple(src.shape), src.dtype, tuple(dst.shape), dst.dtype, pull)
-  kept = _plans.setdefault(topology, {})
+  kept = services.move_plans
   planned = kept.get(key)
   if planned is None:
     if len(kept) >= PLANS_KEPT:
