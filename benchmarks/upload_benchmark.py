@@ -23,7 +23,8 @@ import numpy as np  # noqa: E402
 
 
 # case -> (bytes, devices the array is sharded over)
-CASES = {"4KB": (4 << 10, 1), "1MB": (1 << 20, 1), "16MB": (16 << 20, 1),
+CASES = {"4KB": (4 << 10, 1), "1MB": (1 << 20, 1), "4MB": (4 << 20, 1),
+         "16MB": (16 << 20, 1),
          "16MB/4": (16 << 20, 4)}
 
 

@@ -1,6 +1,6 @@
 // The narrow boundary between the gRPC frontend (module _frontend) and the
-// sessions' fast path (module _core, beside the dispatcher): two tables of
-// C function pointers, handed over as PyCapsules named below. C, not C++
+// sessions' fast path and dispatcher (module _core): tables of C function
+// pointers, handed over as PyCapsules named below. C, not C++
 // classes: the two modules are separate shared objects, each with its own
 // copy of everything they link, and only plain functions and data cross.
 // A change to either struct is a new version (and capsule name).
@@ -49,10 +49,31 @@ struct JpRequestHook {
                 size_t size);
 };
 
+// Where an upload still arriving goes while it arrives (the dispatcher's:
+// staged on the workers that will put it, so their copy overlaps the
+// client's sending). The frontend calls forward() on its gRPC thread with
+// each batch of pieces as it comes, in order; it holds a reference to the
+// target while it may (retain / release). None of them blocks.
+struct JpUploadStream {
+  uint32_t version;  // 1
+  void* target;
+  // The upload's next `n` pieces, `offset` bytes into it. Lent for the
+  // call only: a worker reads them later, so the frontend keeps them until
+  // the upload is stored (or drops them if it fails, and then the stage is
+  // never used).
+  void (*forward)(void* target, uint64_t offset, const char* const* data,
+                  const size_t* sizes, size_t n);
+  // One reference to `target` more, or fewer (the last frees it).
+  void (*retain)(void* target);
+  void (*release)(void* target);
+};
+
 }  // extern "C"
 
 inline constexpr char kReplySinkCapsule[] = "jax_pathways.JpReplySink.v3";
 inline constexpr char kRequestHookCapsule[] =
     "jax_pathways.JpRequestHook.v1";
+inline constexpr char kUploadStreamCapsule[] =
+    "jax_pathways.JpUploadStream.v1";
 
 #endif  // JAX_PATHWAYS_CSRC_COMMON_REQUEST_HOOK_H_

@@ -48,7 +48,10 @@ Dispatcher::Dispatcher(int max_in_flight) : max_in_flight_(max_in_flight) {
   });
 }
 
-Dispatcher::~Dispatcher() { Shutdown(); }
+Dispatcher::~Dispatcher() {
+  stage_sink_->Detach();
+  Shutdown();
+}
 
 Status Dispatcher::AddIsland(IslandId island, int fd, std::string name,
                              int64_t memory_bytes) {
@@ -386,10 +389,19 @@ void Dispatcher::SendNow(Outbox outbox) {
       std::vector<std::string_view> tails;
       for (const Bytes& t : op.payload_tails) tails.push_back(t.view());
       if (outbox[i].lend_tails) {
+        WireWriter stage;
+        stage.U64(op.stage);
         frames.push_back(Channel::Frame{
-            FrameKind::kOpLocal, EncodeLocations(tails) + EncodeOpHead(op),
+            FrameKind::kOpLocal,
+            stage.Take() + EncodeLocations(tails) + EncodeOpHead(op),
             op.payload.view()});
       } else {
+        if (op.stage != 0) {  // sent whole: the stage is not needed
+          WireWriter stage;
+          stage.U64(op.stage);
+          frames.push_back(Channel::Frame{FrameKind::kUnstage, stage.Take(),
+                                          {}});
+        }
         frames.push_back(Channel::Frame{FrameKind::kOp, EncodeOpHead(op),
                                         op.payload.view(), std::move(tails)});
       }
@@ -397,6 +409,56 @@ void Dispatcher::SendNow(Outbox outbox) {
     // A failed write closes the channel: its reader thread sees the broken
     // connection and fails the island's ops.
     channel->SendMany(std::move(frames), std::move(ops));
+  }
+}
+
+JpUploadStream Dispatcher::StreamUpload(std::vector<IslandId> islands,
+                                        uint64_t stage, uint64_t total) {
+  return MakeUploadStream(stage_sink_, std::move(islands), stage, total);
+}
+
+std::vector<std::shared_ptr<Channel>> Dispatcher::StagingChannels(
+    const std::vector<IslandId>& islands, uint64_t bytes) {
+  std::vector<std::shared_ptr<Channel>> channels;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (IslandId id : islands) {
+    auto it = islands_.find(id);
+    if (it == islands_.end() || !it->second->alive ||
+        !it->second->reads_locally) {
+      continue;  // its PUT sends the bytes, or fails with the island
+    }
+    it->second->staged_bytes += bytes;
+    channels.push_back(it->second->channel);
+  }
+  return channels;
+}
+
+void Dispatcher::Stage(const std::vector<IslandId>& islands, uint64_t stage,
+                       uint64_t total, uint64_t offset,
+                       const std::vector<std::string_view>& pieces) {
+  uint64_t bytes = 0;
+  for (std::string_view p : pieces) bytes += p.size();
+  WireWriter head;
+  head.U64(stage);
+  head.U64(total);
+  head.U64(offset);
+  std::string frame = head.Take() + EncodeLocations(pieces);
+  for (const std::shared_ptr<Channel>& c : StagingChannels(islands, bytes)) {
+    std::vector<Channel::Frame> frames;
+    frames.push_back(Channel::Frame{FrameKind::kStage, frame, {}});
+    c->SendMany(std::move(frames), nullptr);
+  }
+}
+
+void Dispatcher::Unstage(const std::vector<IslandId>& islands,
+                         uint64_t stage) {
+  WireWriter head;
+  head.U64(stage);
+  std::string frame = head.Take();
+  for (const std::shared_ptr<Channel>& c : StagingChannels(islands, 0)) {
+    std::vector<Channel::Frame> frames;
+    frames.push_back(Channel::Frame{FrameKind::kUnstage, frame, {}});
+    c->SendMany(std::move(frames), nullptr);
   }
 }
 
@@ -715,6 +777,7 @@ std::vector<IslandStats> Dispatcher::Stats() {
     s.finished = island->finished;
     s.reads_locally = island->reads_locally;
     s.lent = island->lent.size();
+    s.staged_bytes = island->staged_bytes;
     s.send_backlog_bytes = island->channel->backlog_bytes();
     out.push_back(std::move(s));
   }

@@ -41,6 +41,7 @@
 #include "dispatcher/fair_share.h"
 #include "dispatcher/gang_order.h"
 #include "dispatcher/launch_queue.h"
+#include "dispatcher/stages.h"
 #include "transport/channel.h"
 #include "transport/messages.h"
 
@@ -73,6 +74,7 @@ struct IslandStats {
   int64_t memory_capacity = 0;  // 0: not tracked
   bool reads_locally = false;   // uploads are lent, not sent (same host)
   size_t lent = 0;              // lent uploads the worker has not finished
+  uint64_t staged_bytes = 0;    // of uploads forwarded as they arrived
   // Bytes sent to the worker that its socket has not taken yet: large and
   // not shrinking while the worker does not read.
   size_t send_backlog_bytes = 0;
@@ -133,6 +135,18 @@ class Dispatcher {
   // (called periodically).
   void ExpireSilentIslands(double timeout_s);
 
+  // Uploads staged as they arrive (dispatcher/stages.h): a fresh stage id,
+  // a stream that forwards an upload's pieces to those of `islands` whose
+  // worker reads this process's memory, and the end of a stage no PUT will
+  // take (a PUT naming it, Op::stage, ends it too). Never block.
+  uint64_t NewStage() { return next_stage_++; }
+  JpUploadStream StreamUpload(std::vector<IslandId> islands, uint64_t stage,
+                              uint64_t total);
+  void Stage(const std::vector<IslandId>& islands, uint64_t stage,
+             uint64_t total, uint64_t offset,
+             const std::vector<std::string_view>& pieces);
+  void Unstage(const std::vector<IslandId>& islands, uint64_t stage);
+
   // While corked, ops are held and then sent together at the last Uncork():
   // a burst of requests becomes one write per island instead of one per op
   // (and one wake-up of the worker). Cork/Uncork nest.
@@ -178,6 +192,7 @@ class Dispatcher {
     bool reads_locally = false;
     // Lent tails, by op seq, kept alive until the op finishes.
     std::unordered_map<uint64_t, std::vector<Bytes>> lent;
+    uint64_t staged_bytes = 0;
     std::thread reader;
 
     Island(IslandId i, std::string n, std::shared_ptr<Channel> c, int window,
@@ -231,6 +246,9 @@ class Dispatcher {
   uint64_t NativeTag(std::function<void(Completion)> done);
 
   void SendNow(Outbox outbox);
+  // The channels of `islands` that may be sent stage frames.
+  std::vector<std::shared_ptr<Channel>> StagingChannels(
+      const std::vector<IslandId>& islands, uint64_t bytes);
   // Hands completions to Python, or to the C++ callbacks filed under them.
   void Publish(std::vector<Completion> done);
   void HeartbeatLoop();
@@ -249,6 +267,9 @@ class Dispatcher {
   uint64_t next_native_ = 0;
   std::unordered_map<uint64_t, std::function<void(Completion)>> native_;
   std::atomic<BufferId> next_buffer_{1};
+  std::atomic<uint64_t> next_stage_{1};
+  const std::shared_ptr<StageSink> stage_sink_ =
+      std::make_shared<StageSink>(this);
   std::atomic<uint64_t> epoch_{0};
   bool shut_down_ = false;
   std::condition_variable shutting_down_;  // with mu_: wakes the heartbeat

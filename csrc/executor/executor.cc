@@ -4,6 +4,9 @@
 #include "transport/local_reads.h"
 #include "transport/wire.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdint>
@@ -12,6 +15,33 @@
 #include <vector>
 
 namespace jax_pathways {
+namespace {
+
+// Room before a staged upload for its PUT's op frame (head and payload
+// header: ~200 bytes), so that the payload is one buffer without a copy.
+constexpr size_t kStagePrefix = 4096;
+// Stages held at once, and their bytes (a share of this host's memory): a
+// stage refused for room costs only the overlap, its PUT reads its tails.
+constexpr size_t kMaxStages = 256;
+
+uint64_t MaxStagedBytes() {
+  static const uint64_t bytes =
+      static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+      static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) / 4;
+  return bytes;
+}
+
+bool SameLocations(const std::vector<Location>& a,
+                   const std::vector<Location>& b) {
+  return a.size() == b.size() &&
+         std::equal(a.begin(), a.end(), b.begin(),
+                    [](const Location& x, const Location& y) {
+                      return x.pid == y.pid && x.address == y.address &&
+                             x.size == y.size;
+                    });
+}
+
+}  // namespace
 
 Executor::Executor(int controller_fd, std::string controller,
                    double controller_timeout_s)
@@ -78,6 +108,19 @@ void Executor::ReadLoop() {
       s = AnswerProbe(body);
       if (s.ok()) continue;
     }
+    if (s.ok() && kind == FrameKind::kStage) {
+      s = StagePart(body.view());
+      if (s.ok()) continue;
+    }
+    if (s.ok() && kind == FrameKind::kUnstage) {
+      WireReader r(body.view());
+      uint64_t stage;
+      if (r.U64(&stage) && r.AtEnd()) {
+        DropStage(stage);
+        continue;
+      }
+      s = DataLoss("malformed unstage frame");
+    }
     if (s.ok() && kind == FrameKind::kOpLocal) {
       s = ReadLentTails(&body);
       kind = FrameKind::kOp;
@@ -129,10 +172,94 @@ Status Executor::AnswerProbe(const Bytes& body) {
   return channel_->Send(FrameKind::kReadProbeAck, answer.Take());
 }
 
+Status Executor::StagePart(std::string_view frame) {
+  uint64_t head[3];  // stage, total, offset
+  std::vector<Location> pieces;
+  if (frame.size() < sizeof(head)) return DataLoss("malformed stage frame");
+  std::memcpy(head, frame.data(), sizeof(head));
+  frame.remove_prefix(sizeof(head));
+  if (!DecodeLocations(&frame, &pieces) || !frame.empty()) {
+    return DataLoss("malformed stage frame");
+  }
+  const auto [id, total, offset] = head;
+  auto it = stages_.find(id);
+  if (it == stages_.end()) {
+    // A later part of a stage dropped or refused: its PUT reads its tails.
+    if (offset != 0 || stages_.size() >= kMaxStages ||
+        total > MaxStagedBytes() - staged_bytes_) {
+      return Status::Ok();
+    }
+    Staged stage;
+    StatusOr<Bytes> buffer = Bytes::Allocate(kStagePrefix + total, &stage.base);
+    if (!buffer.ok()) return Status::Ok();
+    stage.buffer = std::move(buffer.value());
+    stage.total = total;
+    staged_bytes_ += total;
+    it = stages_.emplace(id, std::move(stage)).first;
+  }
+  Staged& stage = it->second;
+  uint64_t n = 0;
+  for (const Location& p : pieces) {
+    if (p.size > stage.total - stage.filled - n) {
+      DropStage(id);  // more than announced
+      return Status::Ok();
+    }
+    n += p.size;
+  }
+  // A piece the controller dropped meanwhile (the upload failed) may not
+  // read: the stage goes, and no PUT would have taken it.
+  if (offset != stage.filled ||
+      !ReadLocations(pieces, stage.base + kStagePrefix + offset).ok()) {
+    DropStage(id);
+    return Status::Ok();
+  }
+  stage.filled += n;
+  stage.read.insert(stage.read.end(), pieces.begin(), pieces.end());
+  return Status::Ok();
+}
+
+void Executor::DropStage(uint64_t stage) {
+  auto it = stages_.find(stage);
+  if (it == stages_.end()) return;
+  staged_bytes_ -= it->second.total;
+  stages_.erase(it);
+}
+
+Bytes Executor::TakeStage(uint64_t id, std::string_view frame,
+                          const std::vector<Location>& tails) {
+  auto it = stages_.find(id);
+  if (it == stages_.end()) return Bytes();
+  Staged stage = std::move(it->second);
+  staged_bytes_ -= stage.total;
+  stages_.erase(it);
+  // The op frame goes right before the upload: the payload stays 64-byte
+  // aligned where the frame's start is (the head is padded to that).
+  if (stage.filled != stage.total || !SameLocations(stage.read, tails) ||
+      frame.size() > kStagePrefix || (kStagePrefix - frame.size()) % 64) {
+    return Bytes();
+  }
+  char* at = stage.base + kStagePrefix - frame.size();
+  std::memcpy(at, frame.data(), frame.size());
+  return stage.buffer.Slice(kStagePrefix - frame.size(),
+                            frame.size() + stage.total);
+}
+
 Status Executor::ReadLentTails(Bytes* body) {
   std::string_view frame = body->view();
   std::vector<Location> tails;
+  uint64_t stage;
+  if (frame.size() < sizeof(stage)) return DataLoss("malformed op frame");
+  std::memcpy(&stage, frame.data(), sizeof(stage));
+  frame.remove_prefix(sizeof(stage));
   if (!DecodeLocations(&frame, &tails)) return DataLoss("malformed op frame");
+  if (stage != 0) {
+    Bytes staged = TakeStage(stage, frame, tails);
+    ++(staged.empty() ? unstaged_puts_ : staged_puts_);
+    if (!staged.empty()) {
+      *body = std::move(staged);
+      return Status::Ok();
+    }
+  }
   size_t size = frame.size();
   for (const Location& t : tails) {
     // A wrapped sum would allocate less than the reads below write.

@@ -14,6 +14,7 @@
 #ifndef JAX_PATHWAYS_CSRC_EXECUTOR_EXECUTOR_H_
 #define JAX_PATHWAYS_CSRC_EXECUTOR_EXECUTOR_H_
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -29,6 +30,7 @@
 
 #include "common/status.h"
 #include "transport/channel.h"
+#include "transport/local_reads.h"
 #include "transport/messages.h"
 
 namespace jax_pathways {
@@ -57,6 +59,10 @@ class Executor {
   // Why no more ops will come (the controller is gone or silent); OK while
   // connected. Does not wait.
   Status closed();
+  // PUTs that took their staged upload (FrameKind::kStage), and those that
+  // named a stage but read their tails instead (it was not whole).
+  uint64_t staged_puts() const { return staged_puts_; }
+  uint64_t unstaged_puts() const { return unstaged_puts_; }
   void Shutdown();
 
  private:
@@ -64,9 +70,18 @@ class Executor {
   void HeartbeatLoop();
   // Tells the controller whether its probe's Location could be read.
   Status AnswerProbe(const Bytes& body);
-  // An OpLocal frame -> the Op frame it stands for, its tails read from the
-  // controller's memory.
+  // An OpLocal frame -> the Op frame it stands for, its tails taken from
+  // their stage or read from the controller's memory.
   Status ReadLentTails(Bytes* body);
+  // Stage frames: copies an upload's next pieces into its stage, or drops
+  // the stage (a part out of order, no room); never fails the connection
+  // but for a malformed frame.
+  Status StagePart(std::string_view frame);
+  void DropStage(uint64_t stage);
+  // The op frame `frame` with the staged bytes behind it, if stage `id`
+  // holds exactly `tails`; else an empty Bytes. Drops the stage.
+  Bytes TakeStage(uint64_t id, std::string_view frame,
+                  const std::vector<Location>& tails);
 
   std::unique_ptr<Channel> channel_;
   const std::string controller_;
@@ -83,6 +98,18 @@ class Executor {
   Status closed_;  // why no more ops will come; OK while connected
   // When the controller last sent a frame (or, before any, when we started).
   std::chrono::steady_clock::time_point last_heard_;
+  // Uploads staged as they arrive, by stage id (the reader thread's only).
+  struct Staged {
+    Bytes buffer;  // kStagePrefix bytes for the op frame, then the upload
+    char* base = nullptr;
+    uint64_t total = 0;
+    uint64_t filled = 0;
+    std::vector<Location> read;  // what was copied, in order
+  };
+  std::map<uint64_t, Staged> stages_;
+  uint64_t staged_bytes_ = 0;
+  std::atomic<uint64_t> staged_puts_{0};
+  std::atomic<uint64_t> unstaged_puts_{0};
   std::thread reader_;
   std::thread heartbeat_;
 };

@@ -183,6 +183,9 @@ class Call {
   // gRPC's receive slices, referenced, not copied (host_buffers.h).
   HostBuffer upload_;
   size_t uploaded_ = 0;
+  // What of upload_ went to its stream (HostBuffers::Arrived).
+  size_t pieces_sent_ = 0;
+  uint64_t bytes_sent_ = 0;
   // HostBufferLookup: the pieces still to send, the first one partly sent.
   std::optional<std::deque<Bytes>> download_;
   bool download_started_ = false;
@@ -426,6 +429,8 @@ void Call::OnRead(bool ok) {
 // in too many pieces for its size (kMinPieceBytes).
 bool Call::AppendUpload() {
   if (!AddChunk()) return false;
+  server_->host_buffers_.Arrived(session_, handle_, upload_, &pieces_sent_,
+                                 &bytes_sent_);
   if (upload_.size() > kFreePieces + uploaded_ / kMinPieceBytes) {
     RequestFinish(Status(Code::kResourceExhausted,
                          "host buffer " + std::to_string(handle_) +
@@ -503,6 +508,9 @@ void Call::FinishUpload() {
                   true);
     return;
   }
+  // A stream that started after the last chunk came gets it all now.
+  server_->host_buffers_.Arrived(session_, handle_, upload_, &pieces_sent_,
+                                 &bytes_sent_);
   Status s = server_->host_buffers_.Store(session_, handle_, std::move(upload_));
   if (!s.ok()) {
     RequestFinish(s, true);

@@ -34,6 +34,15 @@ void HostBuffers::CloseSession(uint64_t session) {
   sessions_.erase(it);
   watched_.erase(watched_.lower_bound({session, 0}),
                  watched_.upper_bound({session, UINT64_MAX}));
+  EraseStreams(session, 0, UINT64_MAX);
+}
+
+void HostBuffers::EraseStreams(uint64_t session, uint64_t first,
+                               uint64_t last) {
+  auto begin = streams_.lower_bound({session, first});
+  auto end = streams_.upper_bound({session, last});
+  for (auto it = begin; it != end; ++it) it->second.release(it->second.target);
+  streams_.erase(begin, end);
 }
 
 void HostBuffers::set_waker(std::function<void()> waker) {
@@ -59,6 +68,7 @@ Status HostBuffers::Store(uint64_t session, uint64_t handle, HostBuffer data) {
                                               " already exists");
     }
     bytes_ += size;
+    EraseStreams(session, handle, handle);  // it has had every piece
     if (watched_.erase({session, handle})) wake = waker_;
   }
   if (wake) wake();
@@ -75,13 +85,17 @@ StatusOr<HostBuffer> HostBuffers::Lookup(uint64_t session, uint64_t handle) {
 }
 
 StatusOr<std::optional<HostBuffer>> HostBuffers::TakeOrWatch(
-    uint64_t session, uint64_t handle) {
+    uint64_t session, uint64_t handle, const JpUploadStream* stream) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return UnknownSession(session);
   auto b = it->second.find(handle);
   if (b == it->second.end()) {
     watched_.insert({session, handle});
+    if (stream != nullptr && streams_.emplace(std::pair(session, handle),
+                                              *stream).second) {
+      stream->retain(stream->target);
+    }
     return std::optional<HostBuffer>();
   }
   HostBuffer out = std::move(b->second);
@@ -102,6 +116,33 @@ std::optional<HostBuffer> HostBuffers::TakeIfSize(uint64_t session,
   it->second.erase(b);
   bytes_ -= size;
   return out;
+}
+
+void HostBuffers::Arrived(uint64_t session, uint64_t handle,
+                          const HostBuffer& upload, size_t* pieces_sent,
+                          uint64_t* bytes_sent) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (streams_.empty()) return;
+  auto it = streams_.find({session, handle});
+  if (it == streams_.end() || *pieces_sent >= upload.size()) return;
+  std::vector<const char*> data;
+  std::vector<size_t> sizes;
+  uint64_t offset = *bytes_sent;
+  for (size_t i = *pieces_sent; i < upload.size(); ++i) {
+    data.push_back(upload[i].data());
+    sizes.push_back(upload[i].size());
+    *bytes_sent += upload[i].size();
+  }
+  *pieces_sent = upload.size();
+  // Under mu_: once Unstream() returns, nothing more goes out (the stage's
+  // end must follow every part of it to the worker).
+  it->second.forward(it->second.target, offset, data.data(), sizes.data(),
+                     data.size());
+}
+
+void HostBuffers::Unstream(uint64_t session, uint64_t handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  EraseStreams(session, handle, handle);
 }
 
 Status HostBuffers::Delete(uint64_t session, uint64_t handle) {

@@ -14,6 +14,10 @@
 // A request that needs an upload which has not arrived yet does not wait
 // here: TakeOrWatch() notes the wait and the waker runs when the upload is
 // stored, so the caller (one thread serving every session) never blocks.
+// Meanwhile the upload may stream: the pieces the gRPC thread receives go
+// on to a JpUploadStream (the dispatcher's: staged on the workers that
+// will put them) as they come, so the workers' copy overlaps the client's
+// sending.
 //
 // Thread safety: all methods may be called from any thread; none blocks.
 #ifndef JAX_PATHWAYS_CSRC_FRONTEND_HOST_BUFFERS_H_
@@ -29,6 +33,7 @@
 #include <vector>
 
 #include "common/bytes.h"
+#include "common/request_hook.h"
 #include "common/status.h"
 
 namespace jax_pathways {
@@ -47,8 +52,19 @@ class HostBuffers {
   StatusOr<HostBuffer> Lookup(uint64_t session, uint64_t handle);
   // Removes and returns the upload if it has arrived; otherwise returns
   // nullopt and calls the waker once it is stored (or its session ends).
-  StatusOr<std::optional<HostBuffer>> TakeOrWatch(uint64_t session,
-                                                  uint64_t handle);
+  // Then `stream`, if given and the upload has none yet, gets its pieces
+  // as they arrive (from the first, with the next chunk) until it is
+  // stored or Unstream(); TakeOrWatch holds a reference to its target.
+  StatusOr<std::optional<HostBuffer>> TakeOrWatch(
+      uint64_t session, uint64_t handle,
+      const JpUploadStream* stream = nullptr);
+  // The gRPC thread has received `upload` so far of (session, handle): its
+  // stream, if any, gets the pieces after the first `*pieces_sent` (which
+  // hold `*bytes_sent` bytes), and both counts move on.
+  void Arrived(uint64_t session, uint64_t handle, const HostBuffer& upload,
+               size_t* pieces_sent, uint64_t* bytes_sent);
+  // No more of the upload goes to its stream.
+  void Unstream(uint64_t session, uint64_t handle);
   // Called without the lock, from the thread that stored a watched upload.
   void set_waker(std::function<void()> waker);
   // Removes and returns the upload if it has arrived and holds `size`
@@ -59,9 +75,13 @@ class HostBuffers {
   size_t total_bytes();
 
  private:
+  // Require mu_.
+  void EraseStreams(uint64_t session, uint64_t first, uint64_t last);
+
   std::mutex mu_;
   std::map<uint64_t, std::map<uint64_t, HostBuffer>> sessions_;
   std::set<std::pair<uint64_t, uint64_t>> watched_;  // (session, handle)
+  std::map<std::pair<uint64_t, uint64_t>, JpUploadStream> streams_;
   std::function<void()> waker_;
   size_t bytes_ = 0;
 };

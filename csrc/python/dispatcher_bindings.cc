@@ -49,7 +49,8 @@ void RegisterDispatcher(py::module_& m) {
           "submit",
           [](Dispatcher& d, const std::vector<PyIslandOp>& gang,
              uint64_t tag, ClientId client,
-             const std::vector<std::vector<int64_t>>& result_bytes) {
+             const std::vector<std::vector<int64_t>>& result_bytes,
+             const std::vector<uint64_t>& stages) {
             std::vector<IslandOp> ops;
             ops.reserve(gang.size());
             for (const auto& [island, kind, program, args, results, payload] :
@@ -85,13 +86,32 @@ void RegisterDispatcher(py::module_& m) {
               if (ops.size() < result_bytes.size()) {
                 io.result_bytes = result_bytes[ops.size()];
               }
+              if (ops.size() < stages.size()) io.op.stage = stages[ops.size()];
               ops.push_back(std::move(io));
             }
             py::gil_scoped_release nogil;
             d.Submit(std::move(ops), tag, client);
           },
           py::arg("gang"), py::arg("tag"), py::arg("client") = 0,
-          py::arg("result_bytes") = std::vector<std::vector<int64_t>>())
+          py::arg("result_bytes") = std::vector<std::vector<int64_t>>(),
+          py::arg("stages") = std::vector<uint64_t>())
+      .def(
+          "stream_upload",
+          [](Dispatcher& d, std::vector<IslandId> islands, uint64_t total) {
+            // (stage, capsule): the capsule holds one reference.
+            uint64_t stage = d.NewStage();
+            auto* stream = new JpUploadStream(
+                d.StreamUpload(std::move(islands), stage, total));
+            return py::make_tuple(
+                stage, py::capsule(stream, kUploadStreamCapsule, [](void* p) {
+                  auto* s = static_cast<JpUploadStream*>(p);
+                  s->release(s->target);
+                  delete s;
+                }));
+          },
+          py::arg("islands"), py::arg("total"))
+      .def("unstage", &Dispatcher::Unstage, py::arg("islands"),
+           py::arg("stage"), py::call_guard<py::gil_scoped_release>())
       .def("set_weight", &Dispatcher::SetWeight, py::arg("client"),
            py::arg("weight"))
       .def("forget_client", &Dispatcher::ForgetClient, py::arg("client"))
@@ -179,6 +199,7 @@ void RegisterDispatcher(py::module_& m) {
                row["memory_capacity"] = s.memory_capacity;
                row["reads_locally"] = s.reads_locally;
                row["lent"] = s.lent;
+               row["staged_bytes"] = s.staged_bytes;
                row["send_backlog_bytes"] = s.send_backlog_bytes;
                out.append(row);
              }

@@ -55,6 +55,12 @@ void RegisterExecutor(py::module_& m) {
           py::arg("seq"), py::arg("code"), py::arg("message"),
           py::arg("payload"))
       .def("backlog", &Executor::backlog)
+      // (taken from their stage, read instead): PUTs that named a stage.
+      .def_property_readonly("staged_puts",
+                             [](Executor& e) {
+                               return py::make_tuple(e.staged_puts(),
+                                                     e.unstaged_puts());
+                             })
       .def("lost",
            [](Executor& e) -> std::string { return e.closed().message(); })
       .def("shutdown", &Executor::Shutdown,

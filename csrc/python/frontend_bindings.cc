@@ -16,10 +16,18 @@ void RegisterGrpcServer(py::module_& m) {
       .def("close_session", &HostBuffers::CloseSession, py::arg("session"))
       .def(
           "take",
-          [](HostBuffers& h, uint64_t session, uint64_t handle) -> py::object {
+          [](HostBuffers& h, uint64_t session, uint64_t handle,
+             std::optional<py::capsule> stream) -> py::object {
+            const JpUploadStream* s = nullptr;
+            if (stream) {
+              if (std::string(stream->name()) != kUploadStreamCapsule) {
+                throw py::type_error("not an upload stream capsule");
+              }
+              s = stream->get_pointer<JpUploadStream>();
+            }
             StatusOr<std::optional<HostBuffer>> got = [&] {
               py::gil_scoped_release nogil;
-              return h.TakeOrWatch(session, handle);
+              return h.TakeOrWatch(session, handle, s);
             }();
             std::optional<HostBuffer> taken = ValueOrThrow(std::move(got));
             if (!taken) return py::none();
@@ -29,7 +37,10 @@ void RegisterGrpcServer(py::module_& m) {
             size_t size = SizeOf(*taken);
             return py::make_tuple(PiecesToCapsule(std::move(*taken)), size);
           },
-          py::arg("session"), py::arg("handle"))
+          py::arg("session"), py::arg("handle"),
+          py::arg("stream") = std::nullopt)
+      .def("unstream", &HostBuffers::Unstream, py::arg("session"),
+           py::arg("handle"), py::call_guard<py::gil_scoped_release>())
       .def(
           "store",
           [](HostBuffers& h, uint64_t session, uint64_t handle,

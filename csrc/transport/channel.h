@@ -48,9 +48,10 @@ enum class FrameKind : uint32_t {
   // bytes (pid, address, length), for the receiver to copy them itself
   kTransferLocal = 4,
   kTransferAck = 5,  // worker -> worker: a local transfer was copied (or not)
-  // controller -> worker on one host: where the controller holds an op's
-  // payload tails (u32 count, then a Location each, local_reads.h), then
-  // the op frame without them
+  // controller -> worker on one host: the stage its tails may be in (u64,
+  // 0: none; see kStage), where the controller holds the op's payload
+  // tails (u32 count, then a Location each, local_reads.h), then the op
+  // frame without them
   kOpLocal = 6,
   // controller -> worker on one host: a Location of kReadProbePattern, to
   // learn whether the worker may read the controller's memory
@@ -60,6 +61,12 @@ enum class FrameKind : uint32_t {
   // kHeartbeatInterval: the process still runs (a stopped or wedged one is
   // told from a slow one by its silence)
   kHeartbeat = 9,
+  // controller -> worker on one host, out of gang order: part of an upload
+  // still arriving, for the worker to copy now into a stage (u64 stage,
+  // u64 total bytes, u64 offset, then Locations as in kOpLocal); the PUT
+  // that names the stage takes it instead of reading its tails then
+  kStage = 10,
+  kUnstage = 11,  // controller -> worker: u64 stage, no PUT will take it
 };
 
 // How often a worker says it is alive, and the controller to each worker;

@@ -21,7 +21,7 @@ using BufferId = uint64_t;
 using IslandId = int32_t;
 
 // Version of the controller <-> worker wire format; bumped on any change.
-inline constexpr uint32_t kWireVersion = 9;
+inline constexpr uint32_t kWireVersion = 10;
 
 enum class OpKind : uint32_t {
   kCompile = 1,   // payload: program + options; program = compile key
@@ -65,6 +65,9 @@ struct Op {
   // sees one payload): large bodies the controller already holds, such as
   // uploads, go to the socket without being copied behind their header.
   std::vector<Bytes> payload_tails;
+  // A PUT whose tails a worker on this host may have staged already under
+  // this id (FrameKind::kStage); 0: none. Sent only in kOpLocal frames.
+  uint64_t stage = 0;
   size_t TailBytes() const {
     size_t n = 0;
     for (const Bytes& t : payload_tails) n += t.size();

@@ -162,6 +162,8 @@ class Controller:
           "memory_capacity": s.get("memory_capacity", 0),
           # Uploads are read from the controller's memory (same host).
           "reads_locally": s.get("reads_locally", False),
+          # Of uploads streamed to the worker while they arrived.
+          "staged_bytes": s.get("staged_bytes", 0),
           # Sent, not yet taken by the worker's socket: grows while the
           # worker does not read (frozen), never blocking the controller.
           "send_backlog_bytes": s.get("send_backlog_bytes", 0),

@@ -122,6 +122,9 @@ class Reply:
 
 # handler(session, request_body, reply); registered in handlers/__init__.py.
 Handler = Callable[["Session", Any, Reply], None]
+# stream_to() -> (island ids, bytes) an upload still arriving goes to, or
+# None (take_upload).
+StreamTo = Callable[[], "tuple[list[int], int] | None"]
 
 
 class Session:
@@ -175,6 +178,9 @@ class Session:
     self._backlog: collections.deque[Any] = collections.deque()
     self.deadline: float | None = None
     self._taken: dict[int, Any] = {}
+    # Uploads the waiting request streams to workers: handle -> (stage,
+    # islands); a PUT takes the stage (staged_put) or it is dropped.
+    self._stages: dict[int, tuple[int, list[int]]] = {}
     self.ending = False
 
   @property
@@ -189,14 +195,22 @@ class Session:
       self._slice = self.services.resources.allocate(self.id, self.request)
     return self._slice
 
-  def take_upload(self, handle: int) -> payloads.Pieces:
-    """The client's upload under `handle`, once it has arrived."""
+  def take_upload(self, handle: int,
+                  stream_to: StreamTo | None = None) -> payloads.Pieces:
+    """The client's upload under `handle`, once it has arrived. While it
+    arrives, it streams to the workers `stream_to()` names, if any."""
     data = self._taken.get(handle)
     if data is None:
-      try:
-        taken = self.services.host_buffers.take(self.id, handle)
-      except Exception as e:  # pylint: disable=broad-except
-        raise from_exception(e) from None
+      taken = self._take(handle)
+      if taken is None and stream_to is not None and handle not in self._stages:
+        target = stream_to()
+        if target is not None:
+          islands, nbytes = target
+          stage, stream = self.services.dispatcher.stream_upload(islands,
+                                                                 nbytes)
+          taken = self._take(handle, stream)
+          if taken is None:
+            self._stages[handle] = (stage, islands)
       if taken is None:  # the store wakes the service when it arrives
         timeout = self.services.upload_timeout_s
         self._wait(timeout, lambda: StatusError(
@@ -204,6 +218,25 @@ class Session:
             f"did not arrive within {timeout:.0f} s"))
       data = self._taken[handle] = payloads.Pieces(*taken)
     return data
+
+  def _take(self, handle: int, stream: Any = None) -> Any:
+    try:
+      return self.services.host_buffers.take(self.id, handle, stream)
+    except Exception as e:  # pylint: disable=broad-except
+      raise from_exception(e) from None
+
+  def staged_put(self, handle: int) -> int:
+    """The stage upload `handle` streamed to (0: none), for the PUT that
+    takes it: the session no longer drops it."""
+    stage, _ = self._stages.pop(handle, (0, []))
+    return stage
+
+  def _drop_stages(self) -> None:
+    """Stages no PUT took (the request failed, or the session ended)."""
+    for handle, (stage, islands) in self._stages.items():
+      self.services.host_buffers.unstream(self.id, handle)
+      self.services.dispatcher.unstage(islands, stage)
+    self._stages.clear()
 
   def _wait(self, timeout_s: float, expired: Callable[[], StatusError]
             ) -> None:
@@ -260,6 +293,8 @@ class Session:
       return
     self.deadline = None
     self._taken.clear()
+    if self._stages:
+      self._drop_stages()
     self.arrays.settle()
     self._settle()
 
@@ -362,6 +397,7 @@ class Session:
 
   def close(self) -> None:
     """Frees everything the session held, on controller and workers."""
+    self._drop_stages()
     moves.release(self.services, self.arrays.drain())
     for exe in self.executables.drain():
       if isinstance(exe, ProfileExecutable):  # perhaps still recording

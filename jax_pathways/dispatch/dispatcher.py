@@ -44,6 +44,8 @@ class IslandOp(NamedTuple):
   payload: bytes | tuple[bytes, list[Any]] = b""
   # Device memory each result takes on this island (gangs wait for room).
   result_bytes: Sequence[int] = ()
+  # A PUT: the stage its upload was streamed to (stream_upload), 0: none.
+  stage: int = 0
 
 
 class Dispatcher:
@@ -101,7 +103,18 @@ class Dispatcher:
     tag = self._file(on_done) if on_done is not None else 0
     self._core.submit([(op.island, op.kind, op.program, list(op.args),
                         list(op.results), op.payload) for op in gang], tag,
-                      client, [list(op.result_bytes) for op in gang])
+                      client, [list(op.result_bytes) for op in gang],
+                      [op.stage for op in gang])
+
+  def stream_upload(self, islands: Sequence[int], nbytes: int
+                    ) -> tuple[int, Any]:
+    """A new stage, and the stream (for HostBuffers.take) that forwards an
+    upload of `nbytes` to the workers of `islands` on this host while it
+    arrives; a PUT naming the stage takes it, unstage() drops it."""
+    return self._core.stream_upload(list(islands), nbytes)
+
+  def unstage(self, islands: Sequence[int], stage: int) -> None:
+    self._core.unstage(list(islands), stage)
 
   def for_client(self, client: int, weight: float) -> "ClientDispatcher":
     """This dispatcher as one client's session uses it."""

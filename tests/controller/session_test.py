@@ -14,7 +14,7 @@ class _Uploads:
   def __init__(self):
     self.stored: dict[int, bytes] = {}
 
-  def take(self, session: int, handle: int):
+  def take(self, session: int, handle: int, stream=None):
     data = self.stored.pop(handle, None)
     return None if data is None else (data, len(data))
 

@@ -310,10 +310,15 @@ def test_executor_sees_the_end_behind_ops_before_handing_them_out():
   assert "controller connection lost" in ex.lost()
 
 
+def _frame(kind: int, body: bytes) -> bytes:
+  """A raw frame (channel.h)."""
+  return struct.pack("<IIQ", 0x4a505746, kind, len(body)) + body
+
+
 def _lent_op_frame(locations: bytes) -> bytes:
-  """A raw OpLocal frame (channel.h) whose op part is empty: only its
+  """A raw OpLocal frame, no stage, whose op part is empty: only its
   Locations matter to the tests below."""
-  return struct.pack("<IIQ", 0x4a505746, 6, len(locations)) + locations
+  return _frame(6, struct.pack("<Q", 0) + locations)
 
 
 @pytest.mark.parametrize("locations, error", [
@@ -331,6 +336,26 @@ def test_executor_fails_clearly_on_bad_lent_tails(locations, error):
   with pytest.raises(_core.JaxPathwaysError, match=error) as e:
     ex.next(2.0)
   assert e.value.code == 14  # the connection is dropped: UNAVAILABLE
+  a.close()
+
+
+def test_executor_drops_stages_it_cannot_fill_and_fails_on_malformed_ones():
+  """A stage part that cannot be read (the controller dropped the upload),
+  comes out of order or asks for more than this host's memory only drops
+  the stage: the connection stays. A malformed stage frame drops it."""
+  a, b = socket.socketpair()
+  ex = _core.Executor(b.detach())
+  unmapped = struct.pack("<I", 1) + struct.pack("<QQQ", os.getpid(), 8, 64)
+  a.sendall(_frame(10, struct.pack("<QQQ", 7, 64, 0) + unmapped))
+  a.sendall(_frame(10, struct.pack("<QQQ", 8, 64, 32) + unmapped))
+  a.sendall(_frame(10, struct.pack("<QQQ", 9, 1 << 62, 0) + unmapped))
+  a.sendall(_frame(11, struct.pack("<Q", 10)))  # an unknown stage's end
+  assert ex.next(0.3) is None
+  assert ex.lost() == ""
+  a.sendall(_frame(10, struct.pack("<QQ", 7, 64)))  # truncated
+  with pytest.raises(_core.JaxPathwaysError, match="malformed stage frame"):
+    ex.next(2.0)
+  assert ex.staged_puts == (0, 0)
   a.close()
 
 

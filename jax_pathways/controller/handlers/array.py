@@ -9,6 +9,7 @@ returning, even though the ops run later.
 from __future__ import annotations
 
 import concurrent.futures
+import math
 from typing import Any, Sequence
 
 from jax_pathways import dtypes, validation
@@ -26,6 +27,9 @@ from jax_pathways.status import (Code, Status, StatusError, from_exception,
                                  invalid_argument, unimplemented)
 
 _PJRT_LAYOUT = "xla::ifrt::PjRtLayout"
+# Uploads larger than this stream to the workers of this host as they arrive
+# (JAX's client sends 1 MiB chunks: a smaller one arrives in one piece).
+STREAM_MIN_BYTES = 1 << 20
 _ERROR_CODES = frozenset(int(c) for c in Code if c != Code.OK)
 
 
@@ -99,7 +103,8 @@ def make_array_from_host_buffer(session: Session, req: Any,
     raise invalid_argument("MakeArrayFromHostBuffer without an array_handle "
                            "(protocol versions below 10 are not supported)")
   epoch = session.services.dispatcher.epoch  # before placing it
-  data = session.take_upload(req.host_buffer_handle)
+  data = session.take_upload(req.host_buffer_handle,
+                             lambda: _stream_to(session, req))
   dtype = dtypes.name_of(req.dtype)
   shape = _shape(req.shape.dims, dtype, "MakeArrayFromHostBuffer")
   _check_upload(data, shape, dtype, _strides(req), "MakeArrayFromHostBuffer")
@@ -114,9 +119,10 @@ def make_array_from_host_buffer(session: Session, req: Any,
       "dtype": dtype, "shape": list(shape), "strides": _strides(req),
       "sharding": sharding.worker_spec(session.services.topology)}, data)
   sizes = array.island_bytes(session.services.topology)
+  stage = session.staged_put(req.host_buffer_handle)
   session.services.dispatcher.submit(
       [IslandOp(i.id, OpKind.PUT, results=[array.buffer], payload=payload,
-                result_bytes=[sizes[i.id]])
+                result_bytes=[sizes[i.id]], stage=stage)
        for i in islands])
   fast = session.services.fast_path
   if fast is not None:  # the uploads alike are C++'s from now on
@@ -128,6 +134,35 @@ def make_array_from_host_buffer(session: Session, req: Any,
                          [sizes[i.id] for i in islands], layouts.plan(layout),
                          epoch)
   reply.ok(lambda r: setattr(r, "array_handle", req.array_handle))
+
+
+def _stream_to(session: Session, req: Any) -> tuple[list[int], int] | None:
+  """The islands an upload still arriving may stream to (every island of
+  the array gets it whole) and its size, if it is large enough for the
+  overlap to pay (more than one of the client's chunks) and the request
+  is well-formed so far; else None (its errors come once it has arrived)."""
+  try:
+    dtype = dtypes.name_of(req.dtype)
+    shape = _shape(req.shape.dims, dtype, "MakeArrayFromHostBuffer")
+    nbytes = math.prod(shape) * dtypes.itemsize(dtype)
+    strides = _strides(req)
+    if nbytes <= STREAM_MIN_BYTES or (
+        strides is not None and
+        strides != _dense_strides(shape, dtypes.itemsize(dtype))):
+      return None  # another size, told only by the upload
+    sharding = _sharding(session, req.sharding)
+    sharding.check(len(shape), "MakeArrayFromHostBuffer")
+    return [i.id for i in _islands(session, sharding, "the array")], nbytes
+  except StatusError:
+    return None
+
+
+def _dense_strides(shape: Sequence[int], itemsize: int) -> list[int]:
+  strides, step = [], itemsize
+  for dim in reversed(shape):
+    strides.append(step)
+    step *= dim
+  return strides[::-1]
 
 
 @handles("make_arrays_from_host_buffer_shards_request",

@@ -1,0 +1,57 @@
+#include "dispatcher/stages.h"
+
+#include <atomic>
+
+#include "dispatcher/dispatcher.h"
+
+namespace jax_pathways {
+namespace {
+
+struct Stream {
+  std::shared_ptr<StageSink> sink;
+  std::vector<IslandId> islands;
+  uint64_t stage;
+  uint64_t total;
+  std::atomic<int> refs{1};
+};
+
+void Forward(void* target, uint64_t offset, const char* const* data,
+             const size_t* sizes, size_t n) {
+  auto* s = static_cast<Stream*>(target);
+  std::vector<std::string_view> pieces;
+  pieces.reserve(n);
+  for (size_t i = 0; i < n; ++i) pieces.emplace_back(data[i], sizes[i]);
+  s->sink->Forward(s->islands, s->stage, s->total, offset, pieces);
+}
+
+void Retain(void* target) { ++static_cast<Stream*>(target)->refs; }
+
+void Release(void* target) {
+  auto* s = static_cast<Stream*>(target);
+  if (--s->refs == 0) delete s;
+}
+
+}  // namespace
+
+void StageSink::Forward(const std::vector<IslandId>& islands, uint64_t stage,
+                        uint64_t total, uint64_t offset,
+                        const std::vector<std::string_view>& pieces) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (dispatcher_ != nullptr) {
+    dispatcher_->Stage(islands, stage, total, offset, pieces);
+  }
+}
+
+void StageSink::Detach() {
+  std::lock_guard<std::mutex> lock(mu_);
+  dispatcher_ = nullptr;
+}
+
+JpUploadStream MakeUploadStream(std::shared_ptr<StageSink> sink,
+                                std::vector<IslandId> islands, uint64_t stage,
+                                uint64_t total) {
+  auto* s = new Stream{std::move(sink), std::move(islands), stage, total};
+  return JpUploadStream{1, s, &Forward, &Retain, &Release};
+}
+
+}  // namespace jax_pathways

@@ -1,0 +1,50 @@
+// Stages: an upload forwarded, while it still arrives, to the workers on
+// this host that will put it (FrameKind::kStage). Each copies the pieces
+// out of the controller's memory as they come, so its copy overlaps the
+// client's sending instead of following it; the PUT then names the stage
+// and takes what is there, or reads its tails itself if the stage is not
+// whole (a piece forwarded late, a worker short of memory).
+//
+// The frontend (module _frontend) forwards pieces on its gRPC thread
+// through a JpUploadStream (common/request_hook.h) made here; it may
+// outlive the Dispatcher, and then forwards nothing.
+#ifndef JAX_PATHWAYS_CSRC_DISPATCHER_STAGES_H_
+#define JAX_PATHWAYS_CSRC_DISPATCHER_STAGES_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string_view>
+#include <vector>
+
+#include "common/request_hook.h"
+#include "transport/messages.h"
+
+namespace jax_pathways {
+
+class Dispatcher;
+
+// The Dispatcher as upload streams reach it.
+class StageSink {
+ public:
+  explicit StageSink(Dispatcher* dispatcher) : dispatcher_(dispatcher) {}
+  void Forward(const std::vector<IslandId>& islands, uint64_t stage,
+               uint64_t total, uint64_t offset,
+               const std::vector<std::string_view>& pieces);
+  // The Dispatcher is going: later calls do nothing.
+  void Detach();
+
+ private:
+  std::mutex mu_;  // held while forwarding, so Detach() waits for it
+  Dispatcher* dispatcher_;
+};
+
+// A stream of one upload of `total` bytes to `islands` under `stage`; the
+// caller holds one reference to its target (release() it).
+JpUploadStream MakeUploadStream(std::shared_ptr<StageSink> sink,
+                                std::vector<IslandId> islands, uint64_t stage,
+                                uint64_t total);
+
+}  // namespace jax_pathways
+
+#endif  // JAX_PATHWAYS_CSRC_DISPATCHER_STAGES_H_

@@ -1,0 +1,158 @@
+"""Uploads streamed to a worker while they arrive (dispatcher/stages.h): the
+frontend's gRPC thread forwards each chunk's pieces, the worker copies them
+into a stage, and the PUT naming the stage takes it; a PUT whose stage is
+not whole, or holds other bytes, reads its own tails instead. The real
+frontend, dispatcher and executor in this process, over a socket pair."""
+import socket
+import time
+
+import grpc
+import jax
+import numpy as np
+import pytest
+
+import jax_pathways
+from jax_pathways import _core
+from jax_pathways import _frontend
+from jax_pathways import admin
+from jax_pathways.dispatch import payloads
+
+SESSION = 5
+CHUNK = 1 << 20
+
+
+def _wait_for(predicate, timeout=10.0):
+  deadline = time.monotonic() + timeout
+  while not predicate():
+    assert time.monotonic() < deadline, "not within the deadline"
+    time.sleep(0.01)
+
+
+@pytest.fixture
+def rig():
+  """(frontend, dispatcher, executor, channel to the frontend), island 0's
+  worker reading the dispatcher's memory as one on this host does."""
+  server = _frontend.GrpcServer()
+  port = server.start("127.0.0.1:0")
+  server.host_buffers.open_session(SESSION)
+  a, b = socket.socketpair()
+  dispatcher = _core.Dispatcher(4)
+  dispatcher.add_island(0, a.detach(), "w0", 0)
+  executor = _core.Executor(b.detach())
+  _wait_for(lambda: dispatcher.stats()[0]["reads_locally"])
+  channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+  try:
+    yield server, dispatcher, executor, channel
+  finally:
+    channel.close()
+    server.shutdown()
+    dispatcher.shutdown()
+    executor.shutdown()
+
+
+def _upload(n: int, seed: int) -> bytes:
+  return np.random.default_rng(seed).integers(0, 256, n, np.uint8).tobytes()
+
+
+def _put(dispatcher, executor, upload, stage: int, buffer: int) -> bytes:
+  """Submits the PUT the controller makes of `upload` and returns the bytes
+  the worker's op carries (checked 64-byte aligned, as PJRT needs)."""
+  head = {"dtype": "uint8", "shape": [upload.nbytes]}
+  dispatcher.submit([(0, _core.OpKind.PUT, 0, [], [buffer],
+                      payloads.parts(head, upload))], buffer, stages=[stage])
+  op = executor.next(5.0)
+  _, (blob,) = payloads.decode(op.payload)
+  assert np.frombuffer(blob, np.uint8).ctypes.data % 64 == 0
+  executor.complete(op.seq, 0, "", b"")
+  return bytes(blob)
+
+
+def test_an_upload_streamed_as_it_arrives_is_put_from_its_stage(
+    rig, side_channel):
+  server, dispatcher, executor, channel = rig
+  data = _upload(3 * CHUNK + 1000, 0)
+  stage, stream = dispatcher.stream_upload([0], len(data))
+  assert server.host_buffers.take(SESSION, 9, stream) is None  # not yet in
+  del stream  # the frontend holds its own reference
+  side_channel.store(channel, SESSION, 9,
+                     [data[i:i + CHUNK] for i in range(0, len(data), CHUNK)])
+  upload = payloads.Pieces(*server.host_buffers.take(SESSION, 9))
+  assert dispatcher.stats()[0]["staged_bytes"] == len(data)
+  assert _put(dispatcher, executor, upload, stage, 1) == data
+  assert executor.staged_puts == (1, 0)
+
+
+def test_a_stage_of_other_bytes_or_dropped_is_not_used(rig, side_channel):
+  """A PUT naming a stage that holds another upload's pieces reads its own
+  tails; so does one whose stage was dropped (unstage) before it came."""
+  server, dispatcher, executor, channel = rig
+  hb = server.host_buffers
+  first, second = _upload(2 * CHUNK, 1), _upload(2 * CHUNK, 2)
+  stage, stream = dispatcher.stream_upload([0], len(first))
+  assert hb.take(SESSION, 20, stream) is None
+  side_channel.store(channel, SESSION, 20, [first[:CHUNK], first[CHUNK:]])
+  side_channel.store(channel, SESSION, 21, [second[:CHUNK], second[CHUNK:]])
+  kept = payloads.Pieces(*hb.take(SESSION, 20))  # the stage's, kept alive
+  other = payloads.Pieces(*hb.take(SESSION, 21))
+  assert _put(dispatcher, executor, other, stage, 1) == second
+  assert executor.staged_puts == (0, 1)
+
+  stage, stream = dispatcher.stream_upload([0], len(first))
+  assert hb.take(SESSION, 22, stream) is None
+  side_channel.store(channel, SESSION, 22, [first[:CHUNK], first[CHUNK:]])
+  dispatcher.unstage([0], stage)
+  upload = payloads.Pieces(*hb.take(SESSION, 22))
+  assert _put(dispatcher, executor, upload, stage, 2) == first
+  assert executor.staged_puts == (0, 2)
+  del kept
+
+
+def test_an_upload_larger_than_its_stream_said_is_not_staged(
+    rig, side_channel):
+  """The stage holds what the stream announced; more is a different upload
+  (the request's own check refuses it): the PUT reads its tails."""
+  server, dispatcher, executor, channel = rig
+  data = _upload(3 * CHUNK, 3)
+  stage, stream = dispatcher.stream_upload([0], 2 * CHUNK)
+  assert server.host_buffers.take(SESSION, 30, stream) is None
+  side_channel.store(channel, SESSION, 30,
+                     [data[i:i + CHUNK] for i in range(0, len(data), CHUNK)])
+  upload = payloads.Pieces(*server.host_buffers.take(SESSION, 30))
+  assert _put(dispatcher, executor, upload, stage, 1) == data
+  assert executor.staged_puts == (0, 1)
+
+
+def test_a_closed_session_stops_its_streams(rig, side_channel):
+  """A session's streams end with it: its uploads are refused and nothing
+  more is staged."""
+  server, dispatcher, _, channel = rig
+  _, stream = dispatcher.stream_upload([0], 2 * CHUNK)
+  assert server.host_buffers.take(SESSION, 40, stream) is None
+  server.host_buffers.close_session(SESSION)
+  with pytest.raises(grpc.RpcError) as e:
+    side_channel.store(channel, SESSION, 40, [b"x" * CHUNK] * 2)
+  assert e.value.code() == grpc.StatusCode.NOT_FOUND
+  assert dispatcher.stats()[0]["staged_bytes"] == 0
+
+
+@pytest.mark.integration
+def test_large_device_puts_stream_to_their_worker(pathways):
+  """Through the embedded cluster, as a user uploads: each array arrives
+  whole, and its bytes were staged on the worker while they arrived (an
+  upload that is all in before the controller handles its request, which
+  a loaded machine may make of one, has nothing to stream)."""
+  address, token = jax_pathways.connection()
+
+  def staged() -> int:
+    return sum(i["staged_bytes"]
+               for i in admin.status(address, token)["islands"])
+
+  streamed = []
+  for seed in range(3):
+    x = np.random.default_rng(seed).standard_normal(4 << 20).astype(
+        np.float32)
+    before = staged()
+    y = jax.device_put(x, jax.devices()[0])
+    np.testing.assert_array_equal(np.asarray(y), x)
+    streamed.append(staged() - before)
+  assert set(streamed) <= {0, x.nbytes} and x.nbytes in streamed, streamed
