@@ -52,8 +52,15 @@ class Dispatcher:
   def add_island(self, island: int, fd: int, name: str,
                  memory_bytes: int = 0) -> None: ...
   def submit(self, gang: Sequence[IslandOp], tag: int, client: int = 0,
-             result_bytes: Sequence[Sequence[int]] = ()) -> None:
-    """result_bytes[i][k]: device memory of op i's result k on its island."""
+             result_bytes: Sequence[Sequence[int]] = (),
+             stages: Sequence[int] = ()) -> None:
+    """result_bytes[i][k]: device memory of op i's result k on its island;
+    stages[i]: the stage op i (a PUT) may take its tails from (0: none)."""
+  def stream_upload(self, islands: Sequence[int], total: int
+                    ) -> tuple[int, Any]:
+    """(stage, stream capsule for HostBuffers.take): an upload of `total`
+    bytes forwarded to the islands' workers on this host as it arrives."""
+  def unstage(self, islands: Sequence[int], stage: int) -> None: ...
   def set_weight(self, client: int, weight: float) -> None: ...
   def forget_client(self, client: int) -> None: ...
   def expire_memory_waits(self, max_wait_s: float) -> None: ...
@@ -139,6 +146,9 @@ class Executor:
     for a burst; [] after timeout_s without one."""
   def complete(self, seq: int, code: int, message: str, payload: bytes) -> None: ...
   def backlog(self) -> int: ...
+  @property
+  def staged_puts(self) -> tuple[int, int]:
+    """PUTs that took their stage, and those that read their tails."""
   def lost(self) -> str:
     """Why the controller is gone or silent; empty while connected."""
   def shutdown(self) -> None: ...

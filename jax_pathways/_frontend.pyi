@@ -3,6 +3,7 @@
 Only the controller loads this module (it links grpc++).
 """
 import enum
+from typing import Any
 
 import numpy as np
 
@@ -21,10 +22,13 @@ class HostBuffers:
   def __init__(self) -> None: ...
   def open_session(self, session: int) -> None: ...
   def close_session(self, session: int) -> None: ...
-  def take(self, session: int, handle: int) -> np.ndarray | None:
-    """The upload as a read-only view (as a payload tail it is sent
-    without a copy), removed from the store; None if it has not arrived
-    yet: then the server wakes (a WAKE event) once it is stored."""
+  def take(self, session: int, handle: int, stream: Any = None
+           ) -> tuple[Any, int] | None:
+    """(pieces capsule, size): the upload, removed from the store (as a
+    payload tail it is sent without a copy); None if it has not arrived
+    yet: then the server wakes (a WAKE event) once it is stored, and
+    `stream` (Dispatcher.stream_upload's) gets its pieces as they come."""
+  def unstream(self, session: int, handle: int) -> None: ...
   def store(self, session: int, handle: int, data: bytes) -> None: ...
   def total_bytes(self) -> int: ...
 
