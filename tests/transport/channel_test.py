@@ -231,7 +231,7 @@ def test_lent_uploads_of_a_terabyte_drop_the_connection():
   controller, b = socket.socketpair()
   ex = _core.Executor(b.detach())
   try:
-    body = struct.pack("<IQQQ", 1, os.getpid(), 4096, TERABYTE)
+    body = struct.pack("<QIQQQ", 0, 1, os.getpid(), 4096, TERABYTE)
     controller.sendall(struct.pack("<IIQ", MAGIC, OP_LOCAL, len(body)) + body)
     with pytest.raises(Exception, match="cannot allocate"):
       ex.next(5.0)
