@@ -417,20 +417,27 @@ JpUploadStream Dispatcher::StreamUpload(std::vector<IslandId> islands,
   return MakeUploadStream(stage_sink_, std::move(islands), stage, total);
 }
 
-std::vector<std::shared_ptr<Channel>> Dispatcher::StagingChannels(
-    const std::vector<IslandId>& islands, uint64_t bytes) {
+void Dispatcher::SendStageFrame(const std::vector<IslandId>& islands,
+                                FrameKind kind, const std::string& frame,
+                                uint64_t bytes) {
   std::vector<std::shared_ptr<Channel>> channels;
-  std::lock_guard<std::mutex> lock(mu_);
-  for (IslandId id : islands) {
-    auto it = islands_.find(id);
-    if (it == islands_.end() || !it->second->alive ||
-        !it->second->reads_locally) {
-      continue;  // its PUT sends the bytes, or fails with the island
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (IslandId id : islands) {
+      auto it = islands_.find(id);
+      if (it == islands_.end() || !it->second->alive ||
+          !it->second->reads_locally) {
+        continue;  // its PUT sends the bytes, or fails with the island
+      }
+      it->second->staged_bytes += bytes;
+      channels.push_back(it->second->channel);
     }
-    it->second->staged_bytes += bytes;
-    channels.push_back(it->second->channel);
   }
-  return channels;
+  for (const std::shared_ptr<Channel>& c : channels) {
+    std::vector<Channel::Frame> frames;
+    frames.push_back(Channel::Frame{kind, frame, {}});
+    c->SendMany(std::move(frames), nullptr);
+  }
 }
 
 void Dispatcher::Stage(const std::vector<IslandId>& islands, uint64_t stage,
@@ -442,24 +449,15 @@ void Dispatcher::Stage(const std::vector<IslandId>& islands, uint64_t stage,
   head.U64(stage);
   head.U64(total);
   head.U64(offset);
-  std::string frame = head.Take() + EncodeLocations(pieces);
-  for (const std::shared_ptr<Channel>& c : StagingChannels(islands, bytes)) {
-    std::vector<Channel::Frame> frames;
-    frames.push_back(Channel::Frame{FrameKind::kStage, frame, {}});
-    c->SendMany(std::move(frames), nullptr);
-  }
+  SendStageFrame(islands, FrameKind::kStage,
+                 head.Take() + EncodeLocations(pieces), bytes);
 }
 
 void Dispatcher::Unstage(const std::vector<IslandId>& islands,
                          uint64_t stage) {
   WireWriter head;
   head.U64(stage);
-  std::string frame = head.Take();
-  for (const std::shared_ptr<Channel>& c : StagingChannels(islands, 0)) {
-    std::vector<Channel::Frame> frames;
-    frames.push_back(Channel::Frame{FrameKind::kUnstage, frame, {}});
-    c->SendMany(std::move(frames), nullptr);
-  }
+  SendStageFrame(islands, FrameKind::kUnstage, head.Take(), 0);
 }
 
 void Dispatcher::Cork() {

@@ -246,9 +246,10 @@ class Dispatcher {
   uint64_t NativeTag(std::function<void(Completion)> done);
 
   void SendNow(Outbox outbox);
-  // The channels of `islands` that may be sent stage frames.
-  std::vector<std::shared_ptr<Channel>> StagingChannels(
-      const std::vector<IslandId>& islands, uint64_t bytes);
+  // Sends a stage frame to those of `islands` that may have stages (their
+  // worker reads our memory), counting `bytes` staged on each.
+  void SendStageFrame(const std::vector<IslandId>& islands, FrameKind kind,
+                      const std::string& frame, uint64_t bytes);
   // Hands completions to Python, or to the C++ callbacks filed under them.
   void Publish(std::vector<Completion> done);
   void HeartbeatLoop();

@@ -109,9 +109,7 @@ def make_array_from_host_buffer(session: Session, req: Any,
   shape = _shape(req.shape.dims, dtype, "MakeArrayFromHostBuffer")
   _check_upload(data, shape, dtype, _strides(req), "MakeArrayFromHostBuffer")
   _check_layout(req, len(shape))
-  sharding = _sharding(session, req.sharding)
-  sharding.check(len(shape), "MakeArrayFromHostBuffer")
-  islands = _islands(session, sharding, "the array")
+  sharding, islands = _placement(session, req, shape)
   array = _new_array(session, req.array_handle, islands, dtype, shape,
                      sharding)
   # Every island gets the whole buffer and keeps its own shards.
@@ -141,28 +139,28 @@ def _stream_to(session: Session, req: Any) -> tuple[list[int], int] | None:
   the array gets it whole) and its size, if it is large enough for the
   overlap to pay (more than one of the client's chunks) and the request
   is well-formed so far; else None (its errors come once it has arrived)."""
+  field = "MakeArrayFromHostBuffer"
   try:
     dtype = dtypes.name_of(req.dtype)
-    shape = _shape(req.shape.dims, dtype, "MakeArrayFromHostBuffer")
+    shape = _shape(req.shape.dims, dtype, field)
     nbytes = math.prod(shape) * dtypes.itemsize(dtype)
-    strides = _strides(req)
-    if nbytes <= STREAM_MIN_BYTES or (
-        strides is not None and
-        strides != _dense_strides(shape, dtypes.itemsize(dtype))):
-      return None  # another size, told only by the upload
-    sharding = _sharding(session, req.sharding)
-    sharding.check(len(shape), "MakeArrayFromHostBuffer")
-    return [i.id for i in _islands(session, sharding, "the array")], nbytes
+    if nbytes <= STREAM_MIN_BYTES:
+      return None
+    # Else the upload's size is told only by the upload.
+    validation.check_dense_strides(shape, dtypes.itemsize(dtype),
+                                   _strides(req), field)
+    _, islands = _placement(session, req, shape)
+    return [i.id for i in islands], nbytes
   except StatusError:
     return None
 
 
-def _dense_strides(shape: Sequence[int], itemsize: int) -> list[int]:
-  strides, step = [], itemsize
-  for dim in reversed(shape):
-    strides.append(step)
-    step *= dim
-  return strides[::-1]
+def _placement(session: Session, req: Any, shape: Sequence[int]
+               ) -> tuple[Sharding, tuple[Island, ...]]:
+  """A MakeArrayFromHostBuffer's sharding and the islands it spans."""
+  sharding = _sharding(session, req.sharding)
+  sharding.check(len(shape), "MakeArrayFromHostBuffer")
+  return sharding, _islands(session, sharding, "the array")
 
 
 @handles("make_arrays_from_host_buffer_shards_request",
