@@ -7,6 +7,7 @@ module before anything initializes JAX.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import platform
@@ -22,6 +23,8 @@ os.environ["JAX_PLATFORMS"] = "proxy,cpu"
 import jax  # noqa: E402
 
 import jax_pathways  # noqa: E402
+from jax_pathways import config  # noqa: E402
+from jax_pathways.cluster.local_cluster import LocalCluster  # noqa: E402
 
 DEVICES = 4
 
@@ -74,12 +77,24 @@ def interleaved(runs: dict[str, Callable[[], float]], repeats: int
   return {name: statistics.median(v) for name, v in results.items()}
 
 
-def one_island_processes() -> tuple[list[Any], list[Any], dict[str, int]]:
+def one_island_processes(workers_over_tcp: bool = False
+                         ) -> tuple[list[Any], list[Any], dict[str, int]]:
   """Starts an embedded cluster of one island (DEVICES devices) for host <->
   device benchmarks; returns its devices, the in-process CPU devices, and
-  the pids of this process (the client), the controller and the worker."""
-  pathways, cpu = setup(islands=1)
-  cluster = jax_pathways.local_cluster()
+  the pids of this process (the client), the controller and the worker.
+  `workers_over_tcp`: the worker connects over loopback TCP, as one on
+  another host does (the controller sends it uploads' bytes)."""
+  if workers_over_tcp:
+    cluster = LocalCluster(1, DEVICES, config.DEFAULT_MAX_IN_FLIGHT,
+                           workers_over_tcp=True)
+    cluster.start()
+    atexit.register(cluster.stop)
+    jax.config.update("jax_num_cpu_devices", DEVICES)
+    jax_pathways.initialize(cluster.address, token=cluster.token)
+    pathways, cpu = jax.devices("proxy")[:DEVICES], jax.devices("cpu")[:DEVICES]
+  else:
+    pathways, cpu = setup(islands=1)
+    cluster = jax_pathways.local_cluster()
   return pathways, cpu, {"client": os.getpid(),
                          "controller": cluster.controller.pid,
                          "worker": cluster.workers[0].pid}

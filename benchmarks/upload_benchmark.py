@@ -1,6 +1,7 @@
 """Host to device: `jax.device_put` of a numpy array onto an island.
 
     python benchmarks/upload_benchmark.py [--repeats 7] [--cases 4KB,16MB]
+        [--workers-over-tcp]
 
 The bytes go client -> controller (the IFRT proxy's host-buffer channel)
 -> the island's worker, waited for each time; in-process JAX putting the
@@ -33,8 +34,12 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=7)
   parser.add_argument("--cases", default=",".join(CASES),
                       help="comma-separated, of " + ", ".join(CASES))
+  parser.add_argument("--workers-over-tcp", action="store_true",
+                      help="the worker connects over loopback TCP, as one "
+                      "on another host (uploads are sent to it, not read "
+                      "from the controller's memory)")
   args = parser.parse_args()
-  pathways, cpu, pids = one_island_processes()
+  pathways, cpu, pids = one_island_processes(args.workers_over_tcp)
   for label in args.cases.split(","):
     size, shards = CASES[label]
     data = np.random.default_rng(0).random((shards, size // 4 // shards),
@@ -64,7 +69,7 @@ def main() -> None:
               for k, p in pids.items() if k != "client"}
     emit_host_transfer("upload", label, size,
                        {k: v * 1e3 for k, v in med.items()}, "jax", cpu_ms,
-                       shards=shards)
+                       shards=shards, workers_over_tcp=args.workers_over_tcp)
 
 
 if __name__ == "__main__":

@@ -50,19 +50,21 @@ struct JpRequestHook {
 };
 
 // Where an upload still arriving goes while it arrives (the dispatcher's:
-// staged on the workers that will put it, so their copy overlaps the
-// client's sending). The frontend calls forward() on its gRPC thread with
-// each batch of pieces as it comes, in order; it holds a reference to the
-// target while it may (retain / release). None of them blocks.
+// staged on the workers that will put it, so their copy, or the bytes' trip
+// to a worker on another host, overlaps the client's sending). The
+// frontend calls forward() on its gRPC thread with each batch of pieces as
+// it comes, in order; it holds a reference to the target while it may
+// (retain / release). None of them blocks.
 struct JpUploadStream {
-  uint32_t version;  // 1
+  uint32_t version;  // 2
   void* target;
-  // The upload's next `n` pieces, `offset` bytes into it. Lent for the
-  // call only: a worker reads them later, so the frontend keeps them until
-  // the upload is stored (or drops them if it fails, and then the stage is
-  // never used).
+  // The upload's next `n` pieces, `offset` bytes into it. They stay valid
+  // until the stream calls done(owner), exactly once (at once if it keeps
+  // none of them): a worker on another host is sent them later, from
+  // another thread.
   void (*forward)(void* target, uint64_t offset, const char* const* data,
-                  const size_t* sizes, size_t n);
+                  const size_t* sizes, size_t n, void (*done)(void* owner),
+                  void* owner);
   // One reference to `target` more, or fewer (the last frees it).
   void (*retain)(void* target);
   void (*release)(void* target);
@@ -74,6 +76,6 @@ inline constexpr char kReplySinkCapsule[] = "jax_pathways.JpReplySink.v3";
 inline constexpr char kRequestHookCapsule[] =
     "jax_pathways.JpRequestHook.v1";
 inline constexpr char kUploadStreamCapsule[] =
-    "jax_pathways.JpUploadStream.v1";
+    "jax_pathways.JpUploadStream.v2";
 
 #endif  // JAX_PATHWAYS_CSRC_COMMON_REQUEST_HOOK_H_

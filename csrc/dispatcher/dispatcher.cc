@@ -385,26 +385,31 @@ void Dispatcher::SendNow(Outbox outbox) {
     auto ops = std::make_shared<std::vector<Op>>();
     std::vector<Channel::Frame> frames;
     for (; i < outbox.size() && outbox[i].channel == channel; ++i) {
+      const Outgoing::Tails how = outbox[i].tails;
       const Op& op = ops->emplace_back(std::move(outbox[i].op));
+      WireWriter stage;
+      stage.U64(op.stage);
+      if (how == Outgoing::Tails::kStaged) {
+        frames.push_back(Channel::Frame{FrameKind::kOpStaged,
+                                        stage.Take() + EncodeOpHead(op),
+                                        op.payload.view()});
+        continue;
+      }
       std::vector<std::string_view> tails;
       for (const Bytes& t : op.payload_tails) tails.push_back(t.view());
-      if (outbox[i].lend_tails) {
-        WireWriter stage;
-        stage.U64(op.stage);
+      if (how == Outgoing::Tails::kLend) {
         frames.push_back(Channel::Frame{
             FrameKind::kOpLocal,
             stage.Take() + EncodeLocations(tails) + EncodeOpHead(op),
             op.payload.view()});
-      } else {
-        if (op.stage != 0) {  // sent whole: the stage is not needed
-          WireWriter stage;
-          stage.U64(op.stage);
-          frames.push_back(Channel::Frame{FrameKind::kUnstage, stage.Take(),
-                                          {}});
-        }
-        frames.push_back(Channel::Frame{FrameKind::kOp, EncodeOpHead(op),
-                                        op.payload.view(), std::move(tails)});
+        continue;
       }
+      if (op.stage != 0) {  // sent whole: the stage is not needed
+        frames.push_back(Channel::Frame{FrameKind::kUnstage, stage.Take(),
+                                        {}});
+      }
+      frames.push_back(Channel::Frame{FrameKind::kOp, EncodeOpHead(op),
+                                      op.payload.view(), std::move(tails)});
     }
     // A failed write closes the channel: its reader thread sees the broken
     // connection and fails the island's ops.
@@ -417,47 +422,96 @@ JpUploadStream Dispatcher::StreamUpload(std::vector<IslandId> islands,
   return MakeUploadStream(stage_sink_, std::move(islands), stage, total);
 }
 
-void Dispatcher::SendStageFrame(const std::vector<IslandId>& islands,
-                                FrameKind kind, const std::string& frame,
-                                uint64_t bytes) {
-  std::vector<std::shared_ptr<Channel>> channels;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (IslandId id : islands) {
-      auto it = islands_.find(id);
-      if (it == islands_.end() || !it->second->alive ||
-          !it->second->reads_locally) {
-        continue;  // its PUT sends the bytes, or fails with the island
-      }
-      it->second->staged_bytes += bytes;
-      channels.push_back(it->second->channel);
+bool Dispatcher::Island::SentStage::Holds(
+    const std::vector<Bytes>& tails) const {
+  if (sent != total || tails.size() != pieces.size()) return false;
+  for (size_t i = 0; i < tails.size(); ++i) {
+    if (tails[i].data() != pieces[i].first ||
+        tails[i].size() != pieces[i].second) {
+      return false;
     }
   }
-  for (const std::shared_ptr<Channel>& c : channels) {
-    std::vector<Channel::Frame> frames;
-    frames.push_back(Channel::Frame{kind, frame, {}});
-    c->SendMany(std::move(frames), nullptr);
-  }
+  return true;
 }
 
 void Dispatcher::Stage(const std::vector<IslandId>& islands, uint64_t stage,
                        uint64_t total, uint64_t offset,
-                       const std::vector<std::string_view>& pieces) {
+                       const std::vector<std::string_view>& pieces,
+                       std::shared_ptr<const void> owner) {
   uint64_t bytes = 0;
   for (std::string_view p : pieces) bytes += p.size();
   WireWriter head;
   head.U64(stage);
   head.U64(total);
   head.U64(offset);
-  SendStageFrame(islands, FrameKind::kStage,
-                 head.Take() + EncodeLocations(pieces), bytes);
+  const std::string part = head.Take();
+  std::vector<std::pair<std::shared_ptr<Channel>, bool>> to;  // bytes?
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (IslandId id : islands) {
+      auto it = islands_.find(id);
+      if (it == islands_.end() || !it->second->alive) {
+        continue;  // its PUT fails with the island
+      }
+      Island& island = *it->second;
+      auto sent = island.sent_stages.find(stage);
+      if (sent == island.sent_stages.end() && island.reads_locally) {
+        island.staged_bytes += bytes;
+        to.emplace_back(island.channel, false);
+        continue;
+      }
+      if (sent == island.sent_stages.end()) {
+        // Only from the first byte: a worker holds a stage whole or not
+        // at all, and its PUT then comes with the bytes.
+        if (offset != 0 || island.sent_stages.size() >= kMaxStages) continue;
+        sent = island.sent_stages.emplace(stage, Island::SentStage()).first;
+        sent->second.total = total;
+      }
+      Island::SentStage& s = sent->second;
+      if (s.sent != offset || bytes > s.total - s.sent) continue;
+      s.sent += bytes;
+      for (std::string_view p : pieces) {
+        s.pieces.emplace_back(p.data(), p.size());
+      }
+      island.staged_bytes += bytes;
+      to.emplace_back(island.channel, true);
+    }
+  }
+  for (auto& [channel, with_bytes] : to) {
+    std::vector<Channel::Frame> frames;
+    if (with_bytes) {
+      frames.push_back(Channel::Frame{FrameKind::kStageData, part, {}, pieces});
+      channel->SendMany(std::move(frames), owner);
+    } else {
+      frames.push_back(Channel::Frame{FrameKind::kStage,
+                                      part + EncodeLocations(pieces), {}});
+      channel->SendMany(std::move(frames), nullptr);
+    }
+  }
 }
 
 void Dispatcher::Unstage(const std::vector<IslandId>& islands,
                          uint64_t stage) {
   WireWriter head;
   head.U64(stage);
-  SendStageFrame(islands, FrameKind::kUnstage, head.Take(), 0);
+  const std::string frame = head.Take();
+  std::vector<std::shared_ptr<Channel>> channels;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (IslandId id : islands) {
+      auto it = islands_.find(id);
+      if (it == islands_.end() || !it->second->alive) continue;
+      Island& island = *it->second;
+      if (island.sent_stages.erase(stage) > 0 || island.reads_locally) {
+        channels.push_back(island.channel);
+      }
+    }
+  }
+  for (const std::shared_ptr<Channel>& c : channels) {
+    std::vector<Channel::Frame> frames;
+    frames.push_back(Channel::Frame{FrameKind::kUnstage, frame, {}});
+    c->SendMany(std::move(frames), nullptr);
+  }
 }
 
 void Dispatcher::Cork() {
@@ -615,12 +669,28 @@ void Dispatcher::Admitted(Island* island, std::vector<Op> ready, Outbox* outbox,
         FinishSlot(*slot, Status::Ok(), {}, done);
       }
     }
+    Op& op = ready[i];
+    auto how = Outgoing::Tails::kSend;
     // A tail is lent only to an op that reports back: its event says the
     // worker is done with our memory.
-    bool lend = island->reads_locally && ExpectsEvent(ready[i].kind) &&
-                ready[i].TailBytes() >= kLentTailMin;
-    if (lend) island->lent.emplace(ready[i].seq, ready[i].payload_tails);
-    outbox->push_back(Outgoing{island->channel, std::move(ready[i]), lend});
+    if (island->reads_locally && ExpectsEvent(op.kind) &&
+        op.TailBytes() >= kLentTailMin) {
+      how = Outgoing::Tails::kLend;
+      island->lent.emplace(op.seq, op.payload_tails);
+    }
+    if (op.stage != 0) {
+      auto sent = island->sent_stages.find(op.stage);
+      if (sent != island->sent_stages.end()) {
+        if (how == Outgoing::Tails::kSend &&
+            sent->second.Holds(op.payload_tails)) {
+          how = Outgoing::Tails::kStaged;
+        }
+        island->sent_stages.erase(sent);
+      } else if (!island->reads_locally) {
+        op.stage = 0;  // nothing of it went there: no stage to end
+      }
+    }
+    outbox->push_back(Outgoing{island->channel, std::move(op), how});
   }
 }
 
@@ -649,6 +719,7 @@ void Dispatcher::KillLocked(Island* island, const Status& why,
       std::chrono::system_clock::now().time_since_epoch()).count();
   island->channel->Shutdown();
   island->lent.clear();
+  island->sent_stages.clear();
   for (GangSlot& slot : island->queue.DrainAll()) {
     ++island->finished;
     if (slot.is_launch) fair_.Abandoned(slot.client);
@@ -679,7 +750,7 @@ void Dispatcher::KillLocked(Island* island, const Status& why,
     notice.kind = OpKind::kPeerLost;
     notice.program = static_cast<uint64_t>(island->id);
     notice.payload = Bytes::Copy(why.message());
-    outbox->push_back(Outgoing{other->channel, std::move(notice), false});
+    outbox->push_back(Outgoing{other->channel, std::move(notice)});
   }
   AdmitHeld(outbox, done);  // held gangs for this island fail now
 }

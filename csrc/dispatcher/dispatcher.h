@@ -136,15 +136,17 @@ class Dispatcher {
   void ExpireSilentIslands(double timeout_s);
 
   // Uploads staged as they arrive (dispatcher/stages.h): a fresh stage id,
-  // a stream that forwards an upload's pieces to those of `islands` whose
-  // worker reads this process's memory, and the end of a stage no PUT will
+  // a stream that forwards an upload's pieces to the workers of `islands`
+  // (where they are, to one on this host; the bytes, kept alive by `owner`
+  // until written, to one elsewhere), and the end of a stage no PUT will
   // take (a PUT naming it, Op::stage, ends it too). Never block.
   uint64_t NewStage() { return next_stage_++; }
   JpUploadStream StreamUpload(std::vector<IslandId> islands, uint64_t stage,
                               uint64_t total);
   void Stage(const std::vector<IslandId>& islands, uint64_t stage,
              uint64_t total, uint64_t offset,
-             const std::vector<std::string_view>& pieces);
+             const std::vector<std::string_view>& pieces,
+             std::shared_ptr<const void> owner);
   void Unstage(const std::vector<IslandId>& islands, uint64_t stage);
 
   // While corked, ops are held and then sent together at the last Uncork():
@@ -193,6 +195,16 @@ class Dispatcher {
     // Lent tails, by op seq, kept alive until the op finishes.
     std::unordered_map<uint64_t, std::vector<Bytes>> lent;
     uint64_t staged_bytes = 0;
+    // Stages whose bytes went to this worker (it is on another host), by
+    // id: at most kMaxStages, as the worker holds no more.
+    struct SentStage {
+      uint64_t total = 0;
+      uint64_t sent = 0;  // from the first byte on, in order
+      std::vector<std::pair<const char*, size_t>> pieces;
+      // Whether the worker holds exactly `tails`, all of the upload.
+      bool Holds(const std::vector<Bytes>& tails) const;
+    };
+    std::unordered_map<uint64_t, SentStage> sent_stages;
     std::thread reader;
 
     Island(IslandId i, std::string n, std::shared_ptr<Channel> c, int window,
@@ -201,9 +213,14 @@ class Dispatcher {
           capacity(memory) {}
   };
   struct Outgoing {
+    enum class Tails {
+      kSend,    // op.payload_tails' bytes, after the op
+      kLend,    // where they are (the worker reads our memory)
+      kStaged,  // nothing: the worker holds them in op.stage already
+    };
     std::shared_ptr<Channel> channel;
     Op op;
-    bool lend_tails = false;  // send where op.payload_tails are, not bytes
+    Tails tails = Tails::kSend;
   };
   using Outbox = std::vector<Outgoing>;
   // A gang that passed Submit's checks and waits for its turn.
@@ -246,10 +263,6 @@ class Dispatcher {
   uint64_t NativeTag(std::function<void(Completion)> done);
 
   void SendNow(Outbox outbox);
-  // Sends a stage frame to those of `islands` that may have stages (their
-  // worker reads our memory), counting `bytes` staged on each.
-  void SendStageFrame(const std::vector<IslandId>& islands, FrameKind kind,
-                      const std::string& frame, uint64_t bytes);
   // Hands completions to Python, or to the C++ callbacks filed under them.
   void Publish(std::vector<Completion> done);
   void HeartbeatLoop();

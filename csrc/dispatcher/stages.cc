@@ -16,12 +16,16 @@ struct Stream {
 };
 
 void Forward(void* target, uint64_t offset, const char* const* data,
-             const size_t* sizes, size_t n) {
+             const size_t* sizes, size_t n, void (*done)(void* owner),
+             void* owner) {
   auto* s = static_cast<Stream*>(target);
+  // done(owner) once the last frame holding the pieces is written.
+  std::shared_ptr<void> keep(owner, done);
   std::vector<std::string_view> pieces;
   pieces.reserve(n);
   for (size_t i = 0; i < n; ++i) pieces.emplace_back(data[i], sizes[i]);
-  s->sink->Forward(s->islands, s->stage, s->total, offset, pieces);
+  s->sink->Forward(s->islands, s->stage, s->total, offset, pieces,
+                   std::move(keep));
 }
 
 void Retain(void* target) { ++static_cast<Stream*>(target)->refs; }
@@ -35,10 +39,12 @@ void Release(void* target) {
 
 void StageSink::Forward(const std::vector<IslandId>& islands, uint64_t stage,
                         uint64_t total, uint64_t offset,
-                        const std::vector<std::string_view>& pieces) {
+                        const std::vector<std::string_view>& pieces,
+                        std::shared_ptr<const void> owner) {
   std::lock_guard<std::mutex> lock(mu_);
   if (dispatcher_ != nullptr) {
-    dispatcher_->Stage(islands, stage, total, offset, pieces);
+    dispatcher_->Stage(islands, stage, total, offset, pieces,
+                       std::move(owner));
   }
 }
 
@@ -51,7 +57,7 @@ JpUploadStream MakeUploadStream(std::shared_ptr<StageSink> sink,
                                 std::vector<IslandId> islands, uint64_t stage,
                                 uint64_t total) {
   auto* s = new Stream{std::move(sink), std::move(islands), stage, total};
-  return JpUploadStream{1, s, &Forward, &Retain, &Release};
+  return JpUploadStream{2, s, &Forward, &Retain, &Release};
 }
 
 }  // namespace jax_pathways

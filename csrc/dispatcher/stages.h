@@ -1,9 +1,12 @@
-// Stages: an upload forwarded, while it still arrives, to the workers on
-// this host that will put it (FrameKind::kStage). Each copies the pieces
-// out of the controller's memory as they come, so its copy overlaps the
-// client's sending instead of following it; the PUT then names the stage
-// and takes what is there, or reads its tails itself if the stage is not
-// whole (a piece forwarded late, a worker short of memory).
+// Stages: an upload forwarded, while it still arrives, to the workers that
+// will put it, so that their part overlaps the client's sending instead of
+// following it. A worker on this host is told where the pieces are
+// (FrameKind::kStage) and copies them out of the controller's memory as
+// they come; its PUT names the stage and takes what is there, or reads its
+// tails itself if the stage is not whole (a piece forwarded late, a worker
+// short of memory). A worker on another host is sent the bytes
+// (kStageData); its PUT goes without them (kOpStaged) only if the whole
+// upload, these very pieces, went to it, else with them as before.
 //
 // The frontend (module _frontend) forwards pieces on its gRPC thread
 // through a JpUploadStream (common/request_hook.h) made here; it may
@@ -28,9 +31,11 @@ class Dispatcher;
 class StageSink {
  public:
   explicit StageSink(Dispatcher* dispatcher) : dispatcher_(dispatcher) {}
+  // `owner` keeps the pieces alive.
   void Forward(const std::vector<IslandId>& islands, uint64_t stage,
                uint64_t total, uint64_t offset,
-               const std::vector<std::string_view>& pieces);
+               const std::vector<std::string_view>& pieces,
+               std::shared_ptr<const void> owner);
   // The Dispatcher is going: later calls do nothing.
   void Detach();
 

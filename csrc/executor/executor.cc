@@ -20,10 +20,11 @@ namespace {
 // Room before a staged upload for its PUT's op frame (head and payload
 // header: ~200 bytes), so that the payload is one buffer without a copy.
 constexpr size_t kStagePrefix = 4096;
-// Stages held at once, and their bytes (a share of this host's memory): a
-// stage refused for room costs only the overlap, its PUT reads its tails.
-constexpr size_t kMaxStages = 256;
-
+// A kStageData frame's stage, total and offset (u64 each).
+constexpr size_t kStageDataHead = 24;
+// Bytes of stages read from the controller's memory held at once (a share
+// of this host's memory; kMaxStages of them at most): a stage refused for
+// room costs only the overlap, its PUT reads its tails.
 uint64_t MaxStagedBytes() {
   static const uint64_t bytes =
       static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
@@ -95,10 +96,20 @@ void Executor::HeartbeatLoop() {
 }
 
 void Executor::ReadLoop() {
+  // An upload's bytes sent as it arrives go straight into its stage.
+  Status placed;
+  const Channel::Placement into_stage{
+      FrameKind::kStageData, kStageDataHead,
+      [this, &placed](std::string_view head, size_t n) -> char* {
+        StatusOr<char*> at = StageSpace(head, n);
+        placed = at.status();
+        return at.ok() ? at.value() : nullptr;
+      }};
   while (true) {
     FrameKind kind;
     Bytes body;
-    Status s = channel_->Receive(&kind, &body);
+    placed = DataLoss("malformed stage data");  // unless placed
+    Status s = channel_->Receive(&kind, &body, &into_stage);
     if (s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       last_heard_ = std::chrono::steady_clock::now();
@@ -111,6 +122,14 @@ void Executor::ReadLoop() {
     if (s.ok() && kind == FrameKind::kStage) {
       s = StagePart(body.view());
       if (s.ok()) continue;
+    }
+    if (s.ok() && kind == FrameKind::kStageData) {
+      s = placed;
+      if (s.ok()) continue;
+    }
+    if (s.ok() && kind == FrameKind::kOpStaged) {
+      s = TakeSentStage(&body);
+      kind = FrameKind::kOp;
     }
     if (s.ok() && kind == FrameKind::kUnstage) {
       WireReader r(body.view());
@@ -198,6 +217,7 @@ Status Executor::StagePart(std::string_view frame) {
     it = stages_.emplace(id, std::move(stage)).first;
   }
   Staged& stage = it->second;
+  if (stage.sent) return DataLoss("malformed stage frame");  // not one read
   uint64_t n = 0;
   for (const Location& p : pieces) {
     if (p.size > stage.total - stage.filled - n) {
@@ -232,16 +252,92 @@ Bytes Executor::TakeStage(uint64_t id, std::string_view frame,
   Staged stage = std::move(it->second);
   staged_bytes_ -= stage.total;
   stages_.erase(it);
+  if (stage.filled != stage.total || !SameLocations(stage.read, tails)) {
+    return Bytes();
+  }
+  return BehindFrame(stage, frame);
+}
+
+Bytes Executor::BehindFrame(Staged& stage, std::string_view frame) {
   // The op frame goes right before the upload: the payload stays 64-byte
   // aligned where the frame's start is (the head is padded to that).
-  if (stage.filled != stage.total || !SameLocations(stage.read, tails) ||
-      frame.size() > kStagePrefix || (kStagePrefix - frame.size()) % 64) {
+  if (frame.size() > kStagePrefix || (kStagePrefix - frame.size()) % 64) {
     return Bytes();
   }
   char* at = stage.base + kStagePrefix - frame.size();
   std::memcpy(at, frame.data(), frame.size());
   return stage.buffer.Slice(kStagePrefix - frame.size(),
                             frame.size() + stage.total);
+}
+
+StatusOr<char*> Executor::StageSpace(std::string_view head, size_t n) {
+  uint64_t part[3];  // stage, total, offset
+  if (head.size() != sizeof(part)) return DataLoss("malformed stage data");
+  std::memcpy(part, head.data(), sizeof(part));
+  const auto [id, total, offset] = part;
+  auto it = stages_.find(id);
+  if (it == stages_.end()) {
+    // The controller sends a stage whole, from its first byte, and never
+    // more at once than a worker holds.
+    if (offset != 0 || stages_.size() >= kMaxStages ||
+        total > SIZE_MAX - kStagePrefix) {
+      return DataLoss("malformed stage data (stage " + std::to_string(id) +
+                      " at byte " + std::to_string(offset) + ", " +
+                      std::to_string(stages_.size()) + " stages held)");
+    }
+    Staged stage;
+    StatusOr<Bytes> buffer = Bytes::Allocate(kStagePrefix + total, &stage.base);
+    if (!buffer.ok()) {
+      return Status(buffer.status().code(),
+                    "an upload streamed to this worker: " +
+                        buffer.status().message());
+    }
+    stage.buffer = std::move(buffer.value());
+    stage.total = total;
+    stage.sent = true;
+    staged_bytes_ += total;
+    it = stages_.emplace(id, std::move(stage)).first;
+  }
+  Staged& stage = it->second;
+  if (!stage.sent || offset != stage.filled ||
+      n > stage.total - stage.filled) {
+    return DataLoss("malformed stage data (stage " + std::to_string(id) +
+                    " at byte " + std::to_string(offset) + ")");
+  }
+  // Counted as in already: if the read fails, so does the connection.
+  stage.filled += n;
+  return stage.base + kStagePrefix + offset;
+}
+
+Status Executor::TakeSentStage(Bytes* body) {
+  std::string_view frame = body->view();
+  uint64_t id;
+  if (frame.size() < sizeof(id)) return DataLoss("malformed op frame");
+  std::memcpy(&id, frame.data(), sizeof(id));
+  frame.remove_prefix(sizeof(id));
+  auto it = stages_.find(id);
+  if (it == stages_.end() || !it->second.sent ||
+      it->second.filled != it->second.total) {
+    return DataLoss("controller sent a PUT of stage " + std::to_string(id) +
+                    ", which this worker does not hold whole");
+  }
+  Staged stage = std::move(it->second);
+  staged_bytes_ -= stage.total;
+  stages_.erase(it);
+  ++staged_puts_;
+  *body = BehindFrame(stage, frame);
+  if (!body->empty()) return Status::Ok();
+  // A frame too large for the room before the upload: one copy.
+  char* w;
+  StatusOr<Bytes> whole = Bytes::Allocate(frame.size() + stage.total, &w);
+  if (!whole.ok()) {
+    return Status(whole.status().code(),
+                  "an op's uploads: " + whole.status().message());
+  }
+  std::memcpy(w, frame.data(), frame.size());
+  std::memcpy(w + frame.size(), stage.base + kStagePrefix, stage.total);
+  *body = std::move(whole.value());
+  return Status::Ok();
 }
 
 Status Executor::ReadLentTails(Bytes* body) {

@@ -59,8 +59,9 @@ class Executor {
   // Why no more ops will come (the controller is gone or silent); OK while
   // connected. Does not wait.
   Status closed();
-  // PUTs that took their staged upload (FrameKind::kStage), and those that
-  // named a stage but read their tails instead (it was not whole).
+  // PUTs that took their staged upload (FrameKind::kStage, kStageData),
+  // and those that named a stage but read their tails instead (it was not
+  // whole).
   uint64_t staged_puts() const { return staged_puts_; }
   uint64_t unstaged_puts() const { return unstaged_puts_; }
   void Shutdown();
@@ -82,6 +83,14 @@ class Executor {
   // holds exactly `tails`; else an empty Bytes. Drops the stage.
   Bytes TakeStage(uint64_t id, std::string_view frame,
                   const std::vector<Location>& tails);
+  // kStageData: where the upload's next `n` bytes go in their stage, given
+  // the frame's head (`head`: stage, total, offset). Unlike a stage read
+  // from the controller's memory, one sent is never refused, dropped or out
+  // of order but by a broken controller (the PUT has no bytes of its own):
+  // that fails the connection.
+  StatusOr<char*> StageSpace(std::string_view head, size_t n);
+  // A kOpStaged frame -> the op frame with its stage's bytes behind it.
+  Status TakeSentStage(Bytes* body);
 
   std::unique_ptr<Channel> channel_;
   const std::string controller_;
@@ -105,7 +114,11 @@ class Executor {
     uint64_t total = 0;
     uint64_t filled = 0;
     std::vector<Location> read;  // what was copied, in order
+    bool sent = false;           // the bytes came in kStageData frames
   };
+  // `frame` copied into the room before the stage's upload, and the two as
+  // one payload (64-byte aligned); empty if it does not fit.
+  static Bytes BehindFrame(Staged& stage, std::string_view frame);
   std::map<uint64_t, Staged> stages_;
   uint64_t staged_bytes_ = 0;
   std::atomic<uint64_t> staged_puts_{0};

@@ -125,19 +125,22 @@ void HostBuffers::Arrived(uint64_t session, uint64_t handle,
   if (streams_.empty()) return;
   auto it = streams_.find({session, handle});
   if (it == streams_.end() || *pieces_sent >= upload.size()) return;
+  // The pieces' references, kept until the stream is done with them.
+  auto* kept = new HostBuffer(upload.begin() + *pieces_sent, upload.end());
   std::vector<const char*> data;
   std::vector<size_t> sizes;
   uint64_t offset = *bytes_sent;
-  for (size_t i = *pieces_sent; i < upload.size(); ++i) {
-    data.push_back(upload[i].data());
-    sizes.push_back(upload[i].size());
-    *bytes_sent += upload[i].size();
+  for (const Bytes& piece : *kept) {
+    data.push_back(piece.data());
+    sizes.push_back(piece.size());
+    *bytes_sent += piece.size();
   }
   *pieces_sent = upload.size();
   // Under mu_: once Unstream() returns, nothing more goes out (the stage's
   // end must follow every part of it to the worker).
-  it->second.forward(it->second.target, offset, data.data(), sizes.data(),
-                     data.size());
+  it->second.forward(
+      it->second.target, offset, data.data(), sizes.data(), data.size(),
+      [](void* owner) { delete static_cast<HostBuffer*>(owner); }, kept);
 }
 
 void HostBuffers::Unstream(uint64_t session, uint64_t handle) {

@@ -28,6 +28,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -67,6 +68,13 @@ enum class FrameKind : uint32_t {
   // that names the stage takes it instead of reading its tails then
   kStage = 10,
   kUnstage = 11,  // controller -> worker: u64 stage, no PUT will take it
+  // controller -> worker on another host, out of gang order: part of an
+  // upload still arriving (u64 stage, u64 total, u64 offset, then the
+  // bytes), in order from the first; the worker keeps them in the stage
+  kStageData = 12,
+  // controller -> worker on another host: u64 stage, then an op frame
+  // whose payload's tails are the stage's bytes, all of them (kStageData)
+  kOpStaged = 13,
 };
 
 // How often a worker says it is alive, and the controller to each worker;
@@ -101,9 +109,19 @@ class Channel {
                   std::shared_ptr<const void> owner);
   // Bytes accepted by SendMany()/Send() and not yet taken by the kernel.
   size_t backlog_bytes();
-  // Reads one whole frame into a fresh buffer. Small frames sent together
-  // cost one recv() between them: the reader takes what the socket has.
-  Status Receive(FrameKind* kind, Bytes* body);
+  // Where the body of a frame of `kind` goes past its first `head` bytes,
+  // instead of a fresh buffer: place(those bytes, n) returns room for the
+  // other n, or null to read the frame as any other.
+  struct Placement {
+    FrameKind kind;
+    size_t head;
+    std::function<char*(std::string_view head, size_t n)> place;
+  };
+  // Reads one whole frame into a fresh buffer (with `placement`, one it
+  // places: `body` is then its head only). Small frames sent together cost
+  // one recv() between them: the reader takes what the socket has.
+  Status Receive(FrameKind* kind, Bytes* body,
+                 const Placement* placement = nullptr);
   // Unblocks a pending Receive(), stops and joins the writer, drops what is
   // queued and makes later calls fail. Idempotent.
   void Shutdown();
@@ -116,6 +134,8 @@ class Channel {
   // (0: written already). Requires mu_.
   StatusOr<uint64_t> WriteOrQueue(std::unique_ptr<Batch> batch);
   void WriteLoop();
+  // Receive()'s: the next `n` bytes of the stream to `w`.
+  Status ReadInto(char* w, size_t n);
   // Require mu_. Makes later sends fail with `why` and shuts the socket down
   // (waking the reader and a blocked writer).
   void CloseLocked(const Status& why);

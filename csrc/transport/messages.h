@@ -8,6 +8,7 @@
 #ifndef JAX_PATHWAYS_CSRC_TRANSPORT_MESSAGES_H_
 #define JAX_PATHWAYS_CSRC_TRANSPORT_MESSAGES_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -21,7 +22,11 @@ using BufferId = uint64_t;
 using IslandId = int32_t;
 
 // Version of the controller <-> worker wire format; bumped on any change.
-inline constexpr uint32_t kWireVersion = 10;
+inline constexpr uint32_t kWireVersion = 11;
+
+// Uploads a worker holds staged at once (FrameKind::kStage, kStageData);
+// the controller sends a worker on another host no more.
+inline constexpr size_t kMaxStages = 256;
 
 enum class OpKind : uint32_t {
   kCompile = 1,   // payload: program + options; program = compile key

@@ -222,7 +222,8 @@ size_t Channel::backlog_bytes() {
   return backlog_;
 }
 
-Status Channel::Receive(FrameKind* kind, Bytes* body) {
+Status Channel::Receive(FrameKind* kind, Bytes* body,
+                        const Placement* placement) {
   if (read_buffer_ == nullptr) {
     // Not zeroed: pages are touched only as far as frames fill them (a
     // controller of 1,000 islands has 1,000 of these).
@@ -254,22 +255,42 @@ Status Channel::Receive(FrameKind* kind, Bytes* body) {
   if (h.magic != kMagic || h.length > kMaxFrameBytes) {
     return DataLoss("bad frame header (wrong peer or version?)");
   }
+  const bool placed = placement != nullptr &&
+                      h.kind == static_cast<uint32_t>(placement->kind) &&
+                      h.length >= placement->head;
+  size_t length = placed ? placement->head : h.length;
   char* w;
-  StatusOr<Bytes> buffer = Bytes::Allocate(h.length, &w);
+  StatusOr<Bytes> buffer = Bytes::Allocate(length, &w);
   if (!buffer.ok()) {
     return Status(buffer.status().code(),
                   "peer sent a frame of " + std::to_string(h.length) +
                       " bytes: " + buffer.status().message());
   }
   *body = std::move(buffer.value());
-  // What was read already, then the rest straight into the body.
-  size_t have = std::min<size_t>(read_end_ - read_start_, h.length);
-  std::memcpy(w, read_buffer_.get() + read_start_, have);
-  read_start_ += have;
-  Status s = ReadFull(fd_, w + have, h.length - have);
+  Status s = ReadInto(w, length);
   if (!s.ok()) return s;
+  if (placed) {
+    char* rest = placement->place(body->view(), h.length - length);
+    if (rest == nullptr) {  // a fresh buffer after all
+      StatusOr<Bytes> whole = Bytes::Allocate(h.length, &w);
+      if (!whole.ok()) return whole.status();
+      std::memcpy(w, body->data(), length);
+      *body = std::move(whole.value());
+      rest = w + length;
+    }
+    s = ReadInto(rest, h.length - length);
+    if (!s.ok()) return s;
+  }
   *kind = static_cast<FrameKind>(h.kind);
   return Status::Ok();
+}
+
+Status Channel::ReadInto(char* w, size_t n) {
+  // What was read already, then the rest straight from the socket.
+  size_t have = std::min<size_t>(read_end_ - read_start_, n);
+  std::memcpy(w, read_buffer_.get() + read_start_, have);
+  read_start_ += have;
+  return ReadFull(fd_, w + have, n - have);
 }
 
 void Channel::Shutdown() {

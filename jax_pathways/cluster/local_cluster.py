@@ -73,7 +73,7 @@ class LocalCluster:
                reduction_order: str = "rank",
                device_cores: list[list[int]] | None = None,
                tcp: bool = False, worker_timeout_s: float | None = None,
-               restart_workers: bool = True):
+               restart_workers: bool = True, workers_over_tcp: bool = False):
     if device_cores is not None and len(device_cores) != islands:
       raise ValueError(f"device_cores names {len(device_cores)} islands' "
                        f"cores for {islands} islands")
@@ -85,6 +85,9 @@ class LocalCluster:
     self.worker_timeout_s = worker_timeout_s
     self.reduction_order = reduction_order
     self.tcp = tcp  # clients connect over loopback TCP, not a Unix socket
+    # Workers too, as from other hosts: uploads are sent to them, not read
+    # out of the controller's memory (benchmarks of that path).
+    self.workers_over_tcp = workers_over_tcp
     self.token = secrets.token_hex(16)
     # Sockets live in a directory only this user can enter (mode 0700).
     self.socket_dir = tempfile.mkdtemp(prefix="jax_pathways_")
@@ -151,7 +154,8 @@ class LocalCluster:
           "controller", "--islands", str(self.islands),
           "--listen",
           "127.0.0.1:0" if self.tcp else f"unix:{sockets}/clients.sock",
-          "--worker-listen", f"unix:{sockets}/workers.sock",
+          "--worker-listen", "127.0.0.1:0" if self.workers_over_tcp
+          else f"unix:{sockets}/workers.sock",
           "--coordinator-listen", f"unix:{sockets}/coordination.sock",
           "--max-in-flight", str(self.max_in_flight),
           "--reduction-order", self.reduction_order,

@@ -1,8 +1,11 @@
 """Uploads streamed to a worker while they arrive (dispatcher/stages.h): the
-frontend's gRPC thread forwards each chunk's pieces, the worker copies them
-into a stage, and the PUT naming the stage takes it; a PUT whose stage is
-not whole, or holds other bytes, reads its own tails instead. The real
-frontend, dispatcher and executor in this process, over a socket pair."""
+frontend's gRPC thread forwards each chunk's pieces, and the PUT naming the
+stage goes without its bytes. A worker on this host copies the pieces out
+of the controller's memory into the stage, and a PUT whose stage is not
+whole, or holds other bytes, reads its own tails instead; a worker on
+another host (TCP) is sent the bytes, and its PUT comes with them after all
+if the stage did not get them all, or got other bytes. The real frontend,
+dispatcher and executor in this process, over a socket pair."""
 import socket
 import time
 
@@ -17,8 +20,11 @@ from jax_pathways import _frontend
 from jax_pathways import admin
 from jax_pathways.dispatch import payloads
 
+from socket_pairs import tcp_pair  # tests/ is on sys.path (conftest.py)
+
 SESSION = 5
 CHUNK = 1 << 20
+MAX_STAGES = 256  # kMaxStages, transport/messages.h
 
 
 def _wait_for(predicate, timeout=10.0):
@@ -28,18 +34,20 @@ def _wait_for(predicate, timeout=10.0):
     time.sleep(0.01)
 
 
-@pytest.fixture
-def rig():
-  """(frontend, dispatcher, executor, channel to the frontend), island 0's
-  worker reading the dispatcher's memory as one on this host does."""
+@pytest.fixture(params=["local", "remote"])
+def rig(request):
+  """(frontend, dispatcher, executor, channel to the frontend): island 0's
+  worker reading the dispatcher's memory as one on this host does, or
+  connected over TCP as one on another host is."""
   server = _frontend.GrpcServer()
   port = server.start("127.0.0.1:0")
   server.host_buffers.open_session(SESSION)
-  a, b = socket.socketpair()
+  a, b = socket.socketpair() if request.param == "local" else tcp_pair()
   dispatcher = _core.Dispatcher(4)
   dispatcher.add_island(0, a.detach(), "w0", 0)
   executor = _core.Executor(b.detach())
-  _wait_for(lambda: dispatcher.stats()[0]["reads_locally"])
+  if request.param == "local":
+    _wait_for(lambda: dispatcher.stats()[0]["reads_locally"])
   channel = grpc.insecure_channel(f"127.0.0.1:{port}")
   try:
     yield server, dispatcher, executor, channel
@@ -48,6 +56,10 @@ def rig():
     server.shutdown()
     dispatcher.shutdown()
     executor.shutdown()
+
+
+def _remote(dispatcher) -> bool:
+  return not dispatcher.stats()[0]["reads_locally"]
 
 
 def _upload(n: int, seed: int) -> bytes:
@@ -83,10 +95,13 @@ def test_an_upload_streamed_as_it_arrives_is_put_from_its_stage(
 
 
 def test_a_stage_of_other_bytes_or_dropped_is_not_used(rig, side_channel):
-  """A PUT naming a stage that holds another upload's pieces reads its own
-  tails; so does one whose stage was dropped (unstage) before it came."""
+  """A PUT naming a stage that holds another upload's pieces gets its own
+  bytes (the worker reads them, or they are sent); so does one whose stage
+  was dropped (unstage) before it came."""
   server, dispatcher, executor, channel = rig
   hb = server.host_buffers
+  # A worker elsewhere is sent the right bytes; one here reads them.
+  not_taken = (0, 0) if _remote(dispatcher) else (0, 1)
   first, second = _upload(2 * CHUNK, 1), _upload(2 * CHUNK, 2)
   stage, stream = dispatcher.stream_upload([0], len(first))
   assert hb.take(SESSION, 20, stream) is None
@@ -95,7 +110,7 @@ def test_a_stage_of_other_bytes_or_dropped_is_not_used(rig, side_channel):
   kept = payloads.Pieces(*hb.take(SESSION, 20))  # the stage's, kept alive
   other = payloads.Pieces(*hb.take(SESSION, 21))
   assert _put(dispatcher, executor, other, stage, 1) == second
-  assert executor.staged_puts == (0, 1)
+  assert executor.staged_puts == not_taken
 
   stage, stream = dispatcher.stream_upload([0], len(first))
   assert hb.take(SESSION, 22, stream) is None
@@ -103,14 +118,16 @@ def test_a_stage_of_other_bytes_or_dropped_is_not_used(rig, side_channel):
   dispatcher.unstage([0], stage)
   upload = payloads.Pieces(*hb.take(SESSION, 22))
   assert _put(dispatcher, executor, upload, stage, 2) == first
-  assert executor.staged_puts == (0, 2)
+  assert executor.staged_puts == (0, 2 * not_taken[1])
+  # Both stages ended on the worker: a stream as many as it holds works.
+  assert _put(dispatcher, executor, kept, 0, 3) == first
   del kept
 
 
 def test_an_upload_larger_than_its_stream_said_is_not_staged(
     rig, side_channel):
   """The stage holds what the stream announced; more is a different upload
-  (the request's own check refuses it): the PUT reads its tails."""
+  (the request's own check refuses it): the PUT gets its own bytes."""
   server, dispatcher, executor, channel = rig
   data = _upload(3 * CHUNK, 3)
   stage, stream = dispatcher.stream_upload([0], 2 * CHUNK)
@@ -119,7 +136,42 @@ def test_an_upload_larger_than_its_stream_said_is_not_staged(
                      [data[i:i + CHUNK] for i in range(0, len(data), CHUNK)])
   upload = payloads.Pieces(*server.host_buffers.take(SESSION, 30))
   assert _put(dispatcher, executor, upload, stage, 1) == data
-  assert executor.staged_puts == (0, 1)
+  assert executor.staged_puts == ((0, 0) if _remote(dispatcher) else (0, 1))
+
+
+def test_a_worker_elsewhere_is_sent_no_more_stages_than_it_holds(
+    side_channel):
+  """Stages sent to a worker on another host are held whole until their
+  PUT (which has no bytes of its own): the dispatcher sends it at most
+  kMaxStages at once; the uploads beyond them go with their PUTs."""
+  server = _frontend.GrpcServer()
+  port = server.start("127.0.0.1:0")
+  hb = server.host_buffers
+  hb.open_session(SESSION)
+  a, b = tcp_pair()
+  dispatcher = _core.Dispatcher(MAX_STAGES + 8)
+  dispatcher.add_island(0, a.detach(), "w0", 0)
+  executor = _core.Executor(b.detach())
+  channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+  try:
+    data = [_upload(1000, seed) for seed in range(MAX_STAGES + 2)]
+    stages = []
+    for handle, upload in enumerate(data, 100):
+      stage, stream = dispatcher.stream_upload([0], len(upload))
+      assert hb.take(SESSION, handle, stream) is None
+      side_channel.store(channel, SESSION, handle, [upload])
+      stages.append(stage)
+    assert dispatcher.stats()[0]["staged_bytes"] == 1000 * MAX_STAGES
+    for buffer, (handle, upload) in enumerate(enumerate(data, 100), 1):
+      taken = payloads.Pieces(*hb.take(SESSION, handle))
+      assert _put(dispatcher, executor, taken, stages[buffer - 1],
+                  buffer) == upload
+    assert executor.staged_puts == (MAX_STAGES, 0)
+  finally:
+    channel.close()
+    server.shutdown()
+    dispatcher.shutdown()
+    executor.shutdown()
 
 
 def test_a_closed_session_stops_its_streams(rig, side_channel):

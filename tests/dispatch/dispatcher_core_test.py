@@ -359,6 +359,40 @@ def test_executor_drops_stages_it_cannot_fill_and_fails_on_malformed_ones():
   a.close()
 
 
+def _stage_data(stage: int, total: int, offset: int, data: bytes) -> bytes:
+  return _frame(12, struct.pack("<QQQ", stage, total, offset) + data)
+
+
+@pytest.mark.parametrize("frames, error", [
+    # A part but the first of a stage it does not hold.
+    ([_stage_data(7, 64, 8, b"x" * 8)], "malformed stage data"),
+    # More than the stage's announced size.
+    ([_stage_data(7, 8, 0, b"x" * 8), _stage_data(7, 8, 8, b"y")],
+     "malformed stage data"),
+    ([_frame(12, struct.pack("<QQ", 7, 8))], "malformed stage data"),
+    # A PUT of a stage it holds only part of, or not at all (ended).
+    ([_stage_data(7, 64, 0, b"x" * 8), _frame(13, struct.pack("<Q", 7))],
+     "does not hold whole"),
+    ([_stage_data(7, 8, 0, b"x" * 8), _frame(11, struct.pack("<Q", 7)),
+      _frame(13, struct.pack("<Q", 7))], "does not hold whole"),
+    ([_frame(13, b"")], "malformed op frame"),
+])
+def test_stage_data_no_controller_sends_fails_the_connection(frames, error):
+  """A worker on another host holds the bytes sent for a stage until its
+  PUT, which comes without them: a controller that sends them out of order
+  or too many, or a PUT of a stage not held whole, is broken, and the
+  worker's connection to it fails rather than put the wrong bytes."""
+  a, b = socket.socketpair()
+  ex = _core.Executor(b.detach())
+  # A stage held whole and ended changes nothing.
+  a.sendall(_stage_data(3, 4, 0, b"abcd") + _frame(11, struct.pack("<Q", 3)))
+  assert ex.next(0.2) is None and ex.lost() == ""
+  a.sendall(b"".join(frames))
+  with pytest.raises(_core.JaxPathwaysError, match=error):
+    ex.next(2.0)
+  a.close()
+
+
 def test_peer_links_move_bytes_and_errors():
   a, b = socket.socketpair()
   sender, receiver = _core.PeerLinks(), _core.PeerLinks()
