@@ -481,7 +481,9 @@ void Dispatcher::Stage(const std::vector<IslandId>& islands, uint64_t stage,
     std::vector<Channel::Frame> frames;
     if (with_bytes) {
       frames.push_back(Channel::Frame{FrameKind::kStageData, part, {}, pieces});
-      channel->SendMany(std::move(frames), owner);
+      // The channel's writer thread copies the bytes into the socket, not
+      // the gRPC thread, which receives every client's requests.
+      channel->SendMany(std::move(frames), owner, /*now=*/false);
     } else {
       frames.push_back(Channel::Frame{FrameKind::kStage,
                                       part + EncodeLocations(pieces), {}});

@@ -98,6 +98,8 @@ class Channel {
   // Several frames (head + body + tails each), with as few syscalls as the
   // kernel allows; never blocks. `owner` keeps every body and tail alive
   // until written (null if they are empty or static); heads are moved in.
+  // `now`: write what the socket takes on this thread, else leave it all
+  // to the writer thread (bulk bytes sent from a thread others wait on).
   // Fails only if the channel is closed or the first write fails.
   struct Frame {
     FrameKind kind;
@@ -106,7 +108,7 @@ class Channel {
     std::vector<std::string_view> tails = {};
   };
   Status SendMany(std::vector<Frame> frames,
-                  std::shared_ptr<const void> owner);
+                  std::shared_ptr<const void> owner, bool now = true);
   // Bytes accepted by SendMany()/Send() and not yet taken by the kernel.
   size_t backlog_bytes();
   // Where the body of a frame of `kind` goes past its first `head` bytes,
@@ -132,7 +134,8 @@ class Channel {
   struct Batch;  // frames being sent, with their iovecs and owner
   // Queues `batch` unless the socket takes all of it now; returns its ticket
   // (0: written already). Requires mu_.
-  StatusOr<uint64_t> WriteOrQueue(std::unique_ptr<Batch> batch);
+  StatusOr<uint64_t> WriteOrQueue(std::unique_ptr<Batch> batch,
+                                  bool now = true);
   void WriteLoop();
   // Receive()'s: the next `n` bytes of the stream to `w`.
   Status ReadInto(char* w, size_t n);

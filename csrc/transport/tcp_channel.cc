@@ -133,15 +133,16 @@ Status Channel::Send(FrameKind kind, std::string_view head,
 }
 
 Status Channel::SendMany(std::vector<Frame> frames,
-                         std::shared_ptr<const void> owner) {
+                         std::shared_ptr<const void> owner, bool now) {
   auto batch = std::make_unique<Batch>(std::move(frames), std::move(owner));
   std::lock_guard<std::mutex> lock(mu_);
-  return WriteOrQueue(std::move(batch)).status();
+  return WriteOrQueue(std::move(batch), now).status();
 }
 
-StatusOr<uint64_t> Channel::WriteOrQueue(std::unique_ptr<Batch> batch) {
+StatusOr<uint64_t> Channel::WriteOrQueue(std::unique_ptr<Batch> batch,
+                                         bool now) {
   if (!closed_.ok()) return closed_;
-  if (!writing_ && queue_.empty()) {
+  if (now && !writing_ && queue_.empty()) {
     while (batch->left > 0) {
       if (batch->WriteSome(fd_, MSG_DONTWAIT) >= 0) continue;
       if (errno == EINTR) continue;
