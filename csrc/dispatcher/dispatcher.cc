@@ -422,6 +422,13 @@ JpUploadStream Dispatcher::StreamUpload(std::vector<IslandId> islands,
   return MakeUploadStream(stage_sink_, std::move(islands), stage, total);
 }
 
+void Dispatcher::Island::EndSentStage(uint64_t stage) {
+  auto it = sent_stages.find(stage);
+  if (it == sent_stages.end()) return;
+  sent_stage_bytes -= it->second.total;
+  sent_stages.erase(it);
+}
+
 bool Dispatcher::Island::SentStage::Holds(
     const std::vector<Bytes>& tails) const {
   if (sent != total || tails.size() != pieces.size()) return false;
@@ -462,10 +469,15 @@ void Dispatcher::Stage(const std::vector<IslandId>& islands, uint64_t stage,
       }
       if (sent == island.sent_stages.end()) {
         // Only from the first byte: a worker holds a stage whole or not
-        // at all, and its PUT then comes with the bytes.
-        if (offset != 0 || island.sent_stages.size() >= kMaxStages) continue;
+        // at all, and its PUT then comes with the bytes. The worker makes
+        // room for all of it at once, however little a client then sends.
+        if (offset != 0 || island.sent_stages.size() >= kMaxStages ||
+            total > kMaxSentStageBytes - island.sent_stage_bytes) {
+          continue;
+        }
         sent = island.sent_stages.emplace(stage, Island::SentStage()).first;
         sent->second.total = total;
+        island.sent_stage_bytes += total;
       }
       Island::SentStage& s = sent->second;
       if (s.sent != offset || bytes > s.total - s.sent) continue;
@@ -504,7 +516,8 @@ void Dispatcher::Unstage(const std::vector<IslandId>& islands,
       auto it = islands_.find(id);
       if (it == islands_.end() || !it->second->alive) continue;
       Island& island = *it->second;
-      if (island.sent_stages.erase(stage) > 0 || island.reads_locally) {
+      if (island.sent_stages.count(stage) || island.reads_locally) {
+        island.EndSentStage(stage);
         channels.push_back(island.channel);
       }
     }
@@ -687,7 +700,7 @@ void Dispatcher::Admitted(Island* island, std::vector<Op> ready, Outbox* outbox,
             sent->second.Holds(op.payload_tails)) {
           how = Outgoing::Tails::kStaged;
         }
-        island->sent_stages.erase(sent);
+        island->EndSentStage(op.stage);
       } else if (!island->reads_locally) {
         op.stage = 0;  // nothing of it went there: no stage to end
       }
@@ -722,6 +735,7 @@ void Dispatcher::KillLocked(Island* island, const Status& why,
   island->channel->Shutdown();
   island->lent.clear();
   island->sent_stages.clear();
+  island->sent_stage_bytes = 0;
   for (GangSlot& slot : island->queue.DrainAll()) {
     ++island->finished;
     if (slot.is_launch) fair_.Abandoned(slot.client);

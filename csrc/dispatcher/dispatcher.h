@@ -196,7 +196,8 @@ class Dispatcher {
     std::unordered_map<uint64_t, std::vector<Bytes>> lent;
     uint64_t staged_bytes = 0;
     // Stages whose bytes went to this worker (it is on another host), by
-    // id: at most kMaxStages, as the worker holds no more.
+    // id: at most kMaxStages of kMaxSentStageBytes in all, as the worker
+    // holds no more.
     struct SentStage {
       uint64_t total = 0;
       uint64_t sent = 0;  // from the first byte on, in order
@@ -205,6 +206,8 @@ class Dispatcher {
       bool Holds(const std::vector<Bytes>& tails) const;
     };
     std::unordered_map<uint64_t, SentStage> sent_stages;
+    uint64_t sent_stage_bytes = 0;  // their totals
+    void EndSentStage(uint64_t stage);
     std::thread reader;
 
     Island(IslandId i, std::string n, std::shared_ptr<Channel> c, int window,

@@ -280,7 +280,8 @@ StatusOr<char*> Executor::StageSpace(std::string_view head, size_t n) {
     // The controller sends a stage whole, from its first byte, and never
     // more at once than a worker holds.
     if (offset != 0 || stages_.size() >= kMaxStages ||
-        total > SIZE_MAX - kStagePrefix) {
+        staged_bytes_ > kMaxSentStageBytes ||
+        total > kMaxSentStageBytes - staged_bytes_) {
       return DataLoss("malformed stage data (stage " + std::to_string(id) +
                       " at byte " + std::to_string(offset) + ", " +
                       std::to_string(stages_.size()) + " stages held)");

@@ -24,9 +24,12 @@ using IslandId = int32_t;
 // Version of the controller <-> worker wire format; bumped on any change.
 inline constexpr uint32_t kWireVersion = 11;
 
-// Uploads a worker holds staged at once (FrameKind::kStage, kStageData);
-// the controller sends a worker on another host no more.
+// Uploads a worker holds staged at once (FrameKind::kStage, kStageData),
+// and the bytes of those sent to a worker on another host (which holds
+// each whole from its first part on, as a client declared its size): the
+// controller sends it no more.
 inline constexpr size_t kMaxStages = 256;
+inline constexpr uint64_t kMaxSentStageBytes = uint64_t{1} << 30;
 
 enum class OpKind : uint32_t {
   kCompile = 1,   // payload: program + options; program = compile key

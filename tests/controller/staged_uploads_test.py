@@ -6,6 +6,7 @@ whole, or holds other bytes, reads its own tails instead; a worker on
 another host (TCP) is sent the bytes, and its PUT comes with them after all
 if the stage did not get them all, or got other bytes. The real frontend,
 dispatcher and executor in this process, over a socket pair."""
+import contextlib
 import socket
 import time
 
@@ -34,19 +35,20 @@ def _wait_for(predicate, timeout=10.0):
     time.sleep(0.01)
 
 
-@pytest.fixture(params=["local", "remote"])
-def rig(request):
+@contextlib.contextmanager
+def _rig(kind: str):
   """(frontend, dispatcher, executor, channel to the frontend): island 0's
-  worker reading the dispatcher's memory as one on this host does, or
-  connected over TCP as one on another host is."""
+  worker reading the dispatcher's memory as one on this host does
+  ("local"), or connected over TCP as one on another host is ("remote")."""
   server = _frontend.GrpcServer()
   port = server.start("127.0.0.1:0")
   server.host_buffers.open_session(SESSION)
-  a, b = socket.socketpair() if request.param == "local" else tcp_pair()
-  dispatcher = _core.Dispatcher(4)
+  a, b = socket.socketpair() if kind == "local" else tcp_pair()
+  # A window past the worker's stages: PUTs are never held back here.
+  dispatcher = _core.Dispatcher(MAX_STAGES + 8)
   dispatcher.add_island(0, a.detach(), "w0", 0)
   executor = _core.Executor(b.detach())
-  if request.param == "local":
+  if kind == "local":
     _wait_for(lambda: dispatcher.stats()[0]["reads_locally"])
   channel = grpc.insecure_channel(f"127.0.0.1:{port}")
   try:
@@ -56,6 +58,18 @@ def rig(request):
     server.shutdown()
     dispatcher.shutdown()
     executor.shutdown()
+
+
+@pytest.fixture(params=["local", "remote"])
+def rig(request):
+  with _rig(request.param) as r:
+    yield r
+
+
+@pytest.fixture
+def remote_rig():
+  with _rig("remote") as r:
+    yield r
 
 
 def _remote(dispatcher) -> bool:
@@ -140,38 +154,49 @@ def test_an_upload_larger_than_its_stream_said_is_not_staged(
 
 
 def test_a_worker_elsewhere_is_sent_no_more_stages_than_it_holds(
-    side_channel):
+    remote_rig, side_channel):
   """Stages sent to a worker on another host are held whole until their
   PUT (which has no bytes of its own): the dispatcher sends it at most
   kMaxStages at once; the uploads beyond them go with their PUTs."""
-  server = _frontend.GrpcServer()
-  port = server.start("127.0.0.1:0")
+  server, dispatcher, executor, channel = remote_rig
   hb = server.host_buffers
-  hb.open_session(SESSION)
-  a, b = tcp_pair()
-  dispatcher = _core.Dispatcher(MAX_STAGES + 8)
-  dispatcher.add_island(0, a.detach(), "w0", 0)
-  executor = _core.Executor(b.detach())
-  channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-  try:
-    data = [_upload(1000, seed) for seed in range(MAX_STAGES + 2)]
-    stages = []
-    for handle, upload in enumerate(data, 100):
-      stage, stream = dispatcher.stream_upload([0], len(upload))
-      assert hb.take(SESSION, handle, stream) is None
-      side_channel.store(channel, SESSION, handle, [upload])
-      stages.append(stage)
-    assert dispatcher.stats()[0]["staged_bytes"] == 1000 * MAX_STAGES
-    for buffer, (handle, upload) in enumerate(enumerate(data, 100), 1):
-      taken = payloads.Pieces(*hb.take(SESSION, handle))
-      assert _put(dispatcher, executor, taken, stages[buffer - 1],
-                  buffer) == upload
-    assert executor.staged_puts == (MAX_STAGES, 0)
-  finally:
-    channel.close()
-    server.shutdown()
-    dispatcher.shutdown()
-    executor.shutdown()
+  data = [_upload(1000, seed) for seed in range(MAX_STAGES + 2)]
+  stages = []
+  for handle, upload in enumerate(data, 100):
+    stage, stream = dispatcher.stream_upload([0], len(upload))
+    assert hb.take(SESSION, handle, stream) is None
+    side_channel.store(channel, SESSION, handle, [upload])
+    stages.append(stage)
+  assert dispatcher.stats()[0]["staged_bytes"] == 1000 * MAX_STAGES
+  for buffer, (handle, upload) in enumerate(enumerate(data, 100), 1):
+    taken = payloads.Pieces(*hb.take(SESSION, handle))
+    assert _put(dispatcher, executor, taken, stages[buffer - 1],
+                buffer) == upload
+  assert executor.staged_puts == (MAX_STAGES, 0)
+
+
+def test_a_worker_elsewhere_is_sent_no_more_staged_bytes_than_it_holds(
+    remote_rig, side_channel):
+  """A worker on another host makes room for a stage's whole declared
+  size at its first part, however little the client then sends: the
+  dispatcher sends it stages of at most 1 GiB in all (kMaxSentStageBytes);
+  an upload beyond that goes with its PUT."""
+  server, dispatcher, executor, channel = remote_rig
+  hb = server.host_buffers
+  data = _upload(1000, 5)
+  declared = [(1 << 30) + 1, 700 << 20, 700 << 20]  # sent: the second only
+  stages = []
+  for handle, size in enumerate(declared, 50):
+    stage, stream = dispatcher.stream_upload([0], size)
+    assert hb.take(SESSION, handle, stream) is None
+    side_channel.store(channel, SESSION, handle, [data])
+    stages.append(stage)
+  assert dispatcher.stats()[0]["staged_bytes"] == len(data)
+  for buffer, handle in enumerate(range(50, 53), 1):
+    upload = payloads.Pieces(*hb.take(SESSION, handle))
+    assert _put(dispatcher, executor, upload, stages[buffer - 1],
+                buffer) == data
+  assert executor.staged_puts == (0, 0)  # none whole: each sent with its PUT
 
 
 def test_a_closed_session_stops_its_streams(rig, side_channel):

@@ -370,6 +370,8 @@ def _stage_data(stage: int, total: int, offset: int, data: bytes) -> bytes:
     ([_stage_data(7, 8, 0, b"x" * 8), _stage_data(7, 8, 8, b"y")],
      "malformed stage data"),
     ([_frame(12, struct.pack("<QQ", 7, 8))], "malformed stage data"),
+    # Room for more than a controller sends a worker at once.
+    ([_stage_data(7, (1 << 30) + 1, 0, b"x")], "malformed stage data"),
     # A PUT of a stage it holds only part of, or not at all (ended).
     ([_stage_data(7, 64, 0, b"x" * 8), _frame(13, struct.pack("<Q", 7))],
      "does not hold whole"),
