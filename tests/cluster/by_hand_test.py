@@ -4,6 +4,7 @@ import contextlib
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -148,6 +149,55 @@ def test_large_uploads_stream_to_workers_elsewhere(cluster):
   streamed = [p["staged"] for p in got["puts"]]
   assert set(streamed) <= {0, got["nbytes"]} and got["nbytes"] in streamed, (
       got)
+
+
+FROZEN = textwrap.dedent("""
+    import sys, json, time
+    import jax_pathways
+    address, token = sys.argv[1:]
+    jax_pathways.initialize(address, token=token)
+    import jax, numpy as np
+    x = np.arange(4 << 20, dtype=np.float32)
+    out = {}
+    started = time.monotonic()
+    try:
+      np.asarray(jax.device_put(x, jax.devices()[0]))  # island 0's
+      out["frozen"] = "no error"
+    except Exception as e:  # pylint: disable=broad-except
+      out["frozen"] = str(e)
+    out["frozen_s"] = time.monotonic() - started
+    y = jax.device_put(x, jax.devices()[2])  # island 1's
+    out["island1_whole"] = bool((np.asarray(y) == x).all())
+    print(json.dumps(out))
+""")
+
+
+def test_an_upload_streaming_to_a_frozen_worker_fails_it_alone(cluster):
+  """A worker elsewhere that stops reading (SIGSTOP) while a large upload
+  streams to it: the bytes queue in the controller (never blocking its
+  gRPC thread), the worker is lost after its timeout and the upload fails
+  saying so; the other island's uploads go on."""
+  ready, _ = cluster
+  address = f"grpc://{ready['address']}"
+  deadline = time.monotonic() + 60
+  while not admin.status(address, TOKEN)["complete"]:
+    assert time.monotonic() < deadline, "the workers did not join"
+    time.sleep(0.2)
+  victim = {i["island"]: i for i in admin.status(address, TOKEN)["islands"]}[
+      0]["pid"]
+  os.kill(victim, signal.SIGSTOP)
+  try:
+    out = _client(ready["address"], TOKEN, script=FROZEN)
+  finally:
+    os.kill(victim, signal.SIGCONT)  # it finds itself lost, and exits
+  assert out.returncode == 0, out.stderr[-3000:]
+  got = json.loads(out.stdout.strip().splitlines()[-1])
+  assert f"pid {victim}" in got["frozen"], got
+  assert "island 0" in got["frozen"], got
+  assert got["frozen_s"] < 30, got  # the 5 s worker timeout, not a hang
+  assert got["island1_whole"] is True
+  islands = {i["island"]: i for i in admin.status(address, TOKEN)["islands"]}
+  assert not islands[0]["alive"] and islands[1]["alive"]
 
 
 def test_wrong_token_is_refused(cluster):
