@@ -97,18 +97,12 @@ void Executor::HeartbeatLoop() {
 
 void Executor::ReadLoop() {
   // An upload's bytes sent as it arrives go straight into its stage.
-  Status placed;
   const Channel::Placement into_stage{
       FrameKind::kStageData, kStageDataHead,
-      [this, &placed](std::string_view head, size_t n) -> char* {
-        StatusOr<char*> at = StageSpace(head, n);
-        placed = at.status();
-        return at.ok() ? at.value() : nullptr;
-      }};
+      [this](std::string_view head, size_t n) { return StageSpace(head, n); }};
   while (true) {
     FrameKind kind;
     Bytes body;
-    placed = DataLoss("malformed stage data");  // unless placed
     Status s = channel_->Receive(&kind, &body, &into_stage);
     if (s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -123,10 +117,7 @@ void Executor::ReadLoop() {
       s = StagePart(body.view());
       if (s.ok()) continue;
     }
-    if (s.ok() && kind == FrameKind::kStageData) {
-      s = placed;
-      if (s.ok()) continue;
-    }
+    if (s.ok() && kind == FrameKind::kStageData) continue;  // placed
     if (s.ok() && kind == FrameKind::kOpStaged) {
       s = TakeSentStage(&body);
       kind = FrameKind::kOp;
@@ -202,21 +193,18 @@ Status Executor::StagePart(std::string_view frame) {
   }
   const auto [id, total, offset] = head;
   auto it = stages_.find(id);
-  if (it == stages_.end()) {
+  Staged* held = it == stages_.end() ? nullptr : &it->second;
+  if (held == nullptr) {
     // A later part of a stage dropped or refused: its PUT reads its tails.
     if (offset != 0 || stages_.size() >= kMaxStages ||
         total > MaxStagedBytes() - staged_bytes_) {
       return Status::Ok();
     }
-    Staged stage;
-    StatusOr<Bytes> buffer = Bytes::Allocate(kStagePrefix + total, &stage.base);
-    if (!buffer.ok()) return Status::Ok();
-    stage.buffer = std::move(buffer.value());
-    stage.total = total;
-    staged_bytes_ += total;
-    it = stages_.emplace(id, std::move(stage)).first;
+    StatusOr<Staged*> opened = OpenStage(id, total, /*sent=*/false);
+    if (!opened.ok()) return Status::Ok();
+    held = opened.value();
   }
-  Staged& stage = it->second;
+  Staged& stage = *held;
   if (stage.sent) return DataLoss("malformed stage frame");  // not one read
   uint64_t n = 0;
   for (const Location& p : pieces) {
@@ -238,24 +226,37 @@ Status Executor::StagePart(std::string_view frame) {
   return Status::Ok();
 }
 
-void Executor::DropStage(uint64_t stage) {
-  auto it = stages_.find(stage);
-  if (it == stages_.end()) return;
-  staged_bytes_ -= it->second.total;
-  stages_.erase(it);
+StatusOr<Executor::Staged*> Executor::OpenStage(uint64_t id, uint64_t total,
+                                                bool sent) {
+  Staged stage;
+  StatusOr<Bytes> buffer = Bytes::Allocate(kStagePrefix + total, &stage.base);
+  if (!buffer.ok()) return buffer.status();
+  stage.buffer = std::move(buffer.value());
+  stage.total = total;
+  stage.sent = sent;
+  staged_bytes_ += total;
+  return &stages_.emplace(id, std::move(stage)).first->second;
 }
 
-Bytes Executor::TakeStage(uint64_t id, std::string_view frame,
-                          const std::vector<Location>& tails) {
+std::optional<Executor::Staged> Executor::CloseStage(uint64_t id) {
   auto it = stages_.find(id);
-  if (it == stages_.end()) return Bytes();
+  if (it == stages_.end()) return std::nullopt;
   Staged stage = std::move(it->second);
   staged_bytes_ -= stage.total;
   stages_.erase(it);
-  if (stage.filled != stage.total || !SameLocations(stage.read, tails)) {
+  return stage;
+}
+
+void Executor::DropStage(uint64_t stage) { CloseStage(stage); }
+
+Bytes Executor::TakeStage(uint64_t id, std::string_view frame,
+                          const std::vector<Location>& tails) {
+  std::optional<Staged> stage = CloseStage(id);
+  if (!stage || stage->filled != stage->total ||
+      !SameLocations(stage->read, tails)) {
     return Bytes();
   }
-  return BehindFrame(stage, frame);
+  return BehindFrame(*stage, frame);
 }
 
 Bytes Executor::BehindFrame(Staged& stage, std::string_view frame) {
@@ -276,7 +277,8 @@ StatusOr<char*> Executor::StageSpace(std::string_view head, size_t n) {
   std::memcpy(part, head.data(), sizeof(part));
   const auto [id, total, offset] = part;
   auto it = stages_.find(id);
-  if (it == stages_.end()) {
+  Staged* held = it == stages_.end() ? nullptr : &it->second;
+  if (held == nullptr) {
     // The controller sends a stage whole, from its first byte, and never
     // more at once than a worker holds.
     if (offset != 0 || stages_.size() >= kMaxStages ||
@@ -286,20 +288,15 @@ StatusOr<char*> Executor::StageSpace(std::string_view head, size_t n) {
                       " at byte " + std::to_string(offset) + ", " +
                       std::to_string(stages_.size()) + " stages held)");
     }
-    Staged stage;
-    StatusOr<Bytes> buffer = Bytes::Allocate(kStagePrefix + total, &stage.base);
-    if (!buffer.ok()) {
-      return Status(buffer.status().code(),
+    StatusOr<Staged*> opened = OpenStage(id, total, /*sent=*/true);
+    if (!opened.ok()) {
+      return Status(opened.status().code(),
                     "an upload streamed to this worker: " +
-                        buffer.status().message());
+                        opened.status().message());
     }
-    stage.buffer = std::move(buffer.value());
-    stage.total = total;
-    stage.sent = true;
-    staged_bytes_ += total;
-    it = stages_.emplace(id, std::move(stage)).first;
+    held = opened.value();
   }
-  Staged& stage = it->second;
+  Staged& stage = *held;
   if (!stage.sent || offset != stage.filled ||
       n > stage.total - stage.filled) {
     return DataLoss("malformed stage data (stage " + std::to_string(id) +
@@ -316,15 +313,12 @@ Status Executor::TakeSentStage(Bytes* body) {
   if (frame.size() < sizeof(id)) return DataLoss("malformed op frame");
   std::memcpy(&id, frame.data(), sizeof(id));
   frame.remove_prefix(sizeof(id));
-  auto it = stages_.find(id);
-  if (it == stages_.end() || !it->second.sent ||
-      it->second.filled != it->second.total) {
+  std::optional<Staged> held = CloseStage(id);
+  if (!held || !held->sent || held->filled != held->total) {
     return DataLoss("controller sent a PUT of stage " + std::to_string(id) +
                     ", which this worker does not hold whole");
   }
-  Staged stage = std::move(it->second);
-  staged_bytes_ -= stage.total;
-  stages_.erase(it);
+  Staged& stage = *held;
   ++staged_puts_;
   *body = BehindFrame(stage, frame);
   if (!body->empty()) return Status::Ok();

@@ -116,6 +116,10 @@ class Executor {
     std::vector<Location> read;  // what was copied, in order
     bool sent = false;           // the bytes came in kStageData frames
   };
+  // A new stage `id` with room for `total` bytes (and the prefix).
+  StatusOr<Staged*> OpenStage(uint64_t id, uint64_t total, bool sent);
+  // Stage `id`, no longer held (none if unknown).
+  std::optional<Staged> CloseStage(uint64_t id);
   // `frame` copied into the room before the stage's upload, and the two as
   // one payload (64-byte aligned); empty if it does not fit.
   static Bytes BehindFrame(Staged& stage, std::string_view frame);

@@ -111,13 +111,15 @@ class Channel {
                   std::shared_ptr<const void> owner, bool now = true);
   // Bytes accepted by SendMany()/Send() and not yet taken by the kernel.
   size_t backlog_bytes();
-  // Where the body of a frame of `kind` goes past its first `head` bytes,
-  // instead of a fresh buffer: place(those bytes, n) returns room for the
-  // other n, or null to read the frame as any other.
+  // Where the body of a frame of `kind` goes past its first `head` bytes
+  // (all of it, if shorter), instead of a fresh buffer: place(those bytes,
+  // n) returns room for the other n, or an error that Receive() returns
+  // without reading them (the stream is then out of step: the reader must
+  // give up the connection).
   struct Placement {
     FrameKind kind;
     size_t head;
-    std::function<char*(std::string_view head, size_t n)> place;
+    std::function<StatusOr<char*>(std::string_view head, size_t n)> place;
   };
   // Reads one whole frame into a fresh buffer (with `placement`, one it
   // places: `body` is then its head only). Small frames sent together cost

@@ -257,9 +257,9 @@ Status Channel::Receive(FrameKind* kind, Bytes* body,
     return DataLoss("bad frame header (wrong peer or version?)");
   }
   const bool placed = placement != nullptr &&
-                      h.kind == static_cast<uint32_t>(placement->kind) &&
-                      h.length >= placement->head;
-  size_t length = placed ? placement->head : h.length;
+                      h.kind == static_cast<uint32_t>(placement->kind);
+  size_t length = placed ? std::min<size_t>(h.length, placement->head)
+                         : h.length;
   char* w;
   StatusOr<Bytes> buffer = Bytes::Allocate(length, &w);
   if (!buffer.ok()) {
@@ -271,15 +271,9 @@ Status Channel::Receive(FrameKind* kind, Bytes* body,
   Status s = ReadInto(w, length);
   if (!s.ok()) return s;
   if (placed) {
-    char* rest = placement->place(body->view(), h.length - length);
-    if (rest == nullptr) {  // a fresh buffer after all
-      StatusOr<Bytes> whole = Bytes::Allocate(h.length, &w);
-      if (!whole.ok()) return whole.status();
-      std::memcpy(w, body->data(), length);
-      *body = std::move(whole.value());
-      rest = w + length;
-    }
-    s = ReadInto(rest, h.length - length);
+    StatusOr<char*> rest = placement->place(body->view(), h.length - length);
+    if (!rest.ok()) return rest.status();
+    s = ReadInto(rest.value(), h.length - length);
     if (!s.ok()) return s;
   }
   *kind = static_cast<FrameKind>(h.kind);

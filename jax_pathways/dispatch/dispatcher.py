@@ -109,8 +109,8 @@ class Dispatcher:
   def stream_upload(self, islands: Sequence[int], nbytes: int
                     ) -> tuple[int, Any]:
     """A new stage, and the stream (for HostBuffers.take) that forwards an
-    upload of `nbytes` to the workers of `islands` on this host while it
-    arrives; a PUT naming the stage takes it, unstage() drops it."""
+    upload of `nbytes` to the workers of `islands` while it arrives; a PUT
+    naming the stage takes it, unstage() drops it."""
     return self._core.stream_upload(list(islands), nbytes)
 
   def unstage(self, islands: Sequence[int], stage: int) -> None:

@@ -27,8 +27,8 @@ from jax_pathways.status import (Code, Status, StatusError, from_exception,
                                  invalid_argument, unimplemented)
 
 _PJRT_LAYOUT = "xla::ifrt::PjRtLayout"
-# Uploads larger than this stream to the workers of this host as they arrive
-# (JAX's client sends 1 MiB chunks: a smaller one arrives in one piece).
+# Uploads larger than this stream to their workers as they arrive (JAX's
+# client sends 1 MiB chunks: a smaller one arrives in one piece).
 STREAM_MIN_BYTES = 1 << 20
 _ERROR_CODES = frozenset(int(c) for c in Code if c != Code.OK)
 
