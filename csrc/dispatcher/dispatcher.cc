@@ -740,11 +740,14 @@ void Dispatcher::KillLocked(Island* island, const Status& why,
     ++island->finished;
     if (slot.is_launch) fair_.Abandoned(slot.client);
     Gang& g = *slot.gang;
+    // The loss is why a program spanning this island failed, even where
+    // another island's part reported first: its collectives broke when
+    // this worker went, and the user must learn which worker that was.
+    if (!g.done) g.status = why;
     if (!g.done && g.remaining > 1) {
-      // Its ops on other islands (a program spanning this one) cannot
-      // succeed: fail the gang now rather than when they give up.
+      // Its ops on other islands cannot succeed: fail the gang now rather
+      // than when they give up.
       g.done = true;
-      g.status = why;
       buffers_.Resolve(g.results, why, done);
       if (g.tag) {
         done->push_back(Completion{g.tag, why, std::move(g.payloads)});

@@ -166,6 +166,24 @@ def test_a_lost_island_fails_its_gangs_everywhere_at_once():
   ex0.shutdown()
 
 
+def test_a_lost_island_is_the_error_even_after_a_peer_reported_first():
+  # Killed mid-collective, a worker's peers see their connection break,
+  # and may say so before the controller sees the worker go.
+  d, (ex0, ex1) = _islands(2)
+  d.submit([(0, OpKind.LAUNCH, 1, [], [1], b""),
+            (1, OpKind.LAUNCH, 1, [], [2], b"")], 1)
+  launch = ex0.next(2.0)
+  assert ex1.next(2.0).kind == OpKind.LAUNCH
+  ex0.complete(launch.seq, 15, "aborted: a connection broke", b"")
+  time.sleep(0.2)
+  assert _poll_all(d, 1, timeout=0.2) == []  # island 1 has not answered
+  ex1.shutdown()
+  (c,) = _poll_all(d, 1)
+  assert c[0] == 1 and c[1] == 15 and "w1 is lost" in c[2], c
+  assert d.state(1) == ("failed", (15, c[2]))
+  ex0.shutdown()
+
+
 def test_a_silent_worker_is_lost_and_a_live_one_is_not():
   d, (ex0,) = _islands(1)
   a, b = socket.socketpair()  # island 1: one heartbeat, then silence
