@@ -64,9 +64,9 @@ def error_status(e: BaseException) -> Status:
       # when another island's worker went away: XLA says UNKNOWN (INTERNAL,
       # behind one "Error dispatching computation:" per program, in the
       # programs that took the failed arrays as arguments); the user (and
-      # pathwaysutils, which retries on DATA_LOSS) must read the loss. It
-      # races the controller's own notice of the loss, which names the
-      # worker.
+      # pathwaysutils, which retries on DATA_LOSS) must read the loss. The
+      # controller's notice of the loss, which names the worker, replaces
+      # it where this arrives first (Dispatcher::KillLocked).
       return Status(Code.DATA_LOSS, "aborted: the program spans islands and "
                     f"its connection to another island's worker broke "
                     f"({message})")
