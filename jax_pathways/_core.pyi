@@ -56,10 +56,12 @@ class Dispatcher:
              stages: Sequence[int] = ()) -> None:
     """result_bytes[i][k]: device memory of op i's result k on its island;
     stages[i]: the stage op i (a PUT) may take its tails from (0: none)."""
-  def stream_upload(self, islands: Sequence[int], total: int
-                    ) -> tuple[int, Any]:
-    """(stage, stream capsule for HostBuffers.take): an upload of `total`
-    bytes forwarded to the islands' workers as it arrives."""
+  def new_stage(self) -> int: ...
+  def stream_upload(self, stage: int,
+                    dests: Sequence[tuple[int, int, int]]) -> Any:
+    """A stream capsule for HostBuffers.take: an upload forwarded as it
+    arrives into `stage` on each (island, stage's total bytes, offset of
+    the upload in the stage)."""
   def unstage(self, islands: Sequence[int], stage: int) -> None: ...
   def set_weight(self, client: int, weight: float) -> None: ...
   def forget_client(self, client: int) -> None: ...

@@ -417,12 +417,13 @@ void Dispatcher::SendNow(Outbox outbox) {
   }
 }
 
-JpUploadStream Dispatcher::StreamUpload(std::vector<IslandId> islands,
-                                        uint64_t stage, uint64_t total) {
-  return MakeUploadStream(stage_sink_, std::move(islands), stage, total);
+JpUploadStream Dispatcher::StreamUpload(uint64_t stage,
+                                        std::vector<StageDest> dests) {
+  return MakeUploadStream(stage_sink_, stage, std::move(dests));
 }
 
 void Dispatcher::Island::EndSentStage(uint64_t stage) {
+  refused_stages.erase(stage);
   auto it = sent_stages.find(stage);
   if (it == sent_stages.end()) return;
   sent_stage_bytes -= it->second.total;
@@ -432,74 +433,88 @@ void Dispatcher::Island::EndSentStage(uint64_t stage) {
 bool Dispatcher::Island::SentStage::Holds(
     const std::vector<Bytes>& tails) const {
   if (sent != total || tails.size() != pieces.size()) return false;
-  for (size_t i = 0; i < tails.size(); ++i) {
-    if (tails[i].data() != pieces[i].first ||
-        tails[i].size() != pieces[i].second) {
+  auto piece = pieces.begin();
+  uint64_t offset = 0;
+  for (const Bytes& t : tails) {
+    if (piece->first != offset || piece->second.data() != t.data() ||
+        piece->second.size() != t.size()) {
       return false;
     }
+    offset += t.size();
+    ++piece;
   }
   return true;
 }
 
-void Dispatcher::Stage(const std::vector<IslandId>& islands, uint64_t stage,
-                       uint64_t total, uint64_t offset,
+void Dispatcher::Stage(uint64_t stage, const std::vector<StageDest>& dests,
+                       uint64_t offset,
                        const std::vector<std::string_view>& pieces,
                        std::shared_ptr<const void> owner) {
   uint64_t bytes = 0;
   for (std::string_view p : pieces) bytes += p.size();
-  WireWriter head;
-  head.U64(stage);
-  head.U64(total);
-  head.U64(offset);
-  const std::string part = head.Take();
-  std::vector<std::pair<std::shared_ptr<Channel>, bool>> to;  // bytes?
+  struct To {
+    std::shared_ptr<Channel> channel;
+    std::string head;  // stage, total, offset in it
+    bool with_bytes;
+  };
+  std::vector<To> to;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (IslandId id : islands) {
-      auto it = islands_.find(id);
+    for (const StageDest& dest : dests) {
+      auto it = islands_.find(dest.island);
       if (it == islands_.end() || !it->second->alive) {
         continue;  // its PUT fails with the island
       }
       Island& island = *it->second;
+      const uint64_t at = dest.base + offset;
+      if (at > dest.total || bytes > dest.total - at) continue;  // a bug
+      WireWriter head;
+      head.U64(stage);
+      head.U64(dest.total);
+      head.U64(at);
       auto sent = island.sent_stages.find(stage);
       if (sent == island.sent_stages.end() && island.reads_locally) {
         island.staged_bytes += bytes;
-        to.emplace_back(island.channel, false);
+        to.push_back(To{island.channel, head.Take(), false});
         continue;
       }
       if (sent == island.sent_stages.end()) {
-        // Only from the first byte: a worker holds a stage whole or not
-        // at all, and its PUT then comes with the bytes. The worker makes
-        // room for all of it at once, however little a client then sends.
-        if (offset != 0 || island.sent_stages.size() >= kMaxStages ||
-            total > kMaxSentStageBytes - island.sent_stage_bytes) {
-          continue;
+        // The worker makes room for all of it at once, however little a
+        // client then sends.
+        if (island.refused_stages.count(stage)) continue;
+        if (island.sent_stages.size() >= kMaxStages ||
+            dest.total > kMaxSentStageBytes - island.sent_stage_bytes) {
+          island.refused_stages.insert(stage);
+          continue;  // its PUT comes with the bytes
         }
         sent = island.sent_stages.emplace(stage, Island::SentStage()).first;
-        sent->second.total = total;
-        island.sent_stage_bytes += total;
+        sent->second.total = dest.total;
+        island.sent_stage_bytes += dest.total;
       }
       Island::SentStage& s = sent->second;
-      if (s.sent != offset || bytes > s.total - s.sent) continue;
-      s.sent += bytes;
+      if (dest.total != s.total) continue;  // a bug
+      uint64_t piece_at = at;
       for (std::string_view p : pieces) {
-        s.pieces.emplace_back(p.data(), p.size());
+        s.pieces.emplace(piece_at, p);
+        piece_at += p.size();
       }
+      s.sent += bytes;
       island.staged_bytes += bytes;
-      to.emplace_back(island.channel, true);
+      to.push_back(To{island.channel, head.Take(), true});
     }
   }
-  for (auto& [channel, with_bytes] : to) {
+  for (To& t : to) {
     std::vector<Channel::Frame> frames;
-    if (with_bytes) {
-      frames.push_back(Channel::Frame{FrameKind::kStageData, part, {}, pieces});
+    if (t.with_bytes) {
+      frames.push_back(
+          Channel::Frame{FrameKind::kStageData, std::move(t.head), {}, pieces});
       // The channel's writer thread copies the bytes into the socket, not
       // the gRPC thread, which receives every client's requests.
-      channel->SendMany(std::move(frames), owner, /*now=*/false);
+      t.channel->SendMany(std::move(frames), owner, /*now=*/false);
     } else {
       frames.push_back(Channel::Frame{FrameKind::kStage,
-                                      part + EncodeLocations(pieces), {}});
-      channel->SendMany(std::move(frames), nullptr);
+                                      t.head + EncodeLocations(pieces), {}});
+      t.channel->SendMany(std::move(frames), nullptr);
     }
   }
 }
@@ -516,10 +531,9 @@ void Dispatcher::Unstage(const std::vector<IslandId>& islands,
       auto it = islands_.find(id);
       if (it == islands_.end() || !it->second->alive) continue;
       Island& island = *it->second;
-      if (island.sent_stages.count(stage) || island.reads_locally) {
-        island.EndSentStage(stage);
-        channels.push_back(island.channel);
-      }
+      const bool held = island.sent_stages.count(stage) > 0;
+      island.EndSentStage(stage);
+      if (held || island.reads_locally) channels.push_back(island.channel);
     }
   }
   for (const std::shared_ptr<Channel>& c : channels) {
@@ -702,6 +716,7 @@ void Dispatcher::Admitted(Island* island, std::vector<Op> ready, Outbox* outbox,
         }
         island->EndSentStage(op.stage);
       } else if (!island->reads_locally) {
+        island->EndSentStage(op.stage);  // a refused one
         op.stage = 0;  // nothing of it went there: no stage to end
       }
     }
@@ -735,6 +750,7 @@ void Dispatcher::KillLocked(Island* island, const Status& why,
   island->channel->Shutdown();
   island->lent.clear();
   island->sent_stages.clear();
+  island->refused_stages.clear();
   island->sent_stage_bytes = 0;
   for (GangSlot& slot : island->queue.DrainAll()) {
     ++island->finished;

@@ -136,16 +136,14 @@ class Dispatcher {
   void ExpireSilentIslands(double timeout_s);
 
   // Uploads staged as they arrive (dispatcher/stages.h): a fresh stage id,
-  // a stream that forwards an upload's pieces to the workers of `islands`
-  // (where they are, to one on this host; the bytes, kept alive by `owner`
-  // until written, to one elsewhere), and the end of a stage no PUT will
-  // take (a PUT naming it, Op::stage, ends it too). Never block.
+  // a stream that forwards an upload's pieces into the stage on the workers
+  // of `dests` (where they are, to one on this host; the bytes, kept alive
+  // by `owner` until written, to one elsewhere), and the end of a stage no
+  // PUT will take (a PUT naming it, Op::stage, ends it too). Never block.
   uint64_t NewStage() { return next_stage_++; }
-  JpUploadStream StreamUpload(std::vector<IslandId> islands, uint64_t stage,
-                              uint64_t total);
-  void Stage(const std::vector<IslandId>& islands, uint64_t stage,
-             uint64_t total, uint64_t offset,
-             const std::vector<std::string_view>& pieces,
+  JpUploadStream StreamUpload(uint64_t stage, std::vector<StageDest> dests);
+  void Stage(uint64_t stage, const std::vector<StageDest>& dests,
+             uint64_t offset, const std::vector<std::string_view>& pieces,
              std::shared_ptr<const void> owner);
   void Unstage(const std::vector<IslandId>& islands, uint64_t stage);
 
@@ -200,13 +198,18 @@ class Dispatcher {
     // holds no more.
     struct SentStage {
       uint64_t total = 0;
-      uint64_t sent = 0;  // from the first byte on, in order
-      std::vector<std::pair<const char*, size_t>> pieces;
-      // Whether the worker holds exactly `tails`, all of the upload.
+      uint64_t sent = 0;
+      // What went where: each upload's pieces in order, several uploads
+      // (an array's shards) interleaved.
+      std::map<uint64_t, std::string_view> pieces;
+      // Whether the worker holds exactly `tails`, all of the stage.
       bool Holds(const std::vector<Bytes>& tails) const;
     };
     std::unordered_map<uint64_t, SentStage> sent_stages;
     uint64_t sent_stage_bytes = 0;  // their totals
+    // Stages refused for want of room: none of their later parts goes
+    // (the worker would hold them for nothing: their PUT sends its bytes).
+    std::unordered_set<uint64_t> refused_stages;
     void EndSentStage(uint64_t stage);
     std::thread reader;
 

@@ -9,9 +9,8 @@ namespace {
 
 struct Stream {
   std::shared_ptr<StageSink> sink;
-  std::vector<IslandId> islands;
   uint64_t stage;
-  uint64_t total;
+  std::vector<StageDest> dests;
   std::atomic<int> refs{1};
 };
 
@@ -24,8 +23,7 @@ void Forward(void* target, uint64_t offset, const char* const* data,
   std::vector<std::string_view> pieces;
   pieces.reserve(n);
   for (size_t i = 0; i < n; ++i) pieces.emplace_back(data[i], sizes[i]);
-  s->sink->Forward(s->islands, s->stage, s->total, offset, pieces,
-                   std::move(keep));
+  s->sink->Forward(s->stage, s->dests, offset, pieces, std::move(keep));
 }
 
 void Retain(void* target) { ++static_cast<Stream*>(target)->refs; }
@@ -37,14 +35,13 @@ void Release(void* target) {
 
 }  // namespace
 
-void StageSink::Forward(const std::vector<IslandId>& islands, uint64_t stage,
-                        uint64_t total, uint64_t offset,
+void StageSink::Forward(uint64_t stage, const std::vector<StageDest>& dests,
+                        uint64_t offset,
                         const std::vector<std::string_view>& pieces,
                         std::shared_ptr<const void> owner) {
   std::lock_guard<std::mutex> lock(mu_);
   if (dispatcher_ != nullptr) {
-    dispatcher_->Stage(islands, stage, total, offset, pieces,
-                       std::move(owner));
+    dispatcher_->Stage(stage, dests, offset, pieces, std::move(owner));
   }
 }
 
@@ -54,9 +51,8 @@ void StageSink::Detach() {
 }
 
 JpUploadStream MakeUploadStream(std::shared_ptr<StageSink> sink,
-                                std::vector<IslandId> islands, uint64_t stage,
-                                uint64_t total) {
-  auto* s = new Stream{std::move(sink), std::move(islands), stage, total};
+                                uint64_t stage, std::vector<StageDest> dests) {
+  auto* s = new Stream{std::move(sink), stage, std::move(dests)};
   return JpUploadStream{2, s, &Forward, &Retain, &Release};
 }
 

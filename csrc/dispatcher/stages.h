@@ -27,14 +27,23 @@ namespace jax_pathways {
 
 class Dispatcher;
 
+// Where an upload goes in a stage of `total` bytes on `island`'s worker:
+// from `base` on. A PUT's stage holds its payload's tails, which may be
+// several uploads (the shards of an array that land on the island), each
+// streamed on its own and arriving interleaved with the others.
+struct StageDest {
+  IslandId island;
+  uint64_t total;
+  uint64_t base;
+};
+
 // The Dispatcher as upload streams reach it.
 class StageSink {
  public:
   explicit StageSink(Dispatcher* dispatcher) : dispatcher_(dispatcher) {}
   // `owner` keeps the pieces alive.
-  void Forward(const std::vector<IslandId>& islands, uint64_t stage,
-               uint64_t total, uint64_t offset,
-               const std::vector<std::string_view>& pieces,
+  void Forward(uint64_t stage, const std::vector<StageDest>& dests,
+               uint64_t offset, const std::vector<std::string_view>& pieces,
                std::shared_ptr<const void> owner);
   // The Dispatcher is going: later calls do nothing.
   void Detach();
@@ -44,11 +53,10 @@ class StageSink {
   Dispatcher* dispatcher_;
 };
 
-// A stream of one upload of `total` bytes to `islands` under `stage`; the
-// caller holds one reference to its target (release() it).
+// A stream of one upload into `stage` at `dests`; the caller holds one
+// reference to its target (release() it).
 JpUploadStream MakeUploadStream(std::shared_ptr<StageSink> sink,
-                                std::vector<IslandId> islands, uint64_t stage,
-                                uint64_t total);
+                                uint64_t stage, std::vector<StageDest> dests);
 
 }  // namespace jax_pathways
 

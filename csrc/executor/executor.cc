@@ -195,8 +195,10 @@ Status Executor::StagePart(std::string_view frame) {
   auto it = stages_.find(id);
   Staged* held = it == stages_.end() ? nullptr : &it->second;
   if (held == nullptr) {
-    // A later part of a stage dropped or refused: its PUT reads its tails.
-    if (offset != 0 || stages_.size() >= kMaxStages ||
+    // Parts of a stage come in order for each upload in it, the uploads
+    // interleaved (an array's shards): any part may be the first. One
+    // refused for room leaves its PUT to read its tails.
+    if (stages_.size() >= kMaxStages ||
         total > MaxStagedBytes() - staged_bytes_) {
       return Status::Ok();
     }
@@ -206,23 +208,28 @@ Status Executor::StagePart(std::string_view frame) {
   }
   Staged& stage = *held;
   if (stage.sent) return DataLoss("malformed stage frame");  // not one read
+  bool fits = total == stage.total && offset <= stage.total &&
+              !stage.read.count(offset);
   uint64_t n = 0;
   for (const Location& p : pieces) {
-    if (p.size > stage.total - stage.filled - n) {
-      DropStage(id);  // more than announced
-      return Status::Ok();
+    if (!fits || p.size > stage.total - offset - n) {
+      fits = false;
+      break;
     }
     n += p.size;
   }
+  if (!fits || n > stage.total - stage.filled) {
+    DropStage(id);  // more than announced
+    return Status::Ok();
+  }
   // A piece the controller dropped meanwhile (the upload failed) may not
   // read: the stage goes, and no PUT would have taken it.
-  if (offset != stage.filled ||
-      !ReadLocations(pieces, stage.base + kStagePrefix + offset).ok()) {
+  if (!ReadLocations(pieces, stage.base + kStagePrefix + offset).ok()) {
     DropStage(id);
     return Status::Ok();
   }
   stage.filled += n;
-  stage.read.insert(stage.read.end(), pieces.begin(), pieces.end());
+  stage.read.emplace(offset, std::move(pieces));
   return Status::Ok();
 }
 
@@ -252,10 +259,12 @@ void Executor::DropStage(uint64_t stage) { CloseStage(stage); }
 Bytes Executor::TakeStage(uint64_t id, std::string_view frame,
                           const std::vector<Location>& tails) {
   std::optional<Staged> stage = CloseStage(id);
-  if (!stage || stage->filled != stage->total ||
-      !SameLocations(stage->read, tails)) {
-    return Bytes();
+  if (!stage || stage->filled != stage->total) return Bytes();
+  std::vector<Location> read;  // in the upload's order
+  for (auto& [offset, part] : stage->read) {
+    read.insert(read.end(), part.begin(), part.end());
   }
+  if (!SameLocations(read, tails)) return Bytes();
   return BehindFrame(*stage, frame);
 }
 
@@ -279,9 +288,9 @@ StatusOr<char*> Executor::StageSpace(std::string_view head, size_t n) {
   auto it = stages_.find(id);
   Staged* held = it == stages_.end() ? nullptr : &it->second;
   if (held == nullptr) {
-    // The controller sends a stage whole, from its first byte, and never
-    // more at once than a worker holds.
-    if (offset != 0 || stages_.size() >= kMaxStages ||
+    // The controller sends a stage whole (any part first: an array's
+    // shards interleave), and never more at once than a worker holds.
+    if (stages_.size() >= kMaxStages ||
         staged_bytes_ > kMaxSentStageBytes ||
         total > kMaxSentStageBytes - staged_bytes_) {
       return DataLoss("malformed stage data (stage " + std::to_string(id) +
@@ -297,8 +306,11 @@ StatusOr<char*> Executor::StageSpace(std::string_view head, size_t n) {
     held = opened.value();
   }
   Staged& stage = *held;
-  if (!stage.sent || offset != stage.filled ||
-      n > stage.total - stage.filled) {
+  // Within the stage, and no more than it holds in all (parts that
+  // overlap, from a broken controller, leave garbage in an upload it
+  // sends itself, never a write outside the stage).
+  if (!stage.sent || total != stage.total || offset > stage.total ||
+      n > stage.total - offset || n > stage.total - stage.filled) {
     return DataLoss("malformed stage data (stage " + std::to_string(id) +
                     " at byte " + std::to_string(offset) + ")");
   }

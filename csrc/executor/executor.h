@@ -113,7 +113,9 @@ class Executor {
     char* base = nullptr;
     uint64_t total = 0;
     uint64_t filled = 0;
-    std::vector<Location> read;  // what was copied, in order
+    // What was copied, by offset: each upload's parts in order, several
+    // uploads (an array's shards) interleaved.
+    std::map<uint64_t, std::vector<Location>> read;
     bool sent = false;           // the bytes came in kStageData frames
   };
   // A new stage `id` with room for `total` bytes (and the prefix).

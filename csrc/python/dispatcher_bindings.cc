@@ -97,19 +97,24 @@ void RegisterDispatcher(py::module_& m) {
           py::arg("stages") = std::vector<uint64_t>())
       .def(
           "stream_upload",
-          [](Dispatcher& d, std::vector<IslandId> islands, uint64_t total) {
-            // (stage, capsule): the capsule holds one reference.
-            uint64_t stage = d.NewStage();
-            auto* stream = new JpUploadStream(
-                d.StreamUpload(std::move(islands), stage, total));
-            return py::make_tuple(
-                stage, py::capsule(stream, kUploadStreamCapsule, [](void* p) {
-                  auto* s = static_cast<JpUploadStream*>(p);
-                  s->release(s->target);
-                  delete s;
-                }));
+          [](Dispatcher& d, uint64_t stage,
+             const std::vector<std::tuple<IslandId, uint64_t, uint64_t>>&
+                 dests) {
+            // A capsule holding one reference.
+            std::vector<StageDest> to;
+            for (const auto& [island, total, base] : dests) {
+              to.push_back(StageDest{island, total, base});
+            }
+            auto* stream =
+                new JpUploadStream(d.StreamUpload(stage, std::move(to)));
+            return py::capsule(stream, kUploadStreamCapsule, [](void* p) {
+              auto* s = static_cast<JpUploadStream*>(p);
+              s->release(s->target);
+              delete s;
+            });
           },
-          py::arg("islands"), py::arg("total"))
+          py::arg("stage"), py::arg("dests"))
+      .def("new_stage", &Dispatcher::NewStage)
       .def("unstage", &Dispatcher::Unstage, py::arg("islands"),
            py::arg("stage"), py::call_guard<py::gil_scoped_release>())
       .def("set_weight", &Dispatcher::SetWeight, py::arg("client"),

@@ -19,7 +19,7 @@ import collections
 import dataclasses
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from absl import logging
 
@@ -33,7 +33,7 @@ from jax_pathways.controller.handle_store import HandleStore, ServerHandles
 from jax_pathways.controller.profile_executable import ProfileExecutable
 from jax_pathways.controller.tracing import Recording
 from jax_pathways.dispatch import payloads
-from jax_pathways.dispatch.dispatcher import Dispatcher
+from jax_pathways.dispatch.dispatcher import Dispatcher, StageDest
 from jax_pathways.resources.resource_manager import ResourceManager
 from jax_pathways.resources.topology import Topology
 from jax_pathways.resources.virtual_slice import SliceRequest, VirtualSlice
@@ -122,9 +122,9 @@ class Reply:
 
 # handler(session, request_body, reply); registered in handlers/__init__.py.
 Handler = Callable[["Session", Any, Reply], None]
-# stream_to() -> (island ids, bytes) an upload still arriving goes to, or
-# None (take_upload).
-StreamTo = Callable[[], "tuple[list[int], int] | None"]
+# stream_to() -> where an upload still arriving goes, (stage, dests), or
+# None (take_uploads).
+StreamTo = Callable[[], "tuple[int, list[StageDest]] | None"]
 
 
 class Session:
@@ -195,29 +195,39 @@ class Session:
       self._slice = self.services.resources.allocate(self.id, self.request)
     return self._slice
 
-  def take_upload(self, handle: int,
-                  stream_to: StreamTo | None = None) -> payloads.Pieces:
-    """The client's upload under `handle`, once it has arrived. While it
-    arrives, it streams to the workers `stream_to()` names, if any."""
-    data = self._taken.get(handle)
-    if data is None:
+  def take_uploads(self, wanted: Mapping[int, StreamTo | None]
+                   ) -> dict[int, payloads.Pieces]:
+    """The client's uploads under the handles `wanted`, once all have
+    arrived. Meanwhile each streams to the workers its stream_to() names,
+    if any: all of them at once, as the client sends them at once."""
+    missing = []
+    for handle, stream_to in wanted.items():
+      if handle in self._taken:
+        continue
       taken = self._take(handle)
       if taken is None and stream_to is not None and handle not in self._stages:
         target = stream_to()
         if target is not None:
-          islands, nbytes = target
-          stage, stream = self.services.dispatcher.stream_upload(islands,
-                                                                 nbytes)
+          stage, dests = target
+          stream = self.services.dispatcher.stream_upload(stage, dests)
           taken = self._take(handle, stream)
           if taken is None:
-            self._stages[handle] = (stage, islands)
+            self._stages[handle] = (stage, [d.island for d in dests])
       if taken is None:  # the store wakes the service when it arrives
-        timeout = self.services.upload_timeout_s
-        self._wait(timeout, lambda: StatusError(
-            Code.DEADLINE_EXCEEDED, f"the upload of host buffer {handle} "
-            f"did not arrive within {timeout:.0f} s"))
-      data = self._taken[handle] = payloads.Pieces(*taken)
-    return data
+        missing.append(handle)
+      else:
+        self._taken[handle] = payloads.Pieces(*taken)
+    if missing:
+      timeout = self.services.upload_timeout_s
+      self._wait(timeout, lambda: StatusError(
+          Code.DEADLINE_EXCEEDED, f"the upload of host buffer {missing[0]} "
+          f"did not arrive within {timeout:.0f} s"))
+    return {handle: self._taken[handle] for handle in wanted}
+
+  def take_upload(self, handle: int,
+                  stream_to: StreamTo | None = None) -> payloads.Pieces:
+    """take_uploads() of one."""
+    return self.take_uploads({handle: stream_to})[handle]
 
   def _take(self, handle: int, stream: Any = None) -> Any:
     try:
@@ -225,18 +235,32 @@ class Session:
     except Exception as e:  # pylint: disable=broad-except
       raise from_exception(e) from None
 
-  def staged_put(self, handle: int) -> int:
-    """The stage upload `handle` streamed to (0: none), for the PUT that
-    takes it: the session no longer drops it."""
-    stage, _ = self._stages.pop(handle, (0, []))
-    return stage
+  def staged_put(self, handles: Sequence[int]) -> int:
+    """The stage the uploads `handles` streamed to, for the PUTs that take
+    it (the session no longer drops it); 0 if not all of them streamed to
+    one stage (that stage is dropped: the PUTs send their bytes)."""
+    taken = [self._stages.pop(h, (0, [])) for h in handles]
+    stages = {stage for stage, _ in taken}
+    if len(stages) == 1:
+      return stages.pop()
+    self._unstage(taken)
+    return 0
 
   def _drop_stages(self) -> None:
     """Stages no PUT took (the request failed, or the session ended)."""
-    for handle, (stage, islands) in self._stages.items():
+    for handle in self._stages:
       self.services.host_buffers.unstream(self.id, handle)
-      self.services.dispatcher.unstage(islands, stage)
+    self._unstage(self._stages.values())
     self._stages.clear()
+
+  def _unstage(self, stages: Iterable[tuple[int, list[int]]]) -> None:
+    """Each stage of (stage, islands) once, on all its islands."""
+    islands: dict[int, set[int]] = collections.defaultdict(set)
+    for stage, on in stages:
+      if stage:
+        islands[stage].update(on)
+    for stage, on in islands.items():
+      self.services.dispatcher.unstage(sorted(on), stage)
 
   def _wait(self, timeout_s: float, expired: Callable[[], StatusError]
             ) -> None:

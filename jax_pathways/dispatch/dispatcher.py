@@ -44,8 +44,17 @@ class IslandOp(NamedTuple):
   payload: bytes | tuple[bytes, list[Any]] = b""
   # Device memory each result takes on this island (gangs wait for room).
   result_bytes: Sequence[int] = ()
-  # A PUT: the stage its upload was streamed to (stream_upload), 0: none.
+  # A PUT: the stage its uploads were streamed to (stream_upload), 0: none.
   stage: int = 0
+
+
+class StageDest(NamedTuple):
+  """Where an upload goes: `base` bytes into a stage of `total` bytes on
+  `island`'s worker (the stage holds a PUT's tails, one upload or the
+  array's shards on that island, back to back)."""
+  island: int
+  total: int
+  base: int = 0
 
 
 class Dispatcher:
@@ -106,12 +115,16 @@ class Dispatcher:
                       client, [list(op.result_bytes) for op in gang],
                       [op.stage for op in gang])
 
-  def stream_upload(self, islands: Sequence[int], nbytes: int
-                    ) -> tuple[int, Any]:
-    """A new stage, and the stream (for HostBuffers.take) that forwards an
-    upload of `nbytes` to the workers of `islands` while it arrives; a PUT
-    naming the stage takes it, unstage() drops it."""
-    return self._core.stream_upload(list(islands), nbytes)
+  def new_stage(self) -> int:
+    """A fresh stage id: a PUT's tails, staged on its workers while the
+    uploads in them arrive (stream_upload). A PUT naming the stage takes
+    it, unstage() drops it."""
+    return self._core.new_stage()
+
+  def stream_upload(self, stage: int, dests: Sequence[StageDest]) -> Any:
+    """The stream (for HostBuffers.take) that forwards an upload into
+    `stage` on the workers of `dests` while it arrives."""
+    return self._core.stream_upload(stage, [tuple(d) for d in dests])
 
   def unstage(self, islands: Sequence[int], stage: int) -> None:
     self._core.unstage(list(islands), stage)

@@ -21,7 +21,7 @@ import struct
 from typing import Any, NamedTuple
 
 _U32 = struct.Struct("<I")
-_ALIGN = 64
+ALIGN = 64  # where each blob starts
 
 
 class Pieces(NamedTuple):
@@ -97,7 +97,7 @@ def _head(header: dict[str, Any], blobs: Any) -> bytes:
 
 
 def _pad(offset: int) -> int:
-  return -offset % _ALIGN
+  return -offset % ALIGN
 
 
 def decode(payload: Any) -> tuple[dict[str, Any], list[memoryview]]:

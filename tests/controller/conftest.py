@@ -25,6 +25,7 @@ def raw():
 def side_channel():
   """The host-buffer calls, raw: store, lookup, delete."""
   return types.SimpleNamespace(store=raw_client.store,
+                               store_async=raw_client.store_async,
                                lookup=raw_client.lookup,
                                delete=raw_client.delete)
 

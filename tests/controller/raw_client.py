@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from typing import Iterable
 
 import grpc
 
@@ -24,18 +25,29 @@ def store(channel: grpc.Channel, session: int, handle: int,
           chunks: list[bytes], size: int | None = None):
   """HostBufferStore of `chunks` (announcing `size` bytes, by default their
   total) as host buffer `handle` of `session`."""
+  return store_async(channel, session, handle, chunks, size).result(
+      timeout=10)
+
+
+def store_async(channel: grpc.Channel, session: int, handle: int,
+                chunks: Iterable[bytes], size: int | None = None
+                ) -> grpc.Future:
+  """store(), its chunks sent as the iterable gives them: the call's
+  future."""
   msg = protos.msg
+  if size is None:
+    chunks = list(chunks)
+    size = sum(len(c) for c in chunks)
   meta = msg("xla.ifrt.proxy.GrpcHostBufferStoreMetadata")(
-      session_id=session, handle=handle,
-      buffer_size=sum(len(c) for c in chunks) if size is None else size)
+      session_id=session, handle=handle, buffer_size=size)
   request = msg("xla.ifrt.proxy.GrpcHostBufferStoreRequest")
   call = channel.stream_unary(
       SERVICE + "HostBufferStore",
       request_serializer=request.SerializeToString,
       response_deserializer=msg(
           "xla.ifrt.proxy.GrpcHostBufferStoreResponse").FromString)
-  return call(iter([request(data=c) for c in chunks]), timeout=10,
-              metadata=[(STORE_METADATA, meta.SerializeToString())])
+  return call.future((request(data=c) for c in chunks), timeout=10,
+                     metadata=[(STORE_METADATA, meta.SerializeToString())])
 
 
 def lookup(channel: grpc.Channel, session: int, handle: int) -> bytes:

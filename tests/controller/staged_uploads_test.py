@@ -8,6 +8,7 @@ if the stage did not get them all, or got other bytes. The real frontend,
 dispatcher and executor in this process, over a socket pair."""
 import contextlib
 import socket
+import threading
 import time
 
 import grpc
@@ -76,28 +77,40 @@ def _remote(dispatcher) -> bool:
   return not dispatcher.stats()[0]["reads_locally"]
 
 
+def _stream(dispatcher, total: int, base: int = 0, stage: int = 0):
+  """(stage, stream): an upload into a stage of `total` bytes on island 0,
+  from `base` on; a new stage unless given."""
+  stage = stage or dispatcher.new_stage()
+  return stage, dispatcher.stream_upload(stage, [(0, total, base)])
+
+
 def _upload(n: int, seed: int) -> bytes:
   return np.random.default_rng(seed).integers(0, 256, n, np.uint8).tobytes()
 
 
-def _put(dispatcher, executor, upload, stage: int, buffer: int) -> bytes:
-  """Submits the PUT the controller makes of `upload` and returns the bytes
-  the worker's op carries (checked 64-byte aligned, as PJRT needs)."""
+def _put(dispatcher, executor, upload, stage: int, buffer: int,
+         *more) -> bytes:
+  """Submits the PUT the controller makes of `upload` (and `more` uploads:
+  the shards of an array) and returns the bytes the worker's op carries
+  (each blob checked 64-byte aligned, as PJRT needs), joined."""
   head = {"dtype": "uint8", "shape": [upload.nbytes]}
   dispatcher.submit([(0, _core.OpKind.PUT, 0, [], [buffer],
-                      payloads.parts(head, upload))], buffer, stages=[stage])
+                      payloads.parts(head, upload, *more))], buffer,
+                    stages=[stage])
   op = executor.next(5.0)
-  _, (blob,) = payloads.decode(op.payload)
-  assert np.frombuffer(blob, np.uint8).ctypes.data % 64 == 0
+  _, blobs = payloads.decode(op.payload)
+  assert len(blobs) == 1 + len(more)
+  for blob in blobs:
+    assert np.frombuffer(blob, np.uint8).ctypes.data % 64 == 0
   executor.complete(op.seq, 0, "", b"")
-  return bytes(blob)
+  return b"".join(bytes(blob) for blob in blobs)
 
 
 def test_an_upload_streamed_as_it_arrives_is_put_from_its_stage(
     rig, side_channel):
   server, dispatcher, executor, channel = rig
   data = _upload(3 * CHUNK + 1000, 0)
-  stage, stream = dispatcher.stream_upload([0], len(data))
+  stage, stream = _stream(dispatcher, len(data))
   assert server.host_buffers.take(SESSION, 9, stream) is None  # not yet in
   del stream  # the frontend holds its own reference
   side_channel.store(channel, SESSION, 9,
@@ -106,6 +119,55 @@ def test_an_upload_streamed_as_it_arrives_is_put_from_its_stage(
   assert dispatcher.stats()[0]["staged_bytes"] == len(data)
   assert _put(dispatcher, executor, upload, stage, 1) == data
   assert executor.staged_puts == (1, 0)
+
+
+def test_shards_streamed_interleaved_are_put_from_one_stage(
+    rig, side_channel):
+  """An array's shards are uploaded at once, their chunks interleaved:
+  each streams into its place in the island's one stage (the PUT's tails,
+  back to back), the later shard's first, and the PUT takes the stage."""
+  server, dispatcher, executor, channel = rig
+  hb = server.host_buffers
+  a, b = _upload(2 * CHUNK, 6), _upload(2 * CHUNK, 7)
+  stage, stream_a = _stream(dispatcher, 4 * CHUNK, 0)
+  _, stream_b = _stream(dispatcher, 4 * CHUNK, 2 * CHUNK, stage)
+  assert hb.take(SESSION, 60, stream_a) is None
+  assert hb.take(SESSION, 61, stream_b) is None
+  del stream_a, stream_b
+  b_in = threading.Event()
+
+  def a_chunks():
+    yield a[:CHUNK]
+    assert b_in.wait(10)  # b whole between a's two chunks
+    yield a[CHUNK:]
+
+  a_in = side_channel.store_async(channel, SESSION, 60, a_chunks(),
+                                  size=len(a))
+  _wait_for(lambda: dispatcher.stats()[0]["staged_bytes"] == CHUNK)
+  side_channel.store(channel, SESSION, 61, [b[:CHUNK], b[CHUNK:]])
+  b_in.set()
+  a_in.result(timeout=10)
+  assert dispatcher.stats()[0]["staged_bytes"] == 4 * CHUNK
+  shard_a = payloads.Pieces(*hb.take(SESSION, 60))
+  shard_b = payloads.Pieces(*hb.take(SESSION, 61))
+  assert _put(dispatcher, executor, shard_a, stage, 1, shard_b) == a + b
+  assert executor.staged_puts == (1, 0)
+
+
+def test_a_stage_missing_a_shard_is_not_used(rig, side_channel):
+  """A PUT of two shards whose stage got only one of them (the other was
+  in before its stream began) gets its own bytes."""
+  server, dispatcher, executor, channel = rig
+  hb = server.host_buffers
+  a, b = _upload(2 * CHUNK, 8), _upload(2 * CHUNK, 9)
+  side_channel.store(channel, SESSION, 71, [b[:CHUNK], b[CHUNK:]])
+  stage, stream = _stream(dispatcher, 4 * CHUNK, 0)
+  assert hb.take(SESSION, 70, stream) is None
+  side_channel.store(channel, SESSION, 70, [a[:CHUNK], a[CHUNK:]])
+  shard_a = payloads.Pieces(*hb.take(SESSION, 70))
+  shard_b = payloads.Pieces(*hb.take(SESSION, 71))
+  assert _put(dispatcher, executor, shard_a, stage, 1, shard_b) == a + b
+  assert executor.staged_puts == ((0, 0) if _remote(dispatcher) else (0, 1))
 
 
 def test_a_stage_of_other_bytes_or_dropped_is_not_used(rig, side_channel):
@@ -117,7 +179,7 @@ def test_a_stage_of_other_bytes_or_dropped_is_not_used(rig, side_channel):
   # A worker elsewhere is sent the right bytes; one here reads them.
   not_taken = (0, 0) if _remote(dispatcher) else (0, 1)
   first, second = _upload(2 * CHUNK, 1), _upload(2 * CHUNK, 2)
-  stage, stream = dispatcher.stream_upload([0], len(first))
+  stage, stream = _stream(dispatcher, len(first))
   assert hb.take(SESSION, 20, stream) is None
   side_channel.store(channel, SESSION, 20, [first[:CHUNK], first[CHUNK:]])
   side_channel.store(channel, SESSION, 21, [second[:CHUNK], second[CHUNK:]])
@@ -126,7 +188,7 @@ def test_a_stage_of_other_bytes_or_dropped_is_not_used(rig, side_channel):
   assert _put(dispatcher, executor, other, stage, 1) == second
   assert executor.staged_puts == not_taken
 
-  stage, stream = dispatcher.stream_upload([0], len(first))
+  stage, stream = _stream(dispatcher, len(first))
   assert hb.take(SESSION, 22, stream) is None
   side_channel.store(channel, SESSION, 22, [first[:CHUNK], first[CHUNK:]])
   dispatcher.unstage([0], stage)
@@ -144,7 +206,7 @@ def test_an_upload_larger_than_its_stream_said_is_not_staged(
   (the request's own check refuses it): the PUT gets its own bytes."""
   server, dispatcher, executor, channel = rig
   data = _upload(3 * CHUNK, 3)
-  stage, stream = dispatcher.stream_upload([0], 2 * CHUNK)
+  stage, stream = _stream(dispatcher, 2 * CHUNK)
   assert server.host_buffers.take(SESSION, 30, stream) is None
   side_channel.store(channel, SESSION, 30,
                      [data[i:i + CHUNK] for i in range(0, len(data), CHUNK)])
@@ -163,7 +225,7 @@ def test_a_worker_elsewhere_is_sent_no_more_stages_than_it_holds(
   data = [_upload(1000, seed) for seed in range(MAX_STAGES + 2)]
   stages = []
   for handle, upload in enumerate(data, 100):
-    stage, stream = dispatcher.stream_upload([0], len(upload))
+    stage, stream = _stream(dispatcher, len(upload))
     assert hb.take(SESSION, handle, stream) is None
     side_channel.store(channel, SESSION, handle, [upload])
     stages.append(stage)
@@ -187,7 +249,7 @@ def test_a_worker_elsewhere_is_sent_no_more_staged_bytes_than_it_holds(
   declared = [(1 << 30) + 1, 700 << 20, 700 << 20]  # sent: the second only
   stages = []
   for handle, size in enumerate(declared, 50):
-    stage, stream = dispatcher.stream_upload([0], size)
+    stage, stream = _stream(dispatcher, size)
     assert hb.take(SESSION, handle, stream) is None
     side_channel.store(channel, SESSION, handle, [data])
     stages.append(stage)
@@ -203,7 +265,7 @@ def test_a_closed_session_stops_its_streams(rig, side_channel):
   """A session's streams end with it: its uploads are refused and nothing
   more is staged."""
   server, dispatcher, _, channel = rig
-  _, stream = dispatcher.stream_upload([0], 2 * CHUNK)
+  _, stream = _stream(dispatcher, 2 * CHUNK)
   assert server.host_buffers.take(SESSION, 40, stream) is None
   server.host_buffers.close_session(SESSION)
   with pytest.raises(grpc.RpcError) as e:
@@ -233,3 +295,31 @@ def test_large_device_puts_stream_to_their_worker(pathways):
     np.testing.assert_array_equal(np.asarray(y), x)
     streamed.append(staged() - before)
   assert set(streamed) <= {0, x.nbytes} and x.nbytes in streamed, streamed
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("devices", [4, 8], ids=["one-island", "two-islands"])
+def test_large_sharded_device_puts_stream_to_their_workers(pathways, devices):
+  """A sharded `jax.device_put` uploads its shards at once: they stream
+  into one stage on each island's worker, each at its place, and the array
+  arrives whole (a shard in before its request is handled, which a loaded
+  machine may make of one, has its PUT send the bytes instead)."""
+  address, token = jax_pathways.connection()
+
+  def staged() -> int:
+    return sum(i["staged_bytes"]
+               for i in admin.status(address, token)["islands"])
+
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("x",))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
+  streamed = []
+  for seed in range(3):
+    x = np.random.default_rng(seed).standard_normal(
+        (devices, 1 << 20)).astype(np.float32)
+    before = staged()
+    y = jax.device_put(x, sharding)
+    np.testing.assert_array_equal(np.asarray(y), x)
+    for shard in y.addressable_shards:
+      np.testing.assert_array_equal(np.asarray(shard.data), x[shard.index])
+    streamed.append(staged() - before)
+  assert x.nbytes in streamed, streamed

@@ -359,8 +359,9 @@ def test_executor_fails_clearly_on_bad_lent_tails(locations, error):
 
 def test_executor_drops_stages_it_cannot_fill_and_fails_on_malformed_ones():
   """A stage part that cannot be read (the controller dropped the upload),
-  comes out of order or asks for more than this host's memory only drops
-  the stage: the connection stays. A malformed stage frame drops it."""
+  or asks for more than this host's memory only drops the stage (any
+  part may come first: an array's shards interleave): the connection
+  stays. A malformed stage frame drops it."""
   a, b = socket.socketpair()
   ex = _core.Executor(b.detach())
   unmapped = struct.pack("<I", 1) + struct.pack("<QQQ", os.getpid(), 8, 64)
@@ -382,10 +383,16 @@ def _stage_data(stage: int, total: int, offset: int, data: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("frames, error", [
-    # A part but the first of a stage it does not hold.
-    ([_stage_data(7, 64, 8, b"x" * 8)], "malformed stage data"),
-    # More than the stage's announced size.
+    # Past the stage's end.
+    ([_stage_data(7, 64, 60, b"x" * 8)], "malformed stage data"),
+    ([_stage_data(7, 64, 65, b"")], "malformed stage data"),
+    # More than the stage's announced size, in all or in its other parts.
     ([_stage_data(7, 8, 0, b"x" * 8), _stage_data(7, 8, 8, b"y")],
+     "malformed stage data"),
+    ([_stage_data(7, 8, 4, b"x" * 4), _stage_data(7, 8, 0, b"y" * 6)],
+     "malformed stage data"),
+    # Another size for a stage it holds.
+    ([_stage_data(7, 64, 0, b"x" * 8), _stage_data(7, 128, 8, b"y")],
      "malformed stage data"),
     ([_frame(12, struct.pack("<QQ", 7, 8))], "malformed stage data"),
     # Room for more than a controller sends a worker at once.
@@ -404,8 +411,10 @@ def test_stage_data_no_controller_sends_fails_the_connection(frames, error):
   worker's connection to it fails rather than put the wrong bytes."""
   a, b = socket.socketpair()
   ex = _core.Executor(b.detach())
-  # A stage held whole and ended changes nothing.
-  a.sendall(_stage_data(3, 4, 0, b"abcd") + _frame(11, struct.pack("<Q", 3)))
+  # A stage held whole and ended changes nothing; nor do its parts out of
+  # order (an array's shards, uploaded at once, interleave).
+  a.sendall(_stage_data(3, 4, 2, b"cd") + _stage_data(3, 4, 0, b"ab") +
+            _frame(11, struct.pack("<Q", 3)))
   assert ex.next(0.2) is None and ex.lost() == ""
   a.sendall(b"".join(frames))
   with pytest.raises(_core.JaxPathwaysError, match=error):

@@ -8,6 +8,7 @@ returning, even though the ops run later.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import math
 from typing import Any, Sequence
@@ -16,9 +17,9 @@ from jax_pathways import dtypes, validation
 from jax_pathways.controller import moves, op_payloads, remap_plan
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.handlers.registry import handles
-from jax_pathways.controller.session import Reply, Session
+from jax_pathways.controller.session import Reply, Session, StreamTo
 from jax_pathways.dispatch import payloads
-from jax_pathways.dispatch.dispatcher import IslandOp, OpKind
+from jax_pathways.dispatch.dispatcher import IslandOp, OpKind, StageDest
 from jax_pathways.programs import sharding as sharding_lib
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.resources.island import Island
@@ -117,7 +118,7 @@ def make_array_from_host_buffer(session: Session, req: Any,
       "dtype": dtype, "shape": list(shape), "strides": _strides(req),
       "sharding": sharding.worker_spec(session.services.topology)}, data)
   sizes = array.island_bytes(session.services.topology)
-  stage = session.staged_put(req.host_buffer_handle)
+  stage = session.staged_put([req.host_buffer_handle])
   session.services.dispatcher.submit(
       [IslandOp(i.id, OpKind.PUT, results=[array.buffer], payload=payload,
                 result_bytes=[sizes[i.id]], stage=stage)
@@ -134,9 +135,10 @@ def make_array_from_host_buffer(session: Session, req: Any,
   reply.ok(lambda r: setattr(r, "array_handle", req.array_handle))
 
 
-def _stream_to(session: Session, req: Any) -> tuple[list[int], int] | None:
-  """The islands an upload still arriving may stream to (every island of
-  the array gets it whole) and its size, if it is large enough for the
+def _stream_to(session: Session, req: Any
+               ) -> tuple[int, list[StageDest]] | None:
+  """Where an upload still arriving may stream (every island of the array
+  gets it whole, as its PUT's tails), if it is large enough for the
   overlap to pay (more than one of the client's chunks) and the request
   is well-formed so far; else None (its errors come once it has arrived)."""
   field = "MakeArrayFromHostBuffer"
@@ -150,9 +152,10 @@ def _stream_to(session: Session, req: Any) -> tuple[list[int], int] | None:
     validation.check_dense_strides(shape, dtypes.itemsize(dtype),
                                    _strides(req), field)
     _, islands = _placement(session, req, shape)
-    return [i.id for i in islands], nbytes
   except StatusError:
     return None
+  return (session.services.dispatcher.new_stage(),
+          [StageDest(i.id, nbytes) for i in islands])
 
 
 def _placement(session: Session, req: Any, shape: Sequence[int]
@@ -170,53 +173,124 @@ def make_arrays_from_host_buffer_shards(session: Session, req: Any,
   if len(req.array_handles) != len(req.specs):
     raise invalid_argument(f"{len(req.specs)} specs for "
                            f"{len(req.array_handles)} array handles")
-  # Every upload first: the request may wait for one, and runs again from
-  # the start once it is there.
-  uploads = {hb.host_buffer_handle: session.take_upload(hb.host_buffer_handle)
-             for spec in req.specs for hb in spec.host_buffers}
+  # Every upload first: the request may wait for them, and runs again from
+  # the start once they are there.
+  uploads = session.take_uploads(_shard_streams(session, req))
   topology = session.services.topology
   gangs = []
   for n, (handle, spec) in enumerate(zip(req.array_handles, req.specs)):
     field = f"MakeArraysFromHostBufferShards: spec {n}"
-    asp = spec.array_spec
-    sharding = _sharding(session, asp.sharding)
-    dtype = dtypes.name_of(asp.dtype)
-    shape = _shape(asp.shape.dims, dtype, field)
-    sharding.check(len(shape), field)
-    _check_shard_indices(spec, sharding, field)
+    sharding, dtype, shape = _shard_spec(session, spec, field)
     islands = _islands(session, sharding, "the array")
     array = _new_array(session, handle, islands, dtype, shape, sharding)
     # Each island gets only the shards that land on it.
     per_island: dict[int, tuple[list[dict[str, Any]], list[Any]]] = {
         i.id: ([], []) for i in islands}
     shard_shape = sharding.shard_shape(shape)
+    shards = []
     for k, (indices, hb) in enumerate(zip(spec.addressable_shard_indices,
                                           spec.host_buffers)):
-      shard = {
+      shards.append({
           "devices": list(indices.indices),
           "dtype": dtypes.name_of(hb.dtype),
           "shape": list(_shape(hb.shape.dims, dtype, f"{field} shard {k}")),
           "strides": _strides(hb),
-      }
-      _check_shard(shard, dtype, shard_shape, f"{field} shard {k}")
-      data = uploads[hb.host_buffer_handle]
-      _check_upload(data, shard["shape"], dtype, shard["strides"],
-                    f"{field} shard {k}")
-      for island in {topology.island_of_device(sharding.devices[i]).id
-                     for i in indices.indices}:
-        per_island[island][0].append(shard)
-        per_island[island][1].append(data)
+      })
+      _check_shard(shards[k], dtype, shard_shape, f"{field} shard {k}")
+      _check_upload(uploads[hb.host_buffer_handle], shards[k]["shape"], dtype,
+                    shards[k]["strides"], f"{field} shard {k}")
+    for island, ks in _shards_by_island(topology, sharding, spec).items():
+      for k in ks:
+        per_island[island][0].append(shards[k])
+        per_island[island][1].append(
+            uploads[spec.host_buffers[k].host_buffer_handle])
     header = {"dtype": dtype, "shape": list(shape),
               "sharding": sharding.worker_spec(topology)}
     sizes = array.island_bytes(topology)
+    stage = session.staged_put([hb.host_buffer_handle
+                                for hb in spec.host_buffers])
     gangs.append([IslandOp(island, OpKind.PUT, results=[array.buffer],
                            payload=payloads.parts(
                                dict(header, shards=shards), *blobs),
-                           result_bytes=[sizes[island]])
+                           result_bytes=[sizes[island]], stage=stage)
                   for island, (shards, blobs) in per_island.items()])
   for gang in gangs:  # one gang per array: its buffer is ready once whole
     session.services.dispatcher.submit(gang)
   reply.ok(lambda r: r.array_handles.extend(req.array_handles))
+
+
+def _shard_spec(session: Session, spec: Any, field: str
+                ) -> tuple[Sharding, str, tuple[int, ...]]:
+  """A MakeArraysFromHostBufferShards spec's sharding, dtype and shape,
+  its shards checked against the sharding."""
+  asp = spec.array_spec
+  sharding = _sharding(session, asp.sharding)
+  dtype = dtypes.name_of(asp.dtype)
+  shape = _shape(asp.shape.dims, dtype, field)
+  sharding.check(len(shape), field)
+  _check_shard_indices(spec, sharding, field)
+  return sharding, dtype, shape
+
+
+def _shards_by_island(topology: Topology, sharding: Sharding, spec: Any
+                      ) -> dict[int, list[int]]:
+  """The shards (their indices in the spec) each island puts, in order."""
+  by_island: dict[int, list[int]] = {}
+  for k, indices in enumerate(spec.addressable_shard_indices):
+    for island in sorted({topology.island_of_device(sharding.devices[i]).id
+                          for i in indices.indices}):
+      by_island.setdefault(island, []).append(k)
+  return by_island
+
+
+def _shard_streams(session: Session, req: Any) -> dict[int, StreamTo | None]:
+  """Each shard's upload, and where it may stream while it arrives: the
+  shards of an array large enough for the overlap to pay go into one
+  stage, each island's back to back as its PUT's tails (so only shards of
+  whole multiples of 64 bytes, with no padding between them), and the
+  client sends them at once. A host buffer in two places, or a spec with
+  errors so far, does not stream (its errors come once all arrived)."""
+  wanted: dict[int, StreamTo | None] = {}
+  uses = collections.Counter(hb.host_buffer_handle for spec in req.specs
+                             for hb in spec.host_buffers)
+  for n, spec in enumerate(req.specs):
+    dests = _shard_dests(session, spec, f"spec {n}")
+    for hb in spec.host_buffers:
+      h = hb.host_buffer_handle
+      if dests is None or uses[h] > 1:
+        wanted[h] = None
+      else:
+        wanted[h] = lambda to=(dests[0], dests[1][h]): to
+  return wanted
+
+
+def _shard_dests(session: Session, spec: Any, field: str
+                 ) -> tuple[int, dict[int, list[StageDest]]] | None:
+  """(stage, each shard's upload -> where it goes), or None."""
+  try:
+    sharding, dtype, shape = _shard_spec(session, spec, field)
+    _islands(session, sharding, "the array")
+    shard_shape = sharding.shard_shape(shape)
+    itemsize = dtypes.itemsize(dtype)
+    for hb in spec.host_buffers:
+      if (tuple(hb.shape.dims) != tuple(shard_shape) or
+          dtypes.name_of(hb.dtype) != dtype):
+        return None
+      validation.check_dense_strides(shard_shape, itemsize, _strides(hb),
+                                     field)
+  except StatusError:
+    return None
+  nbytes = math.prod(shard_shape) * itemsize
+  if nbytes % payloads.ALIGN or (
+      nbytes * len(spec.host_buffers) <= STREAM_MIN_BYTES):
+    return None
+  by_island = _shards_by_island(session.services.topology, sharding, spec)
+  dests: dict[int, list[StageDest]] = collections.defaultdict(list)
+  for island, shards in by_island.items():
+    for at, k in enumerate(shards):
+      dests[spec.host_buffers[k].host_buffer_handle].append(
+          StageDest(island, len(shards) * nbytes, at * nbytes))
+  return session.services.dispatcher.new_stage(), dests
 
 
 def _check_shard_indices(spec: Any, sharding: Sharding, field: str) -> None:
