@@ -467,7 +467,9 @@ void Dispatcher::Stage(uint64_t stage, const std::vector<StageDest>& dests,
       }
       Island& island = *it->second;
       const uint64_t at = dest.base + offset;
-      if (at > dest.total || bytes > dest.total - at) continue;  // a bug
+      if (at > dest.total || bytes > dest.total - at) {
+        continue;  // more than the request declared: its check refuses it
+      }
       WireWriter head;
       head.U64(stage);
       head.U64(dest.total);

@@ -207,15 +207,18 @@ def make_arrays_from_host_buffer_shards(session: Session, req: Any,
     header = {"dtype": dtype, "shape": list(shape),
               "sharding": sharding.worker_spec(topology)}
     sizes = array.island_bytes(topology)
+    gangs.append((spec, [
+        IslandOp(island, OpKind.PUT, results=[array.buffer],
+                 payload=payloads.parts(dict(header, shards=shards), *blobs),
+                 result_bytes=[sizes[island]])
+        for island, (shards, blobs) in per_island.items()]))
+  # Every spec checked: each gang takes its array's stage (one that fails
+  # leaves every stage to the session, which drops them).
+  for spec, gang in gangs:  # one gang per array: ready once whole
     stage = session.staged_put([hb.host_buffer_handle
                                 for hb in spec.host_buffers])
-    gangs.append([IslandOp(island, OpKind.PUT, results=[array.buffer],
-                           payload=payloads.parts(
-                               dict(header, shards=shards), *blobs),
-                           result_bytes=[sizes[island]], stage=stage)
-                  for island, (shards, blobs) in per_island.items()])
-  for gang in gangs:  # one gang per array: its buffer is ready once whole
-    session.services.dispatcher.submit(gang)
+    session.services.dispatcher.submit([op._replace(stage=stage)
+                                        for op in gang])
   reply.ok(lambda r: r.array_handles.extend(req.array_handles))
 
 
@@ -254,13 +257,12 @@ def _shard_streams(session: Session, req: Any) -> dict[int, StreamTo | None]:
   uses = collections.Counter(hb.host_buffer_handle for spec in req.specs
                              for hb in spec.host_buffers)
   for n, spec in enumerate(req.specs):
-    dests = _shard_dests(session, spec, f"spec {n}")
-    for hb in spec.host_buffers:
-      h = hb.host_buffer_handle
-      if dests is None or uses[h] > 1:
-        wanted[h] = None
-      else:
-        wanted[h] = lambda to=(dests[0], dests[1][h]): to
+    handles = [hb.host_buffer_handle for hb in spec.host_buffers]
+    dests = (None if any(uses[h] > 1 for h in handles) else
+             _shard_dests(session, spec, f"spec {n}"))
+    for h in handles:
+      wanted[h] = None if dests is None else (
+          lambda to=(dests[0], dests[1][h]): to)
   return wanted
 
 
