@@ -884,6 +884,7 @@ std::vector<IslandStats> Dispatcher::Stats() {
     s.reads_locally = island->reads_locally;
     s.lent = island->lent.size();
     s.staged_bytes = island->staged_bytes;
+    s.held_stage_bytes = island->sent_stage_bytes;
     s.send_backlog_bytes = island->channel->backlog_bytes();
     out.push_back(std::move(s));
   }

@@ -75,6 +75,9 @@ struct IslandStats {
   bool reads_locally = false;   // uploads are lent, not sent (same host)
   size_t lent = 0;              // lent uploads the worker has not finished
   uint64_t staged_bytes = 0;    // of uploads forwarded as they arrived
+  // Room a worker elsewhere holds now for stages sent to it, until their
+  // PUT or their end (kUnstage); kMaxSentStageBytes at most.
+  uint64_t held_stage_bytes = 0;
   // Bytes sent to the worker that its socket has not taken yet: large and
   // not shrinking while the worker does not read.
   size_t send_backlog_bytes = 0;

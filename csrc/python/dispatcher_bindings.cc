@@ -205,6 +205,7 @@ void RegisterDispatcher(py::module_& m) {
                row["reads_locally"] = s.reads_locally;
                row["lent"] = s.lent;
                row["staged_bytes"] = s.staged_bytes;
+               row["held_stage_bytes"] = s.held_stage_bytes;
                row["send_backlog_bytes"] = s.send_backlog_bytes;
                out.append(row);
              }

@@ -164,6 +164,9 @@ class Controller:
           "reads_locally": s.get("reads_locally", False),
           # Of uploads streamed to the worker while they arrived.
           "staged_bytes": s.get("staged_bytes", 0),
+          # Room a worker on another host holds for stages sent to it and
+          # not yet put or ended.
+          "held_stage_bytes": s.get("held_stage_bytes", 0),
           # Sent, not yet taken by the worker's socket: grows while the
           # worker does not read (frozen), never blocking the controller.
           "send_backlog_bytes": s.get("send_backlog_bytes", 0),

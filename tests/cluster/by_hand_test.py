@@ -200,6 +200,58 @@ def test_an_upload_streaming_to_a_frozen_worker_fails_it_alone(cluster):
   assert not islands[0]["alive"] and islands[1]["alive"]
 
 
+UPLOADING = textwrap.dedent("""
+    import sys
+    import jax_pathways
+    jax_pathways.initialize(sys.argv[1], token=sys.argv[2])
+    import jax, numpy as np
+    x = np.ones(16 << 20, dtype=np.float32)  # 64 MB
+    while True:
+      jax.device_put(x, jax.devices()[0]).block_until_ready()
+""")
+
+
+def test_a_client_killed_mid_upload_leaves_no_stage(cluster):
+  """kill -9 a client while its upload streams to a worker elsewhere: the
+  worker's room for the stage is given back once the controller sees the
+  client go, and the cluster serves the next client."""
+  ready, _ = cluster
+  address = f"grpc://{ready['address']}"
+  deadline = time.monotonic() + 60
+  while not admin.status(address, TOKEN)["complete"]:
+    assert time.monotonic() < deadline, "the workers did not join"
+    time.sleep(0.2)
+  env = dict(os.environ)
+  env.pop("JAX_PLATFORMS", None)
+  env.pop("JAX_PATHWAYS_TOKEN", None)
+  client = subprocess.Popen(
+      [sys.executable, "-c", UPLOADING, address, TOKEN], env=env,
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+      start_new_session=True, cwd=CWD)
+
+  def held() -> int:
+    return {i["island"]: i for i in admin.status(address, TOKEN)[
+        "islands"]}[0]["held_stage_bytes"]
+
+  try:
+    deadline = time.monotonic() + 90
+    while held() == 0:  # a stage open: an upload on its way
+      assert client.poll() is None, client.stderr.read()[-3000:]
+      assert time.monotonic() < deadline, "no upload streamed"
+      time.sleep(0.01)
+    os.kill(client.pid, signal.SIGKILL)
+  finally:
+    processes.stop([client])
+  deadline = time.monotonic() + 10
+  while held() != 0:
+    assert time.monotonic() < deadline, "the stage outlived its client"
+    time.sleep(0.05)
+  out = _client(ready["address"], TOKEN)
+  assert out.returncode == 0, out.stderr[-3000:]
+  islands = admin.status(address, TOKEN)["islands"]
+  assert all(i["alive"] for i in islands), islands
+
+
 def test_wrong_token_is_refused(cluster):
   ready, _ = cluster
   out = _client(ready["address"], "not-the-token")
