@@ -93,6 +93,16 @@ def _client(address, token, env=None, script=CLIENT):
                         timeout=120, cwd=CWD)
 
 
+def _joined(ready) -> str:
+  """The cluster's admin address, once every island's worker has joined."""
+  address = f"grpc://{ready['address']}"
+  deadline = time.monotonic() + 60
+  while not admin.status(address, TOKEN)["complete"]:
+    assert time.monotonic() < deadline, "the workers did not join"
+    time.sleep(0.2)
+  return address
+
+
 def test_client_joins_by_address(cluster):
   ready, env = cluster
   out = _client(ready["address"], TOKEN)
@@ -178,11 +188,7 @@ def test_an_upload_streaming_to_a_frozen_worker_fails_it_alone(cluster):
   gRPC thread), the worker is lost after its timeout and the upload fails
   saying so; the other island's uploads go on."""
   ready, _ = cluster
-  address = f"grpc://{ready['address']}"
-  deadline = time.monotonic() + 60
-  while not admin.status(address, TOKEN)["complete"]:
-    assert time.monotonic() < deadline, "the workers did not join"
-    time.sleep(0.2)
+  address = _joined(ready)
   victim = {i["island"]: i for i in admin.status(address, TOKEN)["islands"]}[
       0]["pid"]
   os.kill(victim, signal.SIGSTOP)
@@ -216,11 +222,7 @@ def test_a_client_killed_mid_upload_leaves_no_stage(cluster):
   worker's room for the stage is given back once the controller sees the
   client go, and the cluster serves the next client."""
   ready, _ = cluster
-  address = f"grpc://{ready['address']}"
-  deadline = time.monotonic() + 60
-  while not admin.status(address, TOKEN)["complete"]:
-    assert time.monotonic() < deadline, "the workers did not join"
-    time.sleep(0.2)
+  address = _joined(ready)
   env = dict(os.environ)
   env.pop("JAX_PLATFORMS", None)
   env.pop("JAX_PATHWAYS_TOKEN", None)
