@@ -22,7 +22,7 @@ using BufferId = uint64_t;
 using IslandId = int32_t;
 
 // Version of the controller <-> worker wire format; bumped on any change.
-inline constexpr uint32_t kWireVersion = 12;
+inline constexpr uint32_t kWireVersion = 13;
 
 // Uploads a worker holds staged at once (FrameKind::kStage, kStageData),
 // and the bytes of those sent to a worker on another host (which holds

@@ -50,8 +50,10 @@ class Controller:
         GlobalClient(islands, coordinator_listen, self._islands_up,
                      self._build_global) if islands > 1 else None)
     if self.global_client is not None:
-      # After a loss the islands left build a global client of their own
-      # at once, before a client makes arrays spanning them.
+      # The islands build the first generation as soon as all have joined,
+      # and after a loss the islands left build one of their own at once,
+      # before a client makes arrays spanning them.
+      self.topology.when_complete(self.global_client.follow)
       self.dispatcher.on_lost(self.global_client.follow)
     server = _frontend.GrpcServer()
     self.host_buffers = server.host_buffers
@@ -70,7 +72,6 @@ class Controller:
     self.address = ""
     self._workers = WorkerListener(
         worker_listen, token, self.topology, self.dispatcher,
-        self.global_client.address if self.global_client else None,
         reduction_order, self._island_rejoined)
     self.worker_address = self._workers.address
 
@@ -78,10 +79,11 @@ class Controller:
     return {s["island"] for s in self.dispatcher.stats() if not s["alive"]}
 
   def _islands_up(self) -> dict[int, int]:
-    """Island -> its worker's generation, for the islands up."""
-    lost = self._lost_islands()
+    """Island -> its worker's generation, for the islands whose worker the
+    dispatcher reaches (joined, not lost)."""
+    alive = {s["island"] for s in self.dispatcher.stats() if s["alive"]}
     return {int(i.id): i.generation for i in self.topology.islands()
-            if i.id not in lost}
+            if i.id in alive}
 
   def _island_rejoined(self) -> None:
     """A new worker took a lost island's place: the islands up build the

@@ -7,13 +7,14 @@ controller, so that no worker's death takes it down; it is "recoverable":
 a worker that dies does not bring the others down with it.
 
 The global client has generations, each over the islands whose workers are
-up (its members). The workers that start the cluster build generation 0
-while they join (the address comes in their handshake). When the islands up
+up (its members). Every member's worker builds a generation in the
+background, told by a JOIN_GLOBAL op in its gang order (ahead of whatever
+is launched next), and the op's completion says whether it was built.
+Generation 0 starts once every island's worker is up. When the islands up
 change -- one is lost and a program spans the others, or a lost island's
 place is taken -- the controller starts a fresh service (its key-value store
-holds nothing of the old topology exchange or gloo rendezvous) and every
-member's worker builds generation g+1 at it (a JOIN_GLOBAL op in its gang
-order, ahead of whatever is launched next). Old services stay
+holds nothing of the old topology exchange or gloo rendezvous) and the
+members build generation g+1 at it. Old services stay
 up: a survivor's old distributed client still heartbeats to its service, and
 jaxlib 0.10.2 aborts the process once those heartbeats fail (measured:
 shutting a service down killed its client with SIGABRT within seconds).
@@ -69,7 +70,7 @@ class GlobalClient:
   build(generation, address, members) sends the members' workers the
   JOIN_GLOBAL op (and calls finished() once they are done)."""
 
-  JOINING, READY, FAILED = "joining", "ready", "failed"
+  WAITING, JOINING, READY, FAILED = "waiting", "joining", "ready", "failed"
 
   def __init__(self, islands: int, listen: str,
                up: Callable[[], dict[int, int]],
@@ -82,28 +83,29 @@ class GlobalClient:
     self._lock = threading.RLock()
     self._services = [Coordinator(islands, listen)]
     self.generation = 0
-    # Island -> the island generation whose worker is in the global client.
-    self._members = {i: 0 for i in range(islands)}
-    # Generation 0 is built in the workers' handshake: a worker that fails
-    # to build it exits, and its island is lost.
-    self._state = self.READY
+    # Island -> the island generation whose worker is in the global client
+    # (none until every island's worker is up: WAITING).
+    self._members: dict[int, int] = {}
+    self._state = self.WAITING
     self._error = ""
 
-  @property
-  def address(self) -> str:
-    """Where generation 0's workers join."""
-    return self._services[0].address
-
   def follow(self) -> dict[int, int]:
-    """Starts the next generation if the islands up are not the current
-    one's members (at least two: one island needs no global client).
-    Returns the islands up."""
+    """Starts generation 0 once every island is up, and later the next
+    generation if the islands up are not the current one's members (at
+    least two: one island needs no global client). Returns the islands
+    up."""
     members = self._up()
     with self._lock:
       if members == self._members or len(members) < 2:
         return members
-      self._services.append(Coordinator(len(members), self._next_address()))
-      self.generation += 1
+      if not self._members:
+        if len(members) < self._islands:
+          return members
+        # The first: its service, made for every island, is still unused.
+      else:
+        self._services.append(Coordinator(len(members),
+                                          self._next_address()))
+        self.generation += 1
       self._members = dict(members)
       self._state, self._error = self.JOINING, ""
       generation, address = self.generation, self._services[-1].address
@@ -145,6 +147,12 @@ class GlobalClient:
     with self._lock:
       if any(i.id not in up for i in islands):
         return None
+      if not self._members:
+        raise StatusError(
+            Code.UNAVAILABLE,
+            f"the islands' global client is built once all "
+            f"{self._islands} islands' workers are up (up: "
+            f"{sorted(up)}); run it again then")
       outside = [i for i in islands if self._members.get(i.id) != i.generation]
       if outside:
         raise spanning_refused(outside)

@@ -6,11 +6,10 @@ id. Its socket then goes to the C++ dispatcher, which owns it from there on.
 
 A worker may take the place of a lost island's worker (same `--island`,
 same number of devices): it becomes the island's next generation and serves
-the island's own programs at once. It gets no coordinator in its welcome:
-the islands up, it among them, build the next generation of the islands'
-global client together (`on_rejoin`, see controller/coordination.py); the
-survivors' old one may still have threads stuck in the lost worker's
-collectives.
+the island's own programs at once. The islands up, it among them, build
+the next generation of the islands' global client together (`on_rejoin`,
+see controller/coordination.py); the survivors' old one may still have
+threads stuck in the lost worker's collectives.
 
 A worker whose connection ended also connects here, as a "probe", to learn
 whether the controller is still up and why it dropped the worker (see
@@ -38,13 +37,11 @@ class WorkerListener:
   """Accepts, authenticates and registers island workers."""
 
   def __init__(self, address: str, token: str | None, topology: Topology,
-               dispatcher: Dispatcher, coordinator: str | None,
-               reduction_order: str = "rank",
+               dispatcher: Dispatcher, reduction_order: str = "rank",
                on_rejoin: Callable[[], None] = lambda: None):
     """on_rejoin: a new worker took a lost island's place (it is reachable
     through the dispatcher, not yet connected in the topology)."""
     self._token = token
-    self._coordinator = coordinator
     self._on_rejoin = on_rejoin
     self._reduction_order = reduction_order
     self._topology = topology
@@ -84,9 +81,6 @@ class WorkerListener:
       admitted.append(island)
       return {"island": int(island.id),
               "islands": self._topology.expected_islands,
-              # A rejoining worker joins a later generation (see above).
-              "coordinator": (self._coordinator if island.generation == 0
-                              else None),
               # Every worker must rewrite programs alike (or gloo hangs).
               "reduction_order": self._reduction_order}
 

@@ -166,8 +166,7 @@ class _Worker:
     try:
       code = main.run(controller, island, devices, token, f"{ip}:0",
                       connect_timeout=60.0,
-                      controller_timeout=controller_timeout_s,
-                      leave=_Worker._leave)
+                      controller_timeout=controller_timeout_s)
     except BaseException:  # pylint: disable=broad-except
       logging.exception("worker of island %d failed", island)
       code = 1

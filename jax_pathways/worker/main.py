@@ -31,8 +31,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import threading
-from typing import Any, Callable
+from typing import Any
 
 from absl import logging
 
@@ -45,14 +44,10 @@ PROBE_TIMEOUT_S = 2.0
 def run(controller: str, island: int | None, devices: int | None,
         token: str | None, data_listen: str, connect_timeout: float,
         device_memory: int = 0, device_cores: list[int] | None = None,
-        controller_timeout: float = 10.0, platform: str | None = None,
-        leave: Callable[[int], None] = os._exit) -> int:  # pylint: disable=protected-access
+        controller_timeout: float = 10.0, platform: str | None = None) -> int:
   """Joins `controller` and serves until told to stop; returns an exit code.
   `devices`, `platform`: see pjrt_backend.island_client.
-  `device_cores`: the CPU cores the devices compute on (cluster/cores.py).
-  `leave(code)` ends the process when the controller is lost while joining
-  the other islands (the join cannot be interrupted; a Ray actor must also
-  say whether to be restarted)."""
+  `device_cores`: the CPU cores the devices compute on (cluster/cores.py)."""
   configure_jax(platform)
   # pylint: disable=import-outside-toplevel
   from jax_pathways import _core
@@ -98,28 +93,18 @@ def run(controller: str, island: int | None, devices: int | None,
     backend.gloo_host = socket.gethostname()
   # Every worker must rewrite programs alike (or gloo hangs).
   backend.rank_order_reductions = welcome.get("reduction_order") == "rank"
-  # From here on the worker heartbeats and watches the controller's, also
-  # while it joins the other islands.
+  if int(welcome["islands"]) > 1 and not backend.spans_islands:
+    logging.warning("island %d runs on %s: it runs its own programs only, "
+                    "none that span islands (those need CPU islands so "
+                    "far)", peers.island, backend.platform)
+  logging.info("worker pid %d joined as island %d (%d %s devices%s); data "
+               "at %s", os.getpid(), peers.island, len(backend.devices),
+               backend.platform,
+               f" on cores {cores.format_list(device_cores)}"
+               if device_cores else "", peers.address)
+  # From here on the worker heartbeats and watches the controller's.
   executor = _core.Executor(sock.detach(), controller, controller_timeout)
   try:
-    if welcome.get("coordinator") and not backend.spans_islands:
-      logging.warning("island %d runs on %s: it runs its own programs only, "
-                      "none that span islands (those need CPU islands so "
-                      "far)", peers.island, backend.platform)
-    elif welcome.get("coordinator"):
-      # Every island's worker does this at once; it returns when all have.
-      # (A worker taking a lost one's place gets none: it builds a later
-      # generation with the others, told by a JOIN_GLOBAL op.)
-      _join_watching(lambda: backend.join_global(
-          range(int(welcome["islands"])), welcome["coordinator"]),
-                     executor, lambda lost: leave(_exit_code(
-                         f"{lost}, while joining the other islands",
-                         controller, token, peers.island)))
-    logging.info("worker pid %d joined as island %d (%d %s devices%s); data "
-                 "at %s", os.getpid(), peers.island, len(backend.devices),
-                 backend.platform,
-                 f" on cores {cores.format_list(device_cores)}"
-                 if device_cores else "", peers.address)
     ended = Worker(executor, backend, peers, transfers).run()
   finally:
     executor.shutdown()
@@ -192,28 +177,3 @@ def _exit_code(ended: str, controller: str, token: str | None,
                 answer.get("why"), ended, EXIT_LOST)
   return EXIT_LOST
 
-
-def _join_watching(join: Callable[[], None], executor: Any,
-                   leave: Callable[[str], None]) -> None:
-  """Runs `join` (which waits for every island, through the controller's
-  coordination service) unless the controller is lost first: then
-  `leave(why)` ends the process at once, since the join cannot be
-  interrupted."""
-  failure: list[BaseException] = []
-
-  def run() -> None:
-    try:
-      join()
-    except BaseException as e:  # pylint: disable=broad-except
-      failure.append(e)
-
-  joiner = threading.Thread(target=run, name="jp-join", daemon=True)
-  joiner.start()
-  while joiner.is_alive():
-    joiner.join(0.2)
-    lost = executor.lost()
-    if lost and joiner.is_alive():
-      sys.stderr.flush()
-      leave(lost)
-  if failure:
-    raise failure[0]

@@ -18,10 +18,11 @@ A worker has two clients:
 Arrays move between the two (a host copy) when a program on one client gets
 an argument from the other.
 
-The global client has generations (controller/coordination.py): after a
-lost island's place is taken, every worker builds the next one on a thread
-of its own (start_join) while its op loop goes on; the first op that needs
-it waits for it (bounded) and makes it current. The older client stays
+The global client has generations (controller/coordination.py): once
+every island's worker is up, and again after a lost island's place is
+taken, every worker builds the next one on a thread of its own
+(start_join) while its op loop goes on; the first op that needs it waits
+for it (bounded) and makes it current. The older client stays
 alive, with its arrays, programs and any threads stuck in the lost worker's
 collectives, but nothing new runs on it.
 """
@@ -32,6 +33,7 @@ import concurrent.futures
 import hashlib
 import re
 import threading
+import time
 from typing import Any, Hashable, NamedTuple, Sequence
 
 import numpy as np
@@ -40,6 +42,7 @@ from absl import logging
 import jax
 from jax._src import core as jax_core
 from jax._src import sharding_impls
+from jax._src import util as jax_util
 from jax._src import xla_bridge
 from jax._src.interpreters import mlir
 from jax._src.lax import linalg
@@ -223,8 +226,8 @@ class PjrtBackend:
       # JAX's own calls in this process (device_put, make_array_...) run on
       # its 'cpu' backend: the global client when there is one, so that JAX
       # sees this process as one of several (which arrays are addressable
-      # here). Nothing in the worker touches JAX's backends before
-      # join_global() has run; a new generation clears JAX's cache.
+      # here). Until the first generation is built, that is the island
+      # client; each generation made current clears JAX's cache.
       xla_bridge.register_backend_factory(
           "cpu", lambda: self.global_client or self.client, priority=0,
           fail_quietly=False)
@@ -258,23 +261,24 @@ class PjrtBackend:
     programs only."""
     return self.platform == "cpu"
 
-  def join_global(self, members: Sequence[int], coordinator: str) -> None:
-    """Builds the global client of islands `members` and makes it current
-    (blocks until every one has joined)."""
-    self._install(self._build_global(members, coordinator))
-
   def start_join(self, members: Sequence[int], coordinator: str,
                  generation: int) -> concurrent.futures.Future:
     """Builds generation `generation` of the global client on a thread of
     its own (every island's worker does at once); the first op that needs
     it makes it current (current_global)."""
     future: concurrent.futures.Future = concurrent.futures.Future()
+    started = time.monotonic()
 
     def build() -> None:
       try:
         future.set_result(self._build_global(members, coordinator))
       except BaseException as e:  # pylint: disable=broad-except
+        logging.error("could not build the islands' global client "
+                      "generation %d: %s", generation, e)
         future.set_exception(e)
+        return
+      logging.info("global client generation %d built in %.3f s",
+                   generation, time.monotonic() - started)
 
     with self._join_lock:
       self._joining = (generation, future)
@@ -324,8 +328,11 @@ class PjrtBackend:
     self._cache = {k: p for k, p in self._cache.items()
                    if p.client is self.client}
     self._built_shardings.clear()
-    # JAX's 'cpu' backend is the current global client (see __init__).
+    # JAX's 'cpu' backend is the current global client (see __init__):
+    # also forget what JAX's caches keep of the earlier one (get_backend,
+    # process_index's client: which devices are addressable here).
     xla_bridge._clear_backends()  # pylint: disable=protected-access
+    jax_util.clear_all_caches()
 
   def current_global(self) -> Any:
     """The current global client (None: none); waits for one being built

@@ -43,17 +43,24 @@ def make():
 
 def test_generations_follow_the_islands_up(make):
   g, cluster = make({0: 0, 1: 0, 2: 0})
-  first = g.address
+  assert g.describe()["state"] == "waiting"
+  # Every island up (the controller calls follow() once all have joined):
+  # their workers build generation 0 at the first service.
+  first = g.describe()["address"]
+  assert g.follow() == {0: 0, 1: 0, 2: 0}
+  assert cluster.builds == [(0, first, (0, 1, 2))]
   assert g.check([_island(0), _island(1)]) == 0
-  assert not cluster.builds
-  # Island 2 is lost: the two left build a global client of their own at
-  # the first program spanning islands.
+  assert not g.member(_island(0)) and g.describe()["state"] == "joining"
+  g.finished(0, Status())
+  assert g.member(_island(0)) and len(cluster.builds) == 1
+  # Island 2 is lost: the two left build a global client of their own
+  # (at the first program spanning islands, if nothing called follow()).
   del cluster.up[2]
   assert g.check([_island(0), _island(1)]) == 1
-  ((generation, address, members),) = cluster.builds
+  (generation, address, members) = cluster.builds[1]
   assert (generation, members) == (1, (0, 1)) and address != first
   assert g.check([_island(0), _island(1)]) == 1  # nothing new
-  assert len(cluster.builds) == 1
+  assert len(cluster.builds) == 2
   # A program over the lost island: left to fail with the loss.
   assert g.check([_island(1), _island(2)]) is None
   # Launches may be numbered while it is built: the workers wait for it.
@@ -64,11 +71,30 @@ def test_generations_follow_the_islands_up(make):
   # Island 2's place taken: all three again, at once.
   cluster.up[2] = 1
   g.follow()
-  assert [(b[0], b[2]) for b in cluster.builds[1:]] == [(2, (0, 1, 2))]
+  assert [(b[0], b[2]) for b in cluster.builds[2:]] == [(2, (0, 1, 2))]
   assert g.check([_island(1), _island(2, 1)]) == 2
   g.finished(2, Status())
   assert g.member(_island(2, 1)) and not g.member(_island(2, 0))
   assert g.describe()["state"] == "ready"
+
+
+def test_the_first_generation_waits_for_every_island(make):
+  g, cluster = make({0: 0, 1: 0, 2: 0})
+  first = g.describe()["address"]
+  del cluster.up[2]  # its worker has not joined, or was lost before
+  assert g.follow() == {0: 0, 1: 0}
+  assert not cluster.builds
+  with pytest.raises(StatusError) as e:
+    g.check([_island(0), _island(1)])
+  assert e.value.status.code == Code.UNAVAILABLE
+  assert ("built once all 3 islands' workers are up (up: [0, 1])"
+          in e.value.status.message)
+  # Island 2's (next) worker is up: generation 0, at the service made for
+  # it, which no worker has used yet.
+  cluster.up[2] = 1
+  g.follow()
+  assert cluster.builds == [(0, first, (0, 1, 2))]
+  assert g.check([_island(1), _island(2, 1)]) == 0
 
 
 def test_one_island_up_needs_no_global_client(make):
@@ -90,6 +116,8 @@ def test_a_worker_not_in_the_generation_is_refused(make):
 
 def test_a_generation_that_failed_says_why_until_the_next(make):
   g, cluster = make({0: 0, 1: 0, 2: 0})
+  g.follow()
+  g.finished(0, Status())
   del cluster.up[2]
   g.follow()
   g.finished(1, Status(Code.DEADLINE_EXCEEDED, "island 0 did not join"))
