@@ -146,16 +146,26 @@ def _stream_to(session: Session, req: Any
     dtype = dtypes.name_of(req.dtype)
     shape = _shape(req.shape.dims, dtype, field)
     nbytes = math.prod(shape) * dtypes.itemsize(dtype)
-    if nbytes <= STREAM_MIN_BYTES:
+    if not _streams(nbytes, shape, dtype, [_strides(req)], field):
       return None
-    # Else the upload's size is told only by the upload.
-    validation.check_dense_strides(shape, dtypes.itemsize(dtype),
-                                   _strides(req), field)
     _, islands = _placement(session, req, shape)
   except StatusError:
     return None
   return (session.services.dispatcher.new_stage(),
           [StageDest(i.id, nbytes) for i in islands])
+
+
+def _streams(nbytes: int, shape: Sequence[int], dtype: str,
+             strides: Sequence[list[int] | None], field: str) -> bool:
+  """Whether uploads of `nbytes` in all, each of `shape` with one of
+  `strides`, stream while they arrive: if the overlap pays (more than one
+  of the client's chunks), and only dense ones (else an upload's size is
+  told only by the upload). Raises StatusError for strides that are not."""
+  if nbytes <= STREAM_MIN_BYTES:
+    return False
+  for s in strides:
+    validation.check_dense_strides(shape, dtypes.itemsize(dtype), s, field)
+  return True
 
 
 def _placement(session: Session, req: Any, shape: Sequence[int]
@@ -196,7 +206,7 @@ def make_arrays_from_host_buffer_shards(session: Session, req: Any,
           "shape": list(_shape(hb.shape.dims, dtype, f"{field} shard {k}")),
           "strides": _strides(hb),
       })
-      _check_shard(shards[k], dtype, shard_shape, f"{field} shard {k}")
+      _check_shard(hb, dtype, shard_shape, f"{field} shard {k}")
       _check_upload(uploads[hb.host_buffer_handle], shards[k]["shape"], dtype,
                     shards[k]["strides"], f"{field} shard {k}")
     for island, ks in _shards_by_island(topology, sharding, spec).items():
@@ -273,18 +283,14 @@ def _shard_dests(session: Session, spec: Any, field: str
     sharding, dtype, shape = _shard_spec(session, spec, field)
     _islands(session, sharding, "the array")
     shard_shape = sharding.shard_shape(shape)
-    itemsize = dtypes.itemsize(dtype)
     for hb in spec.host_buffers:
-      if (tuple(hb.shape.dims) != tuple(shard_shape) or
-          dtypes.name_of(hb.dtype) != dtype):
-        return None
-      validation.check_dense_strides(shard_shape, itemsize, _strides(hb),
-                                     field)
+      _check_shard(hb, dtype, shard_shape, field)
+    nbytes = math.prod(shard_shape) * dtypes.itemsize(dtype)
+    if nbytes % payloads.ALIGN or not _streams(
+        nbytes * len(spec.host_buffers), shard_shape, dtype,
+        [_strides(hb) for hb in spec.host_buffers], field):
+      return None
   except StatusError:
-    return None
-  nbytes = math.prod(shard_shape) * itemsize
-  if nbytes % payloads.ALIGN or (
-      nbytes * len(spec.host_buffers) <= STREAM_MIN_BYTES):
     return None
   by_island = _shards_by_island(session.services.topology, sharding, spec)
   dests: dict[int, list[StageDest]] = collections.defaultdict(list)
@@ -312,16 +318,16 @@ def _check_shard_indices(spec: Any, sharding: Sharding, field: str) -> None:
       seen.add(i)
 
 
-def _check_shard(shard: dict[str, Any], dtype: str,
-                 shard_shape: Sequence[int], field: str) -> None:
+def _check_shard(host_buffer: Any, dtype: str, shard_shape: Sequence[int],
+                 field: str) -> None:
   """A shard's host buffer has the array's dtype and a shard's shape."""
-  if shard["dtype"] != dtype:
-    raise invalid_argument(f"{field}: dtype {shard['dtype']} in an array of "
-                           f"{dtype}")
-  if tuple(shard["shape"]) != tuple(shard_shape):
+  got = dtypes.name_of(host_buffer.dtype)
+  if got != dtype:
+    raise invalid_argument(f"{field}: dtype {got} in an array of {dtype}")
+  if tuple(host_buffer.shape.dims) != tuple(shard_shape):
     raise invalid_argument(
-        f"{field}: shape {shard['shape']} is not a shard of this array "
-        f"(its shards are {list(shard_shape)})")
+        f"{field}: shape {list(host_buffer.shape.dims)} is not a shard of "
+        f"this array (its shards are {list(shard_shape)})")
 
 
 @handles("make_error_arrays_request", results=lambda r: list(r.array_handles))
