@@ -239,3 +239,73 @@ def test_spanning_programs_run_again_after_rejoins(how, tmp_path):
 
 def admin_status(address):
   return admin.status(address, TOKEN)
+
+
+# Over the islands given (sys.argv[3], "1,2"): a program summing a sharded
+# array, a reshard of it, and the array assembled again from its shards,
+# exact on integer-valued floats.
+OVER = textwrap.dedent("""
+    import json, sys
+    import jax_pathways
+    jax_pathways.initialize(sys.argv[1], token=sys.argv[2])
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    islands = {int(i) for i in sys.argv[3].split(",")}
+    mesh = Mesh(np.array([d for d in jax.devices()
+                          if d.slice_index in islands]), ("i",))
+    a = np.arange(48 * 40, dtype=np.float32).reshape(48, 40) % 7
+    x = jax.device_put(a, NamedSharding(mesh, P("i")))
+    total = jax.jit(lambda v: jnp.sum(v, axis=0))(x)
+    whole = jax.device_put(x, NamedSharding(mesh, P()))
+    again = jax.make_array_from_single_device_arrays(
+        a.shape, x.sharding, [s.data for s in x.addressable_shards])
+    print(json.dumps({"sum_ok": bool((np.asarray(total) == a.sum(0)).all()),
+                      "reshard_ok": bool((np.asarray(whole) == a).all()),
+                      "assemble_ok": bool((np.asarray(again) == a).all())}))
+""")
+_OK = ("sum_ok", "reshard_ok", "assemble_ok")
+
+
+def test_the_islands_left_after_a_loss_renumbered_run_spanning_programs(
+    tmp_path):
+  """Three islands, island 0's worker SIGKILLed: islands 1 and 2 build a
+  global client of their own, in which they are processes 0 and 1 (they
+  were 1 and 2), and programs spanning them, reshards and arrays
+  assembled from shards give plain JAX's values."""
+  env = dict(os.environ, JAX_PATHWAYS_TOKEN=TOKEN)
+  env.pop("JAX_PLATFORMS", None)
+  client_env = dict(env)
+  client_env.pop("JAX_PATHWAYS_TOKEN")
+  procs = []
+
+  def over(islands):
+    done = subprocess.run([sys.executable, "-c", OVER, address, TOKEN,
+                           islands], env=client_env, capture_output=True,
+                          text=True, timeout=120, cwd=cli_cluster.CWD)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+  try:
+    controller = cli_cluster.spawn(
+        "controller", "--islands", "3", "--worker-timeout",
+        str(WORKER_TIMEOUT_S), env=env,
+        stderr=open(tmp_path / "controller.log", "w"))
+    procs.append(controller)
+    ready = cli_cluster.line(controller, 60)
+    address = f"grpc://{ready['address']}"
+    workers = [cli_cluster.spawn(
+        "worker", "--controller", ready["worker_address"], "--island",
+        str(i), "--devices", "2", env=env,
+        stderr=open(tmp_path / f"worker{i}.log", "w")) for i in range(3)]
+    procs.extend(workers)
+    assert over("0,1,2") == dict.fromkeys(_OK, True)
+    os.kill(workers[0].pid, signal.SIGKILL)
+    cli_cluster.wait_for(
+        "island 0 lost",
+        lambda: not cli_cluster.island(address, TOKEN, 0)["alive"],
+        WORKER_TIMEOUT_S + 10)
+    assert over("1,2") == dict.fromkeys(_OK, True)
+    status = admin.status(address, TOKEN)
+    assert status["global_client"]["generation"] == 1, status
+  finally:
+    processes.stop(procs)
