@@ -423,6 +423,13 @@ size_t Executor::backlog() {
   return reorder_.size();
 }
 
+std::vector<uint64_t> Executor::PendingLosses() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<uint64_t> islands;
+  for (const Op& notice : notices_) islands.push_back(notice.program);
+  return islands;
+}
+
 Status Executor::closed() {
   std::lock_guard<std::mutex> lock(mu_);
   return closed_;

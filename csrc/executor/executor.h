@@ -56,6 +56,10 @@ class Executor {
   // Ops received but not yet handed out (including ones waiting for an
   // earlier sequence number).
   size_t backlog();
+  // The islands whose loss (PEER_LOST) has arrived but is not handed out
+  // yet: an op waiting for a global client being built with one of them
+  // gives up instead of waiting for it.
+  std::vector<uint64_t> PendingLosses();
   // Why no more ops will come (the controller is gone or silent); OK while
   // connected. Does not wait.
   Status closed();

@@ -55,6 +55,7 @@ void RegisterExecutor(py::module_& m) {
           py::arg("seq"), py::arg("code"), py::arg("message"),
           py::arg("payload"))
       .def("backlog", &Executor::backlog)
+      .def("pending_losses", &Executor::PendingLosses)
       // (taken from their stage, read instead): PUTs that named a stage.
       .def_property_readonly("staged_puts",
                              [](Executor& e) {

@@ -34,7 +34,7 @@ import hashlib
 import re
 import threading
 import time
-from typing import Any, Hashable, NamedTuple, Sequence
+from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
 import numpy as np
 from absl import logging
@@ -68,6 +68,8 @@ HEARTBEAT_TIMEOUT_S = 30
 # How long an op waits for a global client being built (its build gives up
 # after JOIN_TIMEOUT_S connecting, plus the topology exchange).
 JOIN_WAIT_S = JOIN_TIMEOUT_S + 30
+# How often an op waiting for a build looks for a lost island's notice.
+LOSS_POLL_S = 0.1
 
 DeviceRef = Any  # an island-local index (int) or [island, index]
 # Distinct shardings a worker keeps built (a program's arrays use a few).
@@ -247,6 +249,9 @@ class PjrtBackend:
     self._join_lock = threading.Lock()
     self._joining: tuple[int, concurrent.futures.Future] | None = None
     self._joining_members: tuple[int, ...] = ()
+    # The islands whose loss has arrived but is not handled yet (the
+    # worker's op channel says): a wait for a build with one gives up.
+    self.pending_losses: Callable[[], Sequence[int]] = list
     # Float all-reduces of programs across islands add in the order one
     # host would (order_reductions); off: gloo's ring order.
     self.rank_order_reductions = True
@@ -341,7 +346,7 @@ class PjrtBackend:
       if self._joining is not None:
         generation, future = self._joining
         try:
-          built = future.result(timeout=JOIN_WAIT_S)
+          built = self._wait_built(future)
         except concurrent.futures.TimeoutError:
           raise StatusError(
               Code.UNAVAILABLE,
@@ -355,6 +360,37 @@ class PjrtBackend:
         self._joining = None
         self._install(built)
       return self.global_client
+
+  def _wait_built(self, future: concurrent.futures.Future
+                  ) -> GlobalGeneration:
+    """The build's result, unless one of its islands is lost meanwhile:
+    then it would wait for that island's worker until JOIN_TIMEOUT_S."""
+    deadline = time.monotonic() + JOIN_WAIT_S
+    while True:
+      try:
+        return future.result(timeout=min(LOSS_POLL_S, max(
+            0.0, deadline - time.monotonic())))
+      except concurrent.futures.TimeoutError:
+        if time.monotonic() >= deadline:
+          raise
+      lost = [i for i in self.pending_losses() if i in self._joining_members]
+      if lost:
+        raise StatusError(Code.DATA_LOSS,
+                          f"island {lost[0]} was lost while it was built")
+
+  def abandon_join(self, island: int, why: str) -> None:
+    """Island `island` was lost: a generation being built with it is not
+    waited for any more (ops that need it fail at once, until the next
+    generation's JOIN_GLOBAL); its build ends by itself in jaxlib."""
+    with self._join_lock:
+      if self._joining is None or island not in self._joining_members:
+        return
+      generation, _ = self._joining
+      failed: concurrent.futures.Future = concurrent.futures.Future()
+      failed.set_exception(StatusError(
+          Code.DATA_LOSS, f"island {island} was lost while it was built "
+          f"({why})"))
+      self._joining = (generation, failed)
 
   def in_global(self, island: int) -> bool:
     """Whether `island` is in the current or the coming generation of the

@@ -80,6 +80,9 @@ class Worker:
                transfers: Transfers | None = None):
     self._executor = executor
     self._backend = backend
+    # An op waiting for a global client being built gives up once an
+    # island of it is lost (its notice waits behind that op).
+    backend.pending_losses = executor.pending_losses
     self._peers = peers
     self._transfers = transfers
     self._programs: dict[int, Program] = {}
@@ -160,6 +163,7 @@ class Worker:
     self._peers.forget(op.program)  # a new worker may take its place
     if not self._backend.in_global(op.program):
       return  # the global client has gone on without it already
+    self._backend.abandon_join(op.program, why)
     self._spanning_lost = status
     for b, value in list(self._buffers.items()):
       if (isinstance(value, jax.Array) and self._backend.spans([value]) and
