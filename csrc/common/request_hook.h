@@ -41,12 +41,17 @@ struct JpReplySink {
 // The fast path, called on the frontend's completion-queue thread with each
 // IfrtRequest of a stream none of whose earlier requests Python still
 // holds. Returns 1 if it took the request (its reply comes through the sink,
-// perhaps later), 0 to leave it to Python. Never blocks.
+// perhaps later), 0 to leave it to Python, or 2 (JP_WAIT_FOR_UPLOAD) if it
+// would take it once upload `*wait_handle` of host-buffer session
+// `*wait_session` has arrived: the frontend offers it again then, or once
+// that session has ended (the stream's later requests wait behind it). A
+// request is told to wait once at most. Never blocks.
+#define JP_WAIT_FOR_UPLOAD 2
 struct JpRequestHook {
-  uint32_t version;  // 1
+  uint32_t version;  // 2
   void* fast_path;
   int (*handle)(void* fast_path, uint64_t stream, const char* data,
-                size_t size);
+                size_t size, uint64_t* wait_session, uint64_t* wait_handle);
 };
 
 // Where an upload still arriving goes while it arrives (the dispatcher's:
@@ -74,7 +79,7 @@ struct JpUploadStream {
 
 inline constexpr char kReplySinkCapsule[] = "jax_pathways.JpReplySink.v3";
 inline constexpr char kRequestHookCapsule[] =
-    "jax_pathways.JpRequestHook.v1";
+    "jax_pathways.JpRequestHook.v2";
 inline constexpr char kUploadStreamCapsule[] =
     "jax_pathways.JpUploadStream.v2";
 

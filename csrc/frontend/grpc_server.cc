@@ -42,6 +42,10 @@ uint64_t PhysicalMemory() {
 // has not sent its one request by then is cut off: an unauthenticated
 // stream must not hold the server's resources for as long as it likes.
 constexpr auto kFirstMessageTimeout = std::chrono::seconds(10);
+// How long a request the fast path would take waits for its upload (sent
+// beside it, so mostly there within a millisecond) before it goes to
+// Python, which waits on, bounded, and words what comes of it.
+constexpr auto kUploadWait = std::chrono::seconds(1);
 
 enum class CallKind { kSession, kUnary, kStore, kLookup, kDelete, kRefused };
 
@@ -92,7 +96,9 @@ thread_local std::vector<std::shared_ptr<Call>>* corked_calls = nullptr;
 // Send/Finish/Reply then start nothing.
 class Call {
  public:
-  enum TagKind { kNew, kRead, kWrite, kFinish, kDone, kAlarm, kNumTags };
+  enum TagKind {
+    kNew, kRead, kWrite, kFinish, kDone, kAlarm, kResume, kNumTags
+  };
   struct Tag {
     Call* call;
     TagKind kind;
@@ -115,6 +121,9 @@ class Call {
   // what was held behind them is offered to the fast path now, on the
   // caller's thread.
   void Settle(size_t n);
+  // The upload the request in waiting_ waits for is stored (or its
+  // session ended): it is offered again, on the queue thread.
+  void Resume();
   void Finish(const Status& status);  // graceful if OK, else at once
   void Reply(const Status& status, std::string data);
 
@@ -168,6 +177,17 @@ class Call {
   bool close_held_ = false;
   // A request read while none was owed, for the fast path (CQ thread only).
   std::optional<std::string> fast_request_;
+  // Requires mu_. Stops the wait of waiting_ now (the alarm's tag comes
+  // back at once).
+  void EndWait();
+  // The request the fast path waits to take until its upload is stored
+  // (JP_WAIT_FOR_UPLOAD), up to kUploadWait; offering_ stays set
+  // meanwhile, so later ones wait in held_. The alarm's tag (kResume)
+  // offers it again, on the queue thread.
+  std::optional<std::string> waiting_;
+  grpc::Alarm resume_alarm_;
+  bool resume_armed_ = false;
+  bool resume_now_ = false;  // ended before the alarm was armed
   bool writing_ = false;
   bool done_ = false;  // kDone is in: the RPC is over, start no op
   grpc::Alarm alarm_;  // the first-message deadline (kFirstMessageTimeout)
@@ -219,11 +239,17 @@ void Call::OnEvent(TagKind kind, bool ok) {
         // Fired (ok), not cancelled: the request never came.
         if (ok && !first_read_) ctx_.TryCancel();
         break;
+      case kResume:  // the upload came, the wait ended, or kUploadWait
+        resume_armed_ = resume_now_ = false;
+        if (waiting_ && !done_) fast_request_ = std::move(waiting_);
+        waiting_.reset();
+        break;
       case kDone:
         done_ = true;
         if (kind_ == CallKind::kSession && !closed_pushed_) {
           Push(FrontendEvent::kClosed, "");
         }
+        EndWait();
         break;
       default:
         break;
@@ -252,11 +278,67 @@ void Call::Settle(size_t n) {
   Offer(std::move(request));
 }
 
+void Call::Resume() {
+  std::lock_guard<std::mutex> lock(mu_);
+  EndWait();
+}
+
+void Call::EndWait() {
+  if (!waiting_) return;
+  if (resume_armed_) {
+    resume_alarm_.Cancel();
+  } else {
+    resume_now_ = true;
+  }
+}
+
 void Call::Offer(std::string request) {
   const JpRequestHook& hook = server_->hook_;
   while (true) {
-    bool taken = hook.handle(hook.fast_path, id_, request.data(),
-                             request.size());
+    uint64_t wait_session = 0, wait_handle = 0;
+    int verdict = hook.handle(hook.fast_path, id_, request.data(),
+                              request.size(), &wait_session, &wait_handle);
+    if (verdict == JP_WAIT_FOR_UPLOAD) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (done_) {
+          offering_ = false;
+          return;
+        }
+        waiting_ = std::move(request);
+      }
+      GrpcServer* server = server_;
+      uint64_t id = id_;
+      bool watching = server->host_buffers_.WatchStore(
+          wait_session, wait_handle, [=] {
+            if (std::shared_ptr<Call> call = server->Find(id)) call->Resume();
+          });
+      std::lock_guard<std::mutex> lock(mu_);
+      if (done_) {  // no op starts once kDone is in
+        waiting_.reset();
+        resume_now_ = offering_ = false;
+        return;
+      }
+      if (watching) {
+        // The wake may have come already (resume_now_).
+        auto deadline = std::chrono::system_clock::now();
+        if (!resume_now_) deadline += kUploadWait;
+        if (server_->StartOp([&] {
+              resume_alarm_.Set(server_->cq_.get(), deadline, tag(kResume));
+            })) {
+          ++pending_;
+          resume_armed_ = true;
+          return;
+        }
+      }
+      // Stored meanwhile, its session gone, or the server shutting down:
+      // offered again now (the fast path does not make it wait twice).
+      request = std::move(*waiting_);
+      waiting_.reset();
+      resume_now_ = false;
+      continue;
+    }
+    bool taken = verdict == 1;
     std::lock_guard<std::mutex> lock(mu_);
     if (!taken && !done_) {  // over: Python has heard kClosed already
       ++owed_;
@@ -377,6 +459,7 @@ void Call::OnRead(bool ok) {
         // every reply (the client may have only half-closed).
         if (offering_) {
           close_held_ = true;  // after the request being offered
+          EndWait();  // Python waits for its upload, and hears the close
         } else {
           PushClosed();
         }

@@ -27,14 +27,39 @@ void HostBuffers::OpenSession(uint64_t session) {
 }
 
 void HostBuffers::CloseSession(uint64_t session) {
+  std::vector<std::function<void()>> wakes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(session);
+    if (it == sessions_.end()) return;
+    for (auto& [handle, buffer] : it->second) bytes_ -= SizeOf(buffer);
+    sessions_.erase(it);
+    watched_.erase(watched_.lower_bound({session, 0}),
+                   watched_.upper_bound({session, UINT64_MAX}));
+    EraseStreams(session, 0, UINT64_MAX);
+    wakes = TakeWakes(session, 0, UINT64_MAX);
+  }
+  for (auto& wake : wakes) wake();
+}
+
+std::vector<std::function<void()>> HostBuffers::TakeWakes(uint64_t session,
+                                                          uint64_t first,
+                                                          uint64_t last) {
+  auto begin = store_watches_.lower_bound({session, first});
+  auto end = store_watches_.upper_bound({session, last});
+  std::vector<std::function<void()>> wakes;
+  for (auto it = begin; it != end; ++it) wakes.push_back(std::move(it->second));
+  store_watches_.erase(begin, end);
+  return wakes;
+}
+
+bool HostBuffers::WatchStore(uint64_t session, uint64_t handle,
+                             std::function<void()> wake) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session);
-  if (it == sessions_.end()) return;
-  for (auto& [handle, buffer] : it->second) bytes_ -= SizeOf(buffer);
-  sessions_.erase(it);
-  watched_.erase(watched_.lower_bound({session, 0}),
-                 watched_.upper_bound({session, UINT64_MAX}));
-  EraseStreams(session, 0, UINT64_MAX);
+  if (it == sessions_.end() || it->second.count(handle)) return false;
+  store_watches_.emplace(std::pair(session, handle), std::move(wake));
+  return true;
 }
 
 void HostBuffers::EraseStreams(uint64_t session, uint64_t first,
@@ -57,6 +82,7 @@ bool HostBuffers::HasSession(uint64_t session) {
 
 Status HostBuffers::Store(uint64_t session, uint64_t handle, HostBuffer data) {
   std::function<void()> wake;
+  std::vector<std::function<void()>> wakes;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = sessions_.find(session);
@@ -70,8 +96,10 @@ Status HostBuffers::Store(uint64_t session, uint64_t handle, HostBuffer data) {
     bytes_ += size;
     EraseStreams(session, handle, handle);  // it has had every piece
     if (watched_.erase({session, handle})) wake = waker_;
+    wakes = TakeWakes(session, handle, handle);
   }
   if (wake) wake();
+  for (auto& w : wakes) w();
   return Status::Ok();
 }
 

@@ -13,7 +13,9 @@
 //
 // A request that needs an upload which has not arrived yet does not wait
 // here: TakeOrWatch() notes the wait and the waker runs when the upload is
-// stored, so the caller (one thread serving every session) never blocks.
+// stored, so the caller (one thread serving every session) never blocks;
+// the fast path's request waits the same way (WatchStore, on the frontend's
+// behalf: its wake offers the request again).
 // Meanwhile the upload may stream: the pieces the gRPC thread receives go
 // on to a JpUploadStream (the dispatcher's: staged on the workers that
 // will put them) as they come, so the workers' copy overlaps the client's
@@ -67,6 +69,12 @@ class HostBuffers {
   void Unstream(uint64_t session, uint64_t handle);
   // Called without the lock, from the thread that stored a watched upload.
   void set_waker(std::function<void()> waker);
+  // Calls `wake` once, when upload (session, handle) is stored or the
+  // session ends (without the lock, from the thread that did), and returns
+  // true; returns false, never calling it, if the upload is here already or
+  // the session is unknown.
+  bool WatchStore(uint64_t session, uint64_t handle,
+                  std::function<void()> wake);
   // Removes and returns the upload if it has arrived and holds `size`
   // bytes; otherwise nullopt, leaving everything as it was (no watch).
   std::optional<HostBuffer> TakeIfSize(uint64_t session, uint64_t handle,
@@ -77,10 +85,15 @@ class HostBuffers {
  private:
   // Require mu_.
   void EraseStreams(uint64_t session, uint64_t first, uint64_t last);
+  // The WatchStore() wakes of handles [first, last] of `session`, removed.
+  std::vector<std::function<void()>> TakeWakes(uint64_t session,
+                                               uint64_t first, uint64_t last);
 
   std::mutex mu_;
   std::map<uint64_t, std::map<uint64_t, HostBuffer>> sessions_;
   std::set<std::pair<uint64_t, uint64_t>> watched_;  // (session, handle)
+  std::multimap<std::pair<uint64_t, uint64_t>, std::function<void()>>
+      store_watches_;
   std::map<std::pair<uint64_t, uint64_t>, JpUploadStream> streams_;
   std::function<void()> waker_;
   size_t bytes_ = 0;

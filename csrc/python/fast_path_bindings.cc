@@ -177,6 +177,7 @@ void RegisterFastPath(py::module_& m) {
         d["shards"] = s.shards;
         d["reads"] = s.reads;
         d["uploads"] = s.uploads;
+        d["upload_waits"] = s.upload_waits;
         d["declined"] = s.declined;
         return d;
       });

@@ -13,9 +13,9 @@ namespace {
 constexpr uint64_t kServerHandlesStart = uint64_t{1} << 48;
 
 int HandleHook(void* fast_path, uint64_t stream, const char* data,
-               size_t size) {
+               size_t size, uint64_t* wait_session, uint64_t* wait_handle) {
   return static_cast<FastPath*>(fast_path)->Handle(
-      stream, std::string_view(data, size));
+      stream, std::string_view(data, size), wait_session, wait_handle);
 }
 
 // JpReplySink::store's release: the frontend is done with a read's bytes.
@@ -27,6 +27,11 @@ void ReleaseBytes(void* owner) { delete static_cast<Bytes*>(owner); }
 // client padding them must not make each entry cost megabytes).
 constexpr size_t kUploadKinds = 64;
 constexpr size_t kMaxSignature = 4096;
+// An upload planned here that has not arrived with its request is waited
+// for up to this size; a larger one goes to Python, which streams it to
+// its workers while it arrives (controller/handlers/array.py,
+// STREAM_MIN_BYTES).
+constexpr size_t kWaitMaxBytes = size_t{1} << 20;
 
 // JpReplySink::take's piece callback: an upload's piece, lent.
 void AddPiece(void* tails, const char* data, size_t n, void (*release)(void*),
@@ -47,7 +52,7 @@ void FastPath::Detach() {
   sink_ = JpReplySink{3, nullptr, nullptr, nullptr, nullptr};
 }
 
-JpRequestHook FastPath::hook() { return JpRequestHook{1, this, &HandleHook}; }
+JpRequestHook FastPath::hook() { return JpRequestHook{2, this, &HandleHook}; }
 
 void FastPath::Open(uint64_t stream, ClientId client,
                     uint64_t host_session) {
@@ -204,14 +209,16 @@ FastPathStats FastPath::stats() {
   return stats_;
 }
 
-bool FastPath::Handle(uint64_t stream, std::string_view request) {
+int FastPath::Handle(uint64_t stream, std::string_view request,
+                     uint64_t* wait_session, uint64_t* wait_handle) {
   IfrtRequest r = ifrt_wire::Read(request);
-  if (r.kind == IfrtRequest::kOther) return false;
+  if (r.kind == IfrtRequest::kOther) return 0;
   Gangs gangs;
   std::vector<BufferId> buffers;
   ClientId client = 0;
   uint64_t host_session = 0;
   bool taken = false;
+  bool wait = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (Session* found = FindLocked(stream)) {
@@ -241,16 +248,22 @@ bool FastPath::Handle(uint64_t stream, std::string_view request) {
           host_session = s.host_session;
           break;
         case IfrtRequest::kMakeArray:
-          taken = Upload(s, r, &gangs);
+          taken = Upload(s, r, &gangs, &wait);
           stats_.uploads += taken;
+          if (wait) {
+            *wait_session = s.host_session;
+            *wait_handle = r.host_buffer;
+            ++stats_.upload_waits;
+          }
           break;
         case IfrtRequest::kOther:
           break;
       }
     }
-    stats_.declined += !taken;
+    stats_.declined += !taken && !wait;
   }
-  if (!taken) return false;
+  if (wait) return JP_WAIT_FOR_UPLOAD;
+  if (!taken) return 0;
   // In request order: this thread handles the stream's requests one by
   // one, and Python submitted what it handled before settling it.
   if (r.kind == IfrtRequest::kCopyToHostBuffer) {
@@ -487,7 +500,8 @@ bool FastPath::Fetch(Session& s, const IfrtRequest& r, Gangs* gangs) {
   return true;
 }
 
-bool FastPath::Upload(Session& s, const IfrtRequest& r, Gangs* gangs) {
+bool FastPath::Upload(Session& s, const IfrtRequest& r, Gangs* gangs,
+                      bool* wait) {
   auto p = s.uploads.find(r.signature);
   if (p != s.uploads.end() && p->second.epoch != dispatcher_->epoch()) {
     s.uploads.erase(p);
@@ -501,14 +515,19 @@ bool FastPath::Upload(Session& s, const IfrtRequest& r, Gangs* gangs) {
   }
   if (!FreshHandles(s, r.results)) return false;
   const UploadPlan& plan = p->second;
-  // Not here yet, or not the size planned: Python waits for it, or words
-  // the error.
   std::vector<Bytes> tails;
   {
     std::lock_guard<std::mutex> lock(sink_mu_);
     if (sink_.take == nullptr ||
         !sink_.take(sink_.server, s.host_session, r.host_buffer, plan.nbytes,
                     &AddPiece, &tails)) {
+      // Not here yet (the client sends it beside the request), or not the
+      // size planned. A small one is waited for, once: the frontend offers
+      // the request again when it is stored. Else Python waits for it (and
+      // streams it), or words the error.
+      *wait = sink_.take != nullptr && plan.nbytes <= kWaitMaxBytes &&
+              s.waited_op != r.op_id;
+      if (*wait) s.waited_op = r.op_id;
       return false;
     }
   }

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -114,6 +115,9 @@ struct FastPathStats {
   uint64_t shards = 0;  // FullyReplicatedShard and Disassemble
   uint64_t reads = 0;   // CopyToHostBuffer
   uint64_t uploads = 0;  // MakeArrayFromHostBuffer
+  // Uploads whose request came before their bytes, offered again once
+  // they had arrived (counted in `uploads` once taken).
+  uint64_t upload_waits = 0;
   uint64_t declined = 0;  // requests left to Python
 };
 
@@ -158,8 +162,11 @@ class FastPath {
   void RegisterUpload(uint64_t stream, uint64_t array, UploadPlan plan);
   FastPathStats stats();
 
-  // The hook: true if it took the request (see common/request_hook.h).
-  bool Handle(uint64_t stream, std::string_view request);
+  // The hook (common/request_hook.h): 1 if it took the request, 0 if
+  // Python is to, JP_WAIT_FOR_UPLOAD to offer it again once the upload
+  // `*wait_handle` of host-buffer session `*wait_session` is stored.
+  int Handle(uint64_t stream, std::string_view request,
+             uint64_t* wait_session, uint64_t* wait_handle);
 
  private:
   struct Session {
@@ -176,6 +183,8 @@ class FastPath {
     std::unordered_map<std::string, UploadPlan> uploads;
     std::unordered_map<uint64_t, std::string> unplanned;
     uint64_t max_client_handle = 0;
+    // The last upload request told to wait for its bytes (once only).
+    std::optional<uint64_t> waited_op;
   };
   using Gangs = std::vector<std::vector<IslandOp>>;
 
@@ -195,7 +204,9 @@ class FastPath {
   // The last handle of `record`'s buffer is gone.
   static void Deleted(Session& s, const ArrayRecord& record);
   bool Fetch(Session& s, const IfrtRequest& r, Gangs* gangs);
-  bool Upload(Session& s, const IfrtRequest& r, Gangs* gangs);
+  // Sets *wait if the request is to be offered again once its upload has
+  // arrived.
+  bool Upload(Session& s, const IfrtRequest& r, Gangs* gangs, bool* wait);
   // Whether `handles` are new: counting up from every one the client used
   // before, below the controller's own.
   static bool FreshHandles(const Session& s,

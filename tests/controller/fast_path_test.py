@@ -402,9 +402,10 @@ def test_uploads_alike_run_in_cpp_with_plain_jax_bits(pathways, proxy_devices,
 
 
 def test_uploads_python_answers_over_the_wire(pathways, raw_session):
-  """Only an upload alike to one Python made, already arrived, of the size
-  planned and with a new handle is C++'s; the rest go to Python, which
-  waits for a late upload and words every error."""
+  """Only an upload alike to one Python made, of the size planned and with
+  a new handle is C++'s (one whose bytes come after its request waits for
+  them in C++, the stream's later requests behind it); the rest go to
+  Python, which words every error."""
   session = raw_session()
   data = np.arange(16, dtype=np.float32)
 
@@ -431,13 +432,38 @@ def test_uploads_python_answers_over_the_wire(pathways, raw_session):
   r = make(7, 4, data.tobytes())
   assert r.response_metadata.status.code == 3, r
   assert "already names an array" in r.response_metadata.status.message, r
-  # Not arrived yet: Python waits for it.
+  # Not arrived yet: offered to C++ again once it has; the request behind
+  # it (here Python's) waits its turn.
+  waits = _stats(pathways)["upload_waits"]
   op = session.send_make_array(9, 10, 16)
+  behind = session.send_make_array(11, 4, 16)  # a handle in use
   time.sleep(0.2)
+  assert _stats(pathways)["upload_waits"] == waits + 1
+  session.store(11, data.tobytes())
+  time.sleep(0.2)
+  assert behind not in session.answered()
   session.store(9, (data * 2).tobytes())
   assert session.wait(op).response_metadata.status.code == 0
+  assert session.wait(behind).response_metadata.status.code == 3
   assert session.fetch(10, 101) == (data * 2).tobytes()
-  assert uploads() == before + 1
+  assert uploads() == before + 2
+  # Arrived late and of another size: Python's words.
+  op = session.send_make_array(13, 14, 16)
+  time.sleep(0.2)
+  session.store(13, data.tobytes()[:60])
+  r = session.wait(op)
+  assert r.response_metadata.status.code == 3, r
+  assert "64" in r.response_metadata.status.message, r
+  assert uploads() == before + 2
+  assert _stats(pathways)["upload_waits"] == waits + 2
+  # Not there within the frontend's wait (1 s): Python's, which waits on.
+  op = session.send_make_array(15, 16, 16)
+  time.sleep(1.5)
+  session.store(15, (data * 3).tobytes())
+  assert session.wait(op).response_metadata.status.code == 0
+  assert session.fetch(16, 102) == (data * 3).tobytes()
+  assert uploads() == before + 2
+  assert _stats(pathways)["upload_waits"] == waits + 3
 
 
 def _varint(v: int) -> bytes:
