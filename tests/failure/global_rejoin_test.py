@@ -118,6 +118,18 @@ def _reference(env):
   return json.loads(done.stdout)
 
 
+def _controller(islands, env, procs, tmp_path):
+  """A controller of `islands` islands from the CLI, added to `procs`: its
+  ready line and client address."""
+  controller = cli_cluster.spawn(
+      "controller", "--islands", str(islands), "--worker-timeout",
+      str(WORKER_TIMEOUT_S), env=env,
+      stderr=open(tmp_path / "controller.log", "w"))
+  procs.append(controller)
+  ready = cli_cluster.line(controller, 60)
+  return ready, f"grpc://{ready['address']}"
+
+
 def _log_lines(path, pattern):
   with open(path, errors="replace") as f:
     return [l.rstrip() for l in f if re.search(pattern, l)]
@@ -130,13 +142,7 @@ def test_spanning_programs_run_again_after_rejoins(how, tmp_path):
   want = _reference(env)
   procs = []
   try:
-    controller = cli_cluster.spawn(
-        "controller", "--islands", "2", "--worker-timeout",
-        str(WORKER_TIMEOUT_S), env=env,
-        stderr=open(tmp_path / "controller.log", "w"))
-    procs.append(controller)
-    ready = cli_cluster.line(controller, 60)
-    address = f"grpc://{ready['address']}"
+    ready, address = _controller(2, env, procs, tmp_path)
 
     def worker(island, generation):
       log = tmp_path / f"worker{island}.{generation}.log"
@@ -286,13 +292,7 @@ def test_the_islands_left_after_a_loss_renumbered_run_spanning_programs(
     return json.loads(done.stdout.strip().splitlines()[-1])
 
   try:
-    controller = cli_cluster.spawn(
-        "controller", "--islands", "3", "--worker-timeout",
-        str(WORKER_TIMEOUT_S), env=env,
-        stderr=open(tmp_path / "controller.log", "w"))
-    procs.append(controller)
-    ready = cli_cluster.line(controller, 60)
-    address = f"grpc://{ready['address']}"
+    ready, address = _controller(3, env, procs, tmp_path)
     workers = [cli_cluster.spawn(
         "worker", "--controller", ready["worker_address"], "--island",
         str(i), "--devices", "2", env=env,
