@@ -176,4 +176,3 @@ def _exit_code(ended: str, controller: str, token: str | None,
                 "worker takes the island's place", controller, island,
                 answer.get("why"), ended, EXIT_LOST)
   return EXIT_LOST
-

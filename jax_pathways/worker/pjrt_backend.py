@@ -363,8 +363,9 @@ class PjrtBackend:
 
   def _wait_built(self, future: concurrent.futures.Future
                   ) -> GlobalGeneration:
-    """The build's result, unless one of its islands is lost meanwhile:
-    then it would wait for that island's worker until JOIN_TIMEOUT_S."""
+    """The build's result, waited for up to JOIN_WAIT_S; raises DATA_LOSS
+    at once if one of its islands is lost meanwhile (the build would wait
+    for that island's worker until JOIN_TIMEOUT_S)."""
     deadline = time.monotonic() + JOIN_WAIT_S
     while True:
       try:
