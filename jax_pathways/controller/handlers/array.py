@@ -280,6 +280,12 @@ def _shard_dests(session: Session, spec: Any, field: str
                  ) -> tuple[int, dict[int, list[StageDest]]] | None:
   """(stage, each shard's upload -> where it goes), or None."""
   try:
+    # Most arrays put every step are too small to stream: their declared
+    # sizes first, before the whole spec is checked.
+    if sum(math.prod(hb.shape.dims) *
+           dtypes.itemsize(dtypes.name_of(hb.dtype))
+           for hb in spec.host_buffers) <= STREAM_MIN_BYTES:
+      return None
     sharding, dtype, shape = _shard_spec(session, spec, field)
     _islands(session, sharding, "the array")
     shard_shape = sharding.shard_shape(shape)
