@@ -27,11 +27,6 @@ void ReleaseBytes(void* owner) { delete static_cast<Bytes*>(owner); }
 // client padding them must not make each entry cost megabytes).
 constexpr size_t kUploadKinds = 64;
 constexpr size_t kMaxSignature = 4096;
-// An upload planned here that has not arrived with its request is waited
-// for up to this size; a larger one goes to Python, which streams it to
-// its workers while it arrives (controller/handlers/array.py,
-// STREAM_MIN_BYTES).
-constexpr size_t kWaitMaxBytes = size_t{1} << 20;
 
 // JpReplySink::take's piece callback: an upload's piece, lent.
 void AddPiece(void* tails, const char* data, size_t n, void (*release)(void*),
@@ -525,7 +520,7 @@ bool FastPath::Upload(Session& s, const IfrtRequest& r, Gangs* gangs,
       // size planned. A small one is waited for, once: the frontend offers
       // the request again when it is stored. Else Python waits for it (and
       // streams it), or words the error.
-      *wait = sink_.take != nullptr && plan.nbytes <= kWaitMaxBytes &&
+      *wait = sink_.take != nullptr && plan.nbytes <= wait_max_bytes_ &&
               s.waited_op != r.op_id;
       if (*wait) s.waited_op = r.op_id;
       return false;

@@ -123,7 +123,11 @@ struct FastPathStats {
 
 class FastPath {
  public:
-  explicit FastPath(Dispatcher* dispatcher) : dispatcher_(dispatcher) {}
+  // An upload planned here whose request comes before its bytes is waited
+  // for up to `wait_max_bytes`; a larger one goes to Python, which streams
+  // it to its workers while it arrives.
+  FastPath(Dispatcher* dispatcher, uint64_t wait_max_bytes)
+      : dispatcher_(dispatcher), wait_max_bytes_(wait_max_bytes) {}
   FastPath(const FastPath&) = delete;
   FastPath& operator=(const FastPath&) = delete;
 
@@ -218,6 +222,7 @@ class FastPath {
              const Status& status, const std::string& body = "");
 
   Dispatcher* const dispatcher_;
+  const uint64_t wait_max_bytes_;
   std::mutex mu_;
   std::unordered_map<uint64_t, Session> sessions_;
   FastPathStats stats_;

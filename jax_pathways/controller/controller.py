@@ -16,6 +16,7 @@ from jax_pathways import _core
 from jax_pathways import _frontend
 from jax_pathways.cluster import addresses
 from jax_pathways.controller.compile_cache import CompileCache
+from jax_pathways.controller.handlers.array import STREAM_MIN_BYTES
 from jax_pathways.controller.coordination import GlobalClient
 from jax_pathways.controller.grpc_service import GrpcService
 from jax_pathways.controller.session import Services
@@ -65,7 +66,7 @@ class Controller:
         platform_version=f"jax_pathways {jax_pathways.__version__}",
         global_client=self.global_client,
         spmd_across_islands=self.global_client is not None,
-        fast_path=(_core.FastPath(self.dispatcher.core)
+        fast_path=(_core.FastPath(self.dispatcher.core, STREAM_MIN_BYTES)
                    if self.dispatcher.in_order else None))
     self.service = GrpcService(server, self.services, token, self.status)
     self._listen = listen
