@@ -14,7 +14,7 @@ extern "C" {
 
 // The frontend's way to answer a session stream, from any thread.
 struct JpReplySink {
-  uint32_t version;  // 3
+  uint32_t version;  // 4
   void* server;
   // Queues one IfrtResponse on stream `stream`; 0 if the stream is gone.
   int (*send)(void* server, uint64_t stream, const char* data, size_t size);
@@ -27,15 +27,19 @@ struct JpReplySink {
   int (*store)(void* server, uint64_t session, uint64_t handle,
                const char* data, size_t size, void (*release)(void* owner),
                void* owner, char* error, size_t error_size);
-  // Takes upload `handle` of host-buffer session `session` if it has
-  // arrived and holds exactly `size` bytes, handing its pieces in order to
-  // piece(ctx, data, n, release, owner), lent: the fast path calls
-  // release(owner) once done with one. Returns 1 if taken; 0 if not (not
-  // arrived yet, another size, no such session), leaving it as it was.
-  int (*take)(void* server, uint64_t session, uint64_t handle, size_t size,
-              void (*piece)(void* ctx, const char* data, size_t n,
-                            void (*release)(void* owner), void* owner),
-              void* ctx);
+  // Takes uploads handles[0..n) of host-buffer session `session` if every
+  // one has arrived holding sizes[i] bytes and no handle is named twice,
+  // handing each one's pieces in order to piece(ctx, i, data, size,
+  // release, owner), lent: the fast path calls release(owner) once done
+  // with one. Returns 1 if taken; else 0, leaving them all as they were,
+  // with *missing the index of the last one not arrived yet, or n if every
+  // one has (one of another size, a handle named twice, no such session).
+  int (*take)(void* server, uint64_t session, const uint64_t* handles,
+              const size_t* sizes, size_t n,
+              void (*piece)(void* ctx, size_t i, const char* data,
+                            size_t size, void (*release)(void* owner),
+                            void* owner),
+              void* ctx, size_t* missing);
 };
 
 // The fast path, called on the frontend's completion-queue thread with each
@@ -45,7 +49,8 @@ struct JpReplySink {
 // would take it once upload `*wait_handle` of host-buffer session
 // `*wait_session` has arrived: the frontend offers it again then, or once
 // that session has ended (the stream's later requests wait behind it). A
-// request is told to wait once at most. Never blocks.
+// request is told to wait again only for an upload it names before the one
+// it last waited for: at most once per upload. Never blocks.
 #define JP_WAIT_FOR_UPLOAD 2
 struct JpRequestHook {
   uint32_t version;  // 2
@@ -77,7 +82,7 @@ struct JpUploadStream {
 
 }  // extern "C"
 
-inline constexpr char kReplySinkCapsule[] = "jax_pathways.JpReplySink.v3";
+inline constexpr char kReplySinkCapsule[] = "jax_pathways.JpReplySink.v4";
 inline constexpr char kRequestHookCapsule[] =
     "jax_pathways.JpRequestHook.v2";
 inline constexpr char kUploadStreamCapsule[] =

@@ -332,7 +332,8 @@ void Call::Offer(std::string request) {
         }
       }
       // Stored meanwhile, its session gone, or the server shutting down:
-      // offered again now (the fast path does not make it wait twice).
+      // offered again now (the fast path does not make it wait for that
+      // upload twice).
       request = std::move(*waiting_);
       waiting_.reset();
       resume_now_ = false;
@@ -850,7 +851,7 @@ void GrpcServer::SetRequestHook(const JpRequestHook& hook) {
 
 JpReplySink GrpcServer::reply_sink() {
   JpReplySink sink;
-  sink.version = 3;
+  sink.version = 4;
   sink.server = this;
   sink.send = [](void* server, uint64_t stream, const char* data,
                  size_t size) -> int {
@@ -872,18 +873,22 @@ JpReplySink GrpcServer::reply_sink() {
     }
     return static_cast<int>(status.code());
   };
-  sink.take = [](void* server, uint64_t session, uint64_t handle, size_t size,
-                 void (*piece)(void*, const char*, size_t, void (*)(void*),
-                               void*),
-                 void* ctx) -> int {
-    std::optional<HostBuffer> taken =
-        static_cast<GrpcServer*>(server)->host_buffers().TakeIfSize(
-            session, handle, size);
+  sink.take = [](void* server, uint64_t session, const uint64_t* handles,
+                 const size_t* sizes, size_t n,
+                 void (*piece)(void*, size_t, const char*, size_t,
+                               void (*)(void*), void*),
+                 void* ctx, size_t* missing) -> int {
+    std::optional<std::vector<HostBuffer>> taken =
+        static_cast<GrpcServer*>(server)->host_buffers().TakeAllIfSizes(
+            session, std::vector<uint64_t>(handles, handles + n),
+            std::vector<size_t>(sizes, sizes + n), missing);
     if (!taken) return 0;
-    for (Bytes& b : *taken) {
-      auto* owner = new Bytes(std::move(b));
-      piece(ctx, owner->data(), owner->size(),
-            [](void* p) { delete static_cast<Bytes*>(p); }, owner);
+    for (size_t i = 0; i < n; ++i) {
+      for (Bytes& b : (*taken)[i]) {
+        auto* owner = new Bytes(std::move(b));
+        piece(ctx, i, owner->data(), owner->size(),
+              [](void* p) { delete static_cast<Bytes*>(p); }, owner);
+      }
     }
     return 1;
   };

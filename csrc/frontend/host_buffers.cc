@@ -132,17 +132,38 @@ StatusOr<std::optional<HostBuffer>> HostBuffers::TakeOrWatch(
   return std::optional<HostBuffer>(std::move(out));
 }
 
-std::optional<HostBuffer> HostBuffers::TakeIfSize(uint64_t session,
-                                                  uint64_t handle,
-                                                  size_t size) {
+std::optional<std::vector<HostBuffer>> HostBuffers::TakeAllIfSizes(
+    uint64_t session, const std::vector<uint64_t>& handles,
+    const std::vector<size_t>& sizes, size_t* missing) {
+  *missing = handles.size();
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sessions_.find(session);
-  if (it == sessions_.end()) return std::nullopt;
-  auto b = it->second.find(handle);
-  if (b == it->second.end() || SizeOf(b->second) != size) return std::nullopt;
-  HostBuffer out = std::move(b->second);
-  it->second.erase(b);
-  bytes_ -= size;
+  if (it == sessions_.end() || sizes.size() != handles.size()) {
+    return std::nullopt;
+  }
+  std::map<uint64_t, HostBuffer>& buffers = it->second;
+  std::vector<std::map<uint64_t, HostBuffer>::iterator> found;
+  found.reserve(handles.size());
+  bool whole = true;
+  for (size_t i = 0; i < handles.size(); ++i) {
+    auto b = buffers.find(handles[i]);
+    if (b == buffers.end()) {
+      *missing = i;
+    } else {
+      whole = whole && SizeOf(b->second) == sizes[i];
+      found.push_back(b);
+    }
+  }
+  if (*missing != handles.size() || !whole) return std::nullopt;
+  std::set<uint64_t> distinct(handles.begin(), handles.end());
+  if (distinct.size() != handles.size()) return std::nullopt;
+  std::vector<HostBuffer> out;
+  out.reserve(found.size());
+  for (size_t i = 0; i < found.size(); ++i) {
+    out.push_back(std::move(found[i]->second));
+    buffers.erase(found[i]);
+    bytes_ -= sizes[i];
+  }
   return out;
 }
 

@@ -75,10 +75,13 @@ class HostBuffers {
   // the session is unknown.
   bool WatchStore(uint64_t session, uint64_t handle,
                   std::function<void()> wake);
-  // Removes and returns the upload if it has arrived and holds `size`
-  // bytes; otherwise nullopt, leaving everything as it was (no watch).
-  std::optional<HostBuffer> TakeIfSize(uint64_t session, uint64_t handle,
-                                       size_t size);
+  // Removes and returns uploads `handles` of `session` if every one has
+  // arrived holding sizes[i] bytes and none is named twice; otherwise
+  // nullopt, leaving everything as it was (no watch), with *missing the
+  // index of the last one not arrived yet, or handles.size() if none is.
+  std::optional<std::vector<HostBuffer>> TakeAllIfSizes(
+      uint64_t session, const std::vector<uint64_t>& handles,
+      const std::vector<size_t>& sizes, size_t* missing);
   Status Delete(uint64_t session, uint64_t handle);
   size_t total_bytes();
 

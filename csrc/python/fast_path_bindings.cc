@@ -19,6 +19,13 @@ namespace {
 using PyRecord =
     std::tuple<BufferId, int64_t, std::vector<IslandId>, bool, BufferId>;
 
+// An upload plan's array as Python gives it: (layout, shards, puts), each
+// put (island, bytes, head, blobs), each blob (padding before it, upload).
+using PyUploadArray = std::tuple<
+    int64_t, std::shared_ptr<ShardPlan>,
+    std::vector<std::tuple<IslandId, int64_t, py::buffer,
+                           std::vector<std::tuple<py::buffer, size_t>>>>>;
+
 PyRecord ToPython(const ArrayRecord& r) {
   return {r.buffer, r.layout, r.islands, r.donated, r.shares};
 }
@@ -153,21 +160,31 @@ void RegisterFastPath(py::module_& m) {
       .def(
           "register_upload",
           [](FastPath& f, uint64_t stream, uint64_t array,
-             const py::buffer& head, size_t nbytes, int64_t layout,
-             std::vector<IslandId> islands, std::vector<int64_t> island_bytes,
-             std::shared_ptr<ShardPlan> shards, uint64_t epoch) {
-            if (island_bytes.size() != islands.size()) {
-              throw py::value_error("an upload plan's lists do not match");
+             std::vector<size_t> upload_bytes,
+             const std::vector<PyUploadArray>& arrays, uint64_t epoch) {
+            UploadPlan plan{std::move(upload_bytes), {}, epoch};
+            for (const auto& [layout, shards, puts] : arrays) {
+              UploadPlan::Array& a = plan.arrays.emplace_back();
+              a.layout = layout;
+              a.shards = shards;
+              for (const auto& [island, bytes, head, blobs] : puts) {
+                UploadPlan::Put& put = a.puts.emplace_back();
+                put.island = island;
+                put.bytes = bytes;
+                put.head = SharedOrCopy(head);
+                for (const auto& [pad, upload] : blobs) {
+                  if (upload >= plan.upload_bytes.size()) {
+                    throw py::value_error("an upload plan names an upload "
+                                          "the request does not");
+                  }
+                  put.blobs.emplace_back(SharedOrCopy(pad), upload);
+                }
+              }
             }
-            f.RegisterUpload(stream, array,
-                             UploadPlan{SharedOrCopy(head), nbytes, layout,
-                                        std::move(islands),
-                                        std::move(island_bytes),
-                                        std::move(shards), epoch});
+            f.RegisterUpload(stream, array, std::move(plan));
           },
-          py::arg("stream"), py::arg("array"), py::arg("head"),
-          py::arg("nbytes"), py::arg("layout"), py::arg("islands"),
-          py::arg("island_bytes"), py::arg("shards"), py::arg("epoch"))
+          py::arg("stream"), py::arg("array"), py::arg("upload_bytes"),
+          py::arg("arrays"), py::arg("epoch"))
       .def("stats", [](FastPath& f) {
         FastPathStats s = f.stats();
         py::dict d;

@@ -28,10 +28,10 @@ void ReleaseBytes(void* owner) { delete static_cast<Bytes*>(owner); }
 constexpr size_t kUploadKinds = 64;
 constexpr size_t kMaxSignature = 4096;
 
-// JpReplySink::take's piece callback: an upload's piece, lent.
-void AddPiece(void* tails, const char* data, size_t n, void (*release)(void*),
-              void* owner) {
-  static_cast<std::vector<Bytes>*>(tails)->push_back(
+// JpReplySink::take's piece callback: a piece of upload `i`, lent.
+void AddPiece(void* uploads, size_t i, const char* data, size_t n,
+              void (*release)(void*), void* owner) {
+  (*static_cast<std::vector<std::vector<Bytes>>*>(uploads))[i].push_back(
       Bytes::Borrow(std::shared_ptr<const void>(owner, release), data, n));
 }
 
@@ -44,7 +44,7 @@ void FastPath::Attach(const JpReplySink& sink) {
 
 void FastPath::Detach() {
   std::lock_guard<std::mutex> lock(sink_mu_);
-  sink_ = JpReplySink{3, nullptr, nullptr, nullptr, nullptr};
+  sink_ = JpReplySink{4, nullptr, nullptr, nullptr, nullptr};
 }
 
 JpRequestHook FastPath::hook() { return JpRequestHook{2, this, &HandleHook}; }
@@ -243,14 +243,18 @@ int FastPath::Handle(uint64_t stream, std::string_view request,
           host_session = s.host_session;
           break;
         case IfrtRequest::kMakeArray:
-          taken = Upload(s, r, &gangs, &wait);
+        case IfrtRequest::kMakeArrays: {
+          std::optional<uint64_t> wait_for;
+          taken = Upload(s, r, &gangs, &wait_for);
           stats_.uploads += taken;
-          if (wait) {
+          if (wait_for) {
+            wait = true;
             *wait_session = s.host_session;
-            *wait_handle = r.host_buffer;
+            *wait_handle = *wait_for;
             ++stats_.upload_waits;
           }
           break;
+        }
         case IfrtRequest::kOther:
           break;
       }
@@ -293,6 +297,10 @@ int FastPath::Handle(uint64_t stream, std::string_view request,
     case IfrtRequest::kMakeArray:
       Reply(stream, r.op_id, ifrt_wire::kMakeArrayField, Status(),
             ifrt_wire::HandleBody(1, r.results[0]));
+      break;
+    case IfrtRequest::kMakeArrays:
+      Reply(stream, r.op_id, ifrt_wire::kMakeArraysField, Status(),
+            ifrt_wire::HandlesBody(1, r.results));
       break;
     default:  // CheckValueReady: once the buffers are
       dispatcher_->WhenReady(buffers, [this, stream,
@@ -496,7 +504,7 @@ bool FastPath::Fetch(Session& s, const IfrtRequest& r, Gangs* gangs) {
 }
 
 bool FastPath::Upload(Session& s, const IfrtRequest& r, Gangs* gangs,
-                      bool* wait) {
+                      std::optional<uint64_t>* wait_for) {
   auto p = s.uploads.find(r.signature);
   if (p != s.uploads.end() && p->second.epoch != dispatcher_->epoch()) {
     s.uploads.erase(p);
@@ -508,39 +516,63 @@ bool FastPath::Upload(Session& s, const IfrtRequest& r, Gangs* gangs,
     s.unplanned[r.results[0]] = r.signature;  // Python may plan it
     return false;
   }
-  if (!FreshHandles(s, r.results)) return false;
   const UploadPlan& plan = p->second;
-  std::vector<Bytes> tails;
+  if (!FreshHandles(s, r.results) ||
+      r.uploads.size() != plan.upload_bytes.size() ||
+      r.results.size() != plan.arrays.size()) {
+    return false;
+  }
+  std::vector<std::vector<Bytes>> uploads(r.uploads.size());
   {
     std::lock_guard<std::mutex> lock(sink_mu_);
+    size_t missing = r.uploads.size();
     if (sink_.take == nullptr ||
-        !sink_.take(sink_.server, s.host_session, r.host_buffer, plan.nbytes,
-                    &AddPiece, &tails)) {
-      // Not here yet (the client sends it beside the request), or not the
-      // size planned. A small one is waited for, once: the frontend offers
-      // the request again when it is stored. Else Python waits for it (and
-      // streams it), or words the error.
-      *wait = sink_.take != nullptr && plan.nbytes <= wait_max_bytes_ &&
-              s.waited_op != r.op_id;
-      if (*wait) s.waited_op = r.op_id;
+        !sink_.take(sink_.server, s.host_session, r.uploads.data(),
+                    plan.upload_bytes.data(), r.uploads.size(), &AddPiece,
+                    &uploads, &missing)) {
+      // Not all here yet (the client sends them beside the request), or
+      // not the sizes planned. Small ones are waited for, the last missing
+      // first: the frontend offers the request again when it is stored.
+      // Else (or if that one is still missing: the wait ended without it)
+      // Python waits for them (and streams them), or words the error.
+      uint64_t total = 0;
+      for (size_t n : plan.upload_bytes) total += n;
+      if (sink_.take != nullptr && missing < r.uploads.size() &&
+          total <= wait_max_bytes_ &&
+          (s.waited_op != r.op_id || missing < s.waited_upload)) {
+        s.waited_op = r.op_id;
+        s.waited_upload = missing;
+        *wait_for = r.uploads[missing];
+      }
       return false;
     }
   }
-  s.max_client_handle = r.results[0];
-  BufferId buffer = dispatcher_->NewBuffers(1)[0];
-  s.arrays[r.results[0]] =
-      ArrayRecord{buffer, plan.layout, plan.islands, false, plan.shards};
-  // Every island gets the whole upload and keeps its own shards.
-  std::vector<IslandOp> gang(plan.islands.size());
-  for (size_t k = 0; k < gang.size(); ++k) {
-    gang[k].island = plan.islands[k];
-    gang[k].op.kind = OpKind::kPut;
-    gang[k].op.results = {buffer};
-    gang[k].op.payload = plan.head;
-    gang[k].op.payload_tails = tails;
-    gang[k].result_bytes = {plan.island_bytes[k]};
+  s.max_client_handle = r.results.back();
+  std::vector<BufferId> buffers = dispatcher_->NewBuffers(r.results.size());
+  for (size_t a = 0; a < plan.arrays.size(); ++a) {
+    const UploadPlan::Array& array = plan.arrays[a];
+    std::vector<IslandId> islands;
+    std::vector<IslandOp> gang(array.puts.size());
+    for (size_t k = 0; k < gang.size(); ++k) {
+      const UploadPlan::Put& put = array.puts[k];
+      islands.push_back(put.island);
+      gang[k].island = put.island;
+      gang[k].op.kind = OpKind::kPut;
+      gang[k].op.results = {buffers[a]};
+      gang[k].op.payload = put.head;
+      for (const auto& [pad, upload] : put.blobs) {
+        if (!pad.empty()) gang[k].op.payload_tails.push_back(pad);
+        gang[k].op.payload_tails.insert(gang[k].op.payload_tails.end(),
+                                        uploads[upload].begin(),
+                                        uploads[upload].end());
+      }
+      gang[k].result_bytes = {put.bytes};
+    }
+    s.arrays[r.results[a]] = ArrayRecord{buffers[a], array.layout,
+                                         std::move(islands), false,
+                                         array.shards};
+    gangs->push_back(std::move(gang));
   }
-  gangs->push_back(std::move(gang));
   return true;
 }
 

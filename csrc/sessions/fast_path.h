@@ -1,7 +1,8 @@
 // FastPath: a training loop's steady-state requests, answered in C++.
 //
 // Execute of a program Python registered, CheckValueReady, DestructArray,
-// an upload alike to one Python made (MakeArrayFromHostBuffer), and a
+// an upload alike to one Python made (MakeArrayFromHostBuffer, or a sharded
+// one: MakeArraysFromHostBufferShards), and a
 // logged value's read (FullyReplicatedShard or
 // DisassembleIntoSingleDeviceArrays of an array on one island, then
 // CopyToHostBuffer of the shards) are handled on the
@@ -94,16 +95,28 @@ struct FastProgram {
   std::vector<size_t> donated;  // argument indices
 };
 
-// What Python made of one MakeArrayFromHostBuffer, for the uploads alike
-// (the same request but for its two handles).
+// What Python made of one upload request (MakeArrayFromHostBuffer, or
+// MakeArraysFromHostBufferShards), for the requests alike (the same but for
+// their handles).
 struct UploadPlan {
-  Bytes head;         // the PUT op's payload before the upload's bytes
-  size_t nbytes = 0;  // the upload's size
-  int64_t layout = 0;
-  std::vector<IslandId> islands;
-  std::vector<int64_t> island_bytes;  // device memory per island
-  std::shared_ptr<const ShardPlan> shards;
-  // Dispatcher epoch Python placed it at: islands lost or rejoined since
+  // One island's PUT op of an array.
+  struct Put {
+    IslandId island = 0;
+    int64_t bytes = 0;  // its device memory there
+    Bytes head;         // the payload before its first blob
+    // Its blobs in order: the padding before each (none before the first:
+    // that is in the head), and which of the request's uploads it is.
+    std::vector<std::pair<Bytes, size_t>> blobs;
+  };
+  struct Array {
+    int64_t layout = 0;
+    std::shared_ptr<const ShardPlan> shards;
+    std::vector<Put> puts;  // one per island of the array, in order
+  };
+  // The size of each upload the request names, in order.
+  std::vector<size_t> upload_bytes;
+  std::vector<Array> arrays;  // one per array the request makes
+  // Dispatcher epoch Python placed them at: islands lost or rejoined since
   // send the next one to Python again.
   uint64_t epoch = 0;
 };
@@ -114,7 +127,7 @@ struct FastPathStats {
   uint64_t destructs = 0;
   uint64_t shards = 0;  // FullyReplicatedShard and Disassemble
   uint64_t reads = 0;   // CopyToHostBuffer
-  uint64_t uploads = 0;  // MakeArrayFromHostBuffer
+  uint64_t uploads = 0;  // MakeArray(s)FromHostBuffer(Shards)
   // Uploads whose request came before their bytes, offered again once
   // they had arrived (counted in `uploads` once taken).
   uint64_t upload_waits = 0;
@@ -161,7 +174,7 @@ class FastPath {
   // argument layouts of another call Python checked.
   void Register(uint64_t stream, uint64_t executable, FastProgram program);
   void Unregister(uint64_t stream, uint64_t executable);
-  // The plan of the upload that made `array` (a MakeArrayFromHostBuffer
+  // The plan of the upload request whose first new array was `array` (one
   // this declined, which Python answered), for those alike.
   void RegisterUpload(uint64_t stream, uint64_t array, UploadPlan plan);
   FastPathStats stats();
@@ -183,12 +196,15 @@ class FastPath {
     std::unordered_map<BufferId, int> sharers;
     std::unordered_map<uint64_t, FastProgram> programs;
     // Upload plans by request signature; the signatures of uploads left to
-    // Python, by the array they make (both bounded).
+    // Python, by the first array they make (both bounded).
     std::unordered_map<std::string, UploadPlan> uploads;
     std::unordered_map<uint64_t, std::string> unplanned;
     uint64_t max_client_handle = 0;
-    // The last upload request told to wait for its bytes (once only).
+    // The last upload request told to wait for its bytes, and the index
+    // of the upload it waits for: it waits again only for an earlier one,
+    // so at most once per upload.
     std::optional<uint64_t> waited_op;
+    size_t waited_upload = 0;
   };
   using Gangs = std::vector<std::vector<IslandOp>>;
 
@@ -208,9 +224,10 @@ class FastPath {
   // The last handle of `record`'s buffer is gone.
   static void Deleted(Session& s, const ArrayRecord& record);
   bool Fetch(Session& s, const IfrtRequest& r, Gangs* gangs);
-  // Sets *wait if the request is to be offered again once its upload has
-  // arrived.
-  bool Upload(Session& s, const IfrtRequest& r, Gangs* gangs, bool* wait);
+  // Sets *wait_for to the upload to offer the request again once it has
+  // arrived, if it is to be.
+  bool Upload(Session& s, const IfrtRequest& r, Gangs* gangs,
+              std::optional<uint64_t>* wait_for);
   // Whether `handles` are new: counting up from every one the client used
   // before, below the controller's own.
   static bool FreshHandles(const Session& s,

@@ -1,9 +1,11 @@
 // The IFRT-proxy requests of a training loop's steady state, read straight
 // from the wire, and their replies written back: Execute, CheckValueReady,
-// DestructArray, and a small read's FullyReplicatedShard and
-// CopyToHostBuffer (field numbers from jaxlib's ifrt_service.proto; Python
-// reads every other request with jaxlib's own schema). A message that does not parse, or parses as something else,
-// reads as kOther and goes to Python, which answers it fully.
+// DestructArray, a small read's FullyReplicatedShard and CopyToHostBuffer,
+// and uploads (MakeArrayFromHostBuffer, MakeArraysFromHostBufferShards)
+// (field numbers from jaxlib's ifrt_service.proto; Python reads every other
+// request with jaxlib's own schema). A message that does not parse, or
+// parses as something else, reads as kOther and goes to Python, which
+// answers it fully.
 #ifndef JAX_PATHWAYS_CSRC_SESSIONS_IFRT_MESSAGES_H_
 #define JAX_PATHWAYS_CSRC_SESSIONS_IFRT_MESSAGES_H_
 
@@ -26,7 +28,8 @@ struct IfrtRequest {
     kFullyReplicatedShard,
     kDisassemble,
     kCopyToHostBuffer,
-    kMakeArray,  // MakeArrayFromHostBuffer
+    kMakeArray,   // MakeArrayFromHostBuffer
+    kMakeArrays,  // MakeArraysFromHostBufferShards
   };
   Kind kind = kOther;
   uint64_t op_id = 0;
@@ -34,7 +37,8 @@ struct IfrtRequest {
   // CheckValueReady / DestructArray: the arrays (in `args`);
   // FullyReplicatedShard / DisassembleIntoSingleDeviceArrays: the array
   // (args[0]), its shards' handles (`results`); CopyToHostBuffer: the array
-  // (args[0]), the host buffer's handle (`host_buffer`).
+  // (args[0]), the host buffer's handle (`host_buffer`); uploads: the new
+  // arrays (`results`).
   uint64_t executable = 0;
   std::vector<uint64_t> args;
   std::vector<uint64_t> results;
@@ -44,9 +48,11 @@ struct IfrtRequest {
   uint64_t copy_semantics = 0;
   uint64_t host_buffer = 0;
   bool byte_strides = false;  // CopyToHostBuffer: the client gave strides
-  // MakeArrayFromHostBuffer: the upload (`host_buffer`), the new array
-  // (results[0]), and every other field's bytes as sent (dtype, shape,
-  // sharding, strides, layout): requests alike in these make alike arrays.
+  // Uploads: the host buffers they name, in order, and every other field's
+  // bytes (dtype, shape, sharding, strides, layout, shard indices), in an
+  // encoding one-to-one with them: requests alike in these make alike
+  // arrays.
+  std::vector<uint64_t> uploads;
   std::string signature;
 };
 
@@ -221,20 +227,89 @@ inline bool ReadCopyToHostBuffer(std::string_view body, IfrtRequest* r) {
 inline bool ReadMakeArray(std::string_view body, IfrtRequest* r) {
   Reader in(body);
   Field f;
-  bool has_host_buffer = false;
   size_t start = 0;
   while (in.Next(&f)) {
     if (f.number == 4 && f.type == 1) {  // host_buffer_handle
-      r->host_buffer = f.value;
-      has_host_buffer = true;
+      r->uploads.push_back(f.value);
     } else if (f.number == 6 && f.type == 1) {  // array_handle
       r->results.push_back(f.value);
+    } else {  // each field's bytes: tag and length delimit them
+      r->signature.append(body.substr(start, in.pos() - start));
+    }
+    start = in.pos();
+  }
+  return in.ok() && r->uploads.size() == 1 && r->results.size() == 1;
+}
+
+inline void PutVarint(uint64_t v, std::string* out) {
+  do {
+    uint8_t b = v & 0x7f;
+    v >>= 7;
+    out->push_back(static_cast<char>(v ? (b | 0x80) : b));
+  } while (v);
+}
+
+inline void PutBody(uint32_t field, std::string_view body, std::string* out) {
+  PutVarint((uint64_t{field} << 3) | 2, out);
+  PutVarint(body.size(), out);
+  out->append(body);
+}
+
+// A MakeArraysFromHostBufferShards spec (field 1 of the request): its
+// HostBuffers' (field 2) host_buffer_handle (field 3) go to `uploads`, one
+// each, the rest to `signature`, each HostBuffer re-delimited without its
+// handle.
+inline bool ReadShardsSpec(std::string_view body, IfrtRequest* r) {
+  Reader in(body);
+  Field f;
+  size_t start = 0;
+  while (in.Next(&f)) {
+    if (f.number == 2 && f.type == 2) {  // a HostBuffer
+      Reader hb(f.body);
+      Field h;
+      size_t from = 0;
+      size_t handles = 0;
+      std::string rest;
+      while (hb.Next(&h)) {
+        if (h.number == 3 && h.type == 1) {
+          r->uploads.push_back(h.value);
+          ++handles;
+        } else {
+          rest.append(f.body.substr(from, hb.pos() - from));
+        }
+        from = hb.pos();
+      }
+      if (!hb.ok() || handles != 1) return false;
+      PutBody(2, rest, &r->signature);
     } else {
       r->signature.append(body.substr(start, in.pos() - start));
     }
     start = in.pos();
   }
-  return in.ok() && has_host_buffer && r->results.size() == 1;
+  return in.ok();
+}
+
+inline bool ReadMakeArrays(std::string_view body, IfrtRequest* r) {
+  Reader in(body);
+  Field f;
+  size_t specs = 0;
+  while (in.Next(&f)) {
+    if (f.number == 1 && f.type == 2) {  // a spec, re-delimited
+      std::string outer;
+      outer.swap(r->signature);
+      if (!ReadShardsSpec(f.body, r)) return false;
+      std::string spec;
+      spec.swap(r->signature);
+      r->signature = std::move(outer);
+      PutBody(1, spec, &r->signature);
+      ++specs;
+    } else if (f.number == 2) {  // array_handles
+      if (!AppendFixed64(f, &r->results)) return false;
+    } else {  // a field newer than this reader: Python's to judge
+      return false;
+    }
+  }
+  return in.ok() && specs > 0 && r->results.size() == specs;
 }
 
 // Handles in field `number` of `body` (the only field it reads).
@@ -262,6 +337,7 @@ constexpr uint32_t kCheckValueReadyField = 8;
 constexpr uint32_t kDestructArrayField = 12;
 constexpr uint32_t kExecuteField = 15;
 constexpr uint32_t kFullyReplicatedShardField = 20;
+constexpr uint32_t kMakeArraysField = 25;
 
 inline IfrtRequest Read(std::string_view message) {
   IfrtRequest r;
@@ -312,6 +388,10 @@ inline IfrtRequest Read(std::string_view message) {
       r.kind = IfrtRequest::kMakeArray;
       read = ReadMakeArray(body, &r);
       break;
+    case kMakeArraysField:
+      r.kind = IfrtRequest::kMakeArrays;
+      read = ReadMakeArrays(body, &r);
+      break;
     case kCopyToHostBufferField:
       r.kind = IfrtRequest::kCopyToHostBuffer;
       read = ReadCopyToHostBuffer(body, &r);
@@ -320,20 +400,6 @@ inline IfrtRequest Read(std::string_view message) {
       break;
   }
   return read ? r : IfrtRequest();
-}
-
-inline void PutVarint(uint64_t v, std::string* out) {
-  do {
-    uint8_t b = v & 0x7f;
-    v >>= 7;
-    out->push_back(static_cast<char>(v ? (b | 0x80) : b));
-  } while (v);
-}
-
-inline void PutBody(uint32_t field, const std::string& body, std::string* out) {
-  PutVarint((uint64_t{field} << 3) | 2, out);
-  PutVarint(body.size(), out);
-  out->append(body);
 }
 
 // The IfrtResponse answering `op_id`: `body` in `field` if `status` is OK;

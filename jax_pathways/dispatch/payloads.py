@@ -43,17 +43,35 @@ def parts(header: dict[str, Any], *blobs: Any) -> tuple[bytes, list[Any]]:
   taken from HostBuffers), so array bytes are not copied twice more on
   their way through the controller. Tails are the blobs and the padding
   between them, in order."""
-  head = _head(header, blobs)
-  if blobs:  # the first blob's padding, in the head: one tail fewer
+  head, pads = frame(header, [nbytes(b) for b in blobs])
+  return head, tails(pads, blobs)
+
+
+def tails(pads: list[bytes], blobs: Any) -> list[Any]:
+  """The tails of a payload framed with `pads` (frame()) for `blobs`."""
+  out = []
+  for pad, blob in zip(pads, blobs):
+    if pad:
+      out.append(pad)
+    out.append(blob.capsule if isinstance(blob, Pieces) else blob)
+  return out
+
+
+def frame(header: dict[str, Any], sizes: list[int]
+          ) -> tuple[bytes, list[bytes]]:
+  """parts() for blobs of `sizes`, without them: the head, and the padding
+  that goes before each blob (b"" for the first: it is in the head)."""
+  head = dict(header)
+  head["_blobs"] = sizes
+  text = json.dumps(head, separators=(",", ":")).encode()
+  head = _U32.pack(len(text)) + text
+  if sizes:  # the first blob's padding, in the head: one tail fewer
     head += bytes(_pad(len(head)))
-  offset, tails = len(head), []
-  for blob in blobs:
-    if _pad(offset):
-      tails.append(bytes(_pad(offset)))
-      offset += len(tails[-1])
-    tails.append(blob.capsule if isinstance(blob, Pieces) else blob)
-    offset += nbytes(blob)
-  return head, tails
+  offset, pads = len(head), []
+  for size in sizes:
+    pads.append(bytes(_pad(offset)))
+    offset += len(pads[-1]) + size
+  return head, pads
 
 
 class Template(NamedTuple):
@@ -87,13 +105,6 @@ def nbytes(blob: Any) -> int:
   if isinstance(blob, Pieces):
     return blob.nbytes
   return memoryview(blob).nbytes
-
-
-def _head(header: dict[str, Any], blobs: Any) -> bytes:
-  head = dict(header)
-  head["_blobs"] = [nbytes(b) for b in blobs]
-  text = json.dumps(head, separators=(",", ":")).encode()
-  return _U32.pack(len(text)) + text
 
 
 def _pad(offset: int) -> int:

@@ -502,3 +502,157 @@ def test_a_padded_upload_kind_is_never_remembered(pathways, raw_session):
     assert r.response_metadata.status.code == 0, r
     assert session.fetch(array, 100 + array) == data
   assert _stats(pathways)["uploads"] == before
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_sharded_uploads_alike_run_in_cpp_with_plain_jax_bits(
+    pathways, proxy_devices, cpu_devices, n):
+  """A loop putting a new batch sharded over 4 devices (one island) or 8
+  (two islands) every step, one upload per shard: after Python has made the
+  first, the MakeArraysFromHostBufferShards alike are C++'s (each island's
+  PUT of its shards' pieces, the padding between them as Python put it)."""
+  def run(devices):
+    mesh = Mesh(np.array(devices[:n]), ("i",))
+    step = jax.jit(lambda w, b: w * 0.5 + b.sum(0))
+    w = jax.device_put(jnp.zeros((6,), jnp.float32), NamedSharding(mesh, P()))
+    rng = np.random.default_rng(0)
+    for _ in range(20):  # shards of 2x6 float32: 48 bytes, padded to 64
+      batch = rng.random((2 * n, 6), dtype=np.float32)
+      w = step(w, jax.device_put(batch, NamedSharding(mesh, P("i"))))
+    return np.asarray(w)
+
+  used = _taken(pathways, run, proxy_devices, cpu_devices)
+  assert used["uploads"] >= 15, used
+  assert used["executes"] >= 19, used
+
+
+def _tiled(n: int) -> Sharding:
+  """Virtual devices 0..n-1, a 1-D array tiled over them in order."""
+  return Sharding(tuple(range(n)), protos.msg("xla.OpSharding")(
+      type=3, tile_assignment_dimensions=[n],
+      tile_assignment_devices=list(range(n))).SerializeToString())
+
+
+# The arrays of test_sharded_uploads_python_answers_over_the_wire's
+# requests: 8 float32 over island 0's 4 devices, 16 over both islands' 8,
+# two per shard (8 bytes each: padding between them).
+_SHARDED = (4, 8)
+
+
+def _send_shards(session, uploads, arrays) -> int:
+  """MakeArraysFromHostBufferShards of _SHARDED's arrays from `uploads`
+  (one per shard, in order) as `arrays`; returns its op_id."""
+  def fill(body):
+    body.array_handles.extend(arrays)
+    it = iter(uploads)
+    for n in _SHARDED:
+      spec = body.specs.add()
+      dtypes.to_proto("float32", spec.array_spec.dtype)
+      spec.array_spec.shape.dims.append(2 * n)
+      sharding_lib.to_proto(_tiled(n), spec.array_spec.sharding)
+      for device in range(n):
+        spec.addressable_shard_indices.add().indices.append(device)
+        hb = spec.host_buffers.add()
+        hb.host_buffer_handle = next(it)
+        dtypes.to_proto("float32", hb.dtype)
+        hb.shape.dims.append(2)
+
+  return session.send(make_arrays_from_host_buffer_shards_request=fill)
+
+
+def _read_shards(session, array: int, n: int, handles) -> bytes:
+  """An array's bytes as JAX reads them: its n shards, each shard's read."""
+  shards = [next(handles) for _ in range(n)]
+  r = session.call(disassemble_into_single_device_arrays_request=lambda b: (
+      _fill(array_handle=array, copy_semantics=2)(b),
+      b.result_handles.extend(shards)))
+  assert r.response_metadata.status.code == 0, r
+  return b"".join(session.fetch(s, next(handles)) for s in shards)
+
+
+def test_sharded_uploads_python_answers_over_the_wire(pathways, raw_session):
+  """Only a sharded upload alike to one Python made (every array's dtype,
+  shape, sharding and shards), each upload of the size planned, and with
+  new handles, is C++'s (taken all at once; one whose last upload comes
+  after the request waits for it); a host buffer named twice, another
+  size or a count that does not match goes to Python, which words every
+  error."""
+  session = raw_session()
+  handles = iter(range(1, 10_000))
+  data = np.arange(24, dtype=np.float32)
+
+  def shards(values):
+    return [values[k:k + 2].tobytes() for k in range(0, 24, 2)]
+
+  def make(values, *, store=True, named=None):
+    uploads = [next(handles) for _ in range(12)] if named is None else named
+    if store:
+      for h, b in zip(uploads, shards(values)):
+        session.store(h, b)
+    arrays = [next(handles), next(handles)]
+    return arrays, uploads, _send_shards(session, uploads, arrays)
+
+  def check(arrays, values):
+    assert _read_shards(session, arrays[0], 4, handles) == values[:8].tobytes()
+    assert _read_shards(session, arrays[1], 8, handles) == values[8:].tobytes()
+
+  def uploads():
+    return _stats(pathways)["uploads"]
+
+  arrays, _, op = make(data)  # Python's, which plans it
+  assert session.wait(op).response_metadata.status.code == 0
+  check(arrays, data)
+  before = uploads()
+  arrays, _, op = make(data + 1)  # alike: C++'s
+  r = session.wait(op)
+  assert r.response_metadata.status.code == 0, r
+  assert list(r.make_arrays_from_host_buffer_shards_response.array_handles) \
+      == arrays
+  assert uploads() == before + 1
+  check(arrays, data + 1)
+  # A host buffer named twice: Python's, which takes it for both shards.
+  named = [next(handles) for _ in range(12)]
+  named[5] = named[4]
+  for k, (h, b) in enumerate(zip(named, shards(data + 2))):
+    if k != 5:
+      session.store(h, b)
+  arrays, _, op = make(None, store=False, named=named)
+  assert session.wait(op).response_metadata.status.code == 0
+  twice = (data + 2).copy()
+  twice[10:12] = twice[8:10]
+  check(arrays, twice)
+  assert uploads() == before + 1
+  # One shard of another size: Python's words.
+  named = [next(handles) for _ in range(12)]
+  for h, b in zip(named, shards(data)):
+    session.store(h, b[:4] if h == named[7] else b)
+  _, _, op = make(None, store=False, named=named)
+  r = session.wait(op)
+  assert r.response_metadata.status.code == 3, r  # INVALID_ARGUMENT
+  assert "shard 3" in r.response_metadata.status.message, r
+  assert "needs 8 bytes but the host buffer has 4" in \
+      r.response_metadata.status.message, r
+  assert uploads() == before + 1
+  # The last two uploads after the request: C++ waits for the last, then
+  # for the one before it, then takes all.
+  waits = _stats(pathways)["upload_waits"]
+  named = [next(handles) for _ in range(12)]
+  for h, b in zip(named[:-2], shards(data * 3)):
+    session.store(h, b)
+  arrays, _, op = make(None, store=False, named=named)
+  time.sleep(0.2)
+  assert _stats(pathways)["upload_waits"] == waits + 1
+  session.store(named[-1], shards(data * 3)[-1])
+  time.sleep(0.2)
+  assert _stats(pathways)["upload_waits"] == waits + 2
+  assert op not in session.answered()
+  session.store(named[-2], shards(data * 3)[-2])
+  assert session.wait(op).response_metadata.status.code == 0
+  check(arrays, data * 3)
+  assert uploads() == before + 2
+  # Fewer array handles than specs: Python's words.
+  r = session.call(make_arrays_from_host_buffer_shards_request=lambda b: (
+      b.specs.add(), b.specs.add(), b.array_handles.append(next(handles))))
+  assert r.response_metadata.status.code == 3, r
+  assert "2 specs for 1 array handles" in r.response_metadata.status.message
+  assert uploads() == before + 2

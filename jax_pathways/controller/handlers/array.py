@@ -123,16 +123,36 @@ def make_array_from_host_buffer(session: Session, req: Any,
       [IslandOp(i.id, OpKind.PUT, results=[array.buffer], payload=payload,
                 result_bytes=[sizes[i.id]], stage=stage)
        for i in islands])
-  fast = session.services.fast_path
-  if fast is not None:  # the uploads alike are C++'s from now on
-    layouts = session.arrays.layouts
-    layout = layouts.of_array(array)
-    fast.register_upload(session.stream, req.array_handle, payload[0],
-                         payloads.nbytes(data), layout,
-                         [i.id for i in islands],
-                         [sizes[i.id] for i in islands], layouts.plan(layout),
-                         epoch)
+  _plan_uploads(session, req.array_handle, [payloads.nbytes(data)],
+                [(array, [(i.id, payload[0], [(b"", 0)]) for i in islands])],
+                epoch)
   reply.ok(lambda r: setattr(r, "array_handle", req.array_handle))
+
+
+# One island's PUT of an upload, for the fast path: (island, payload head,
+# its blobs: [(padding before it, which of the request's uploads)]).
+_PlannedPut = tuple[int, bytes, list[tuple[bytes, int]]]
+
+
+def _plan_uploads(session: Session, first_handle: int,
+                  upload_bytes: list[int],
+                  arrays: list[tuple[Array, list[_PlannedPut]]],
+                  epoch: int) -> None:
+  """Hands the fast path what this upload request made, so that the ones
+  alike (but for their handles) are C++'s from now on."""
+  fast = session.services.fast_path
+  if fast is None:
+    return
+  layouts = session.arrays.layouts
+  planned = []
+  for array, puts in arrays:
+    layout = layouts.of_array(array)
+    sizes = array.island_bytes(session.services.topology)
+    planned.append((layout, layouts.plan(layout),
+                    [(island, sizes[island], head, blobs)
+                     for island, head, blobs in puts]))
+  fast.register_upload(session.stream, first_handle, upload_bytes, planned,
+                       epoch)
 
 
 def _stream_to(session: Session, req: Any
@@ -183,19 +203,20 @@ def make_arrays_from_host_buffer_shards(session: Session, req: Any,
   if len(req.array_handles) != len(req.specs):
     raise invalid_argument(f"{len(req.specs)} specs for "
                            f"{len(req.array_handles)} array handles")
+  epoch = session.services.dispatcher.epoch  # before placing them
   # Every upload first: the request may wait for them, and runs again from
   # the start once they are there.
   uploads = session.take_uploads(_shard_streams(session, req))
+  # The request's uploads in order (one may be named twice).
+  order = [uploads[hb.host_buffer_handle]
+           for spec in req.specs for hb in spec.host_buffers]
   topology = session.services.topology
-  gangs = []
+  gangs, planned, first = [], [], 0
   for n, (handle, spec) in enumerate(zip(req.array_handles, req.specs)):
     field = f"MakeArraysFromHostBufferShards: spec {n}"
     sharding, dtype, shape = _shard_spec(session, spec, field)
     islands = _islands(session, sharding, "the array")
     array = _new_array(session, handle, islands, dtype, shape, sharding)
-    # Each island gets only the shards that land on it.
-    per_island: dict[int, tuple[list[dict[str, Any]], list[Any]]] = {
-        i.id: ([], []) for i in islands}
     shard_shape = sharding.shard_shape(shape)
     shards = []
     for k, (indices, hb) in enumerate(zip(spec.addressable_shard_indices,
@@ -207,21 +228,27 @@ def make_arrays_from_host_buffer_shards(session: Session, req: Any,
           "strides": _strides(hb),
       })
       _check_shard(hb, dtype, shard_shape, f"{field} shard {k}")
-      _check_upload(uploads[hb.host_buffer_handle], shards[k]["shape"], dtype,
+      _check_upload(order[first + k], shards[k]["shape"], dtype,
                     shards[k]["strides"], f"{field} shard {k}")
-    for island, ks in _shards_by_island(topology, sharding, spec).items():
-      for k in ks:
-        per_island[island][0].append(shards[k])
-        per_island[island][1].append(
-            uploads[spec.host_buffers[k].host_buffer_handle])
+    # Each island gets only the shards that land on it.
     header = {"dtype": dtype, "shape": list(shape),
               "sharding": sharding.worker_spec(topology)}
+    by_island = {i.id: [] for i in islands}
+    by_island.update(_shards_by_island(topology, sharding, spec))
     sizes = array.island_bytes(topology)
-    gangs.append((spec, [
-        IslandOp(island, OpKind.PUT, results=[array.buffer],
-                 payload=payloads.parts(dict(header, shards=shards), *blobs),
-                 result_bytes=[sizes[island]])
-        for island, (shards, blobs) in per_island.items()]))
+    ops, puts = [], []
+    for island, ks in by_island.items():
+      blobs = [order[first + k] for k in ks]
+      head, pads = payloads.frame(dict(header, shards=[shards[k] for k in ks]),
+                                  [payloads.nbytes(b) for b in blobs])
+      ops.append(IslandOp(island, OpKind.PUT, results=[array.buffer],
+                          payload=(head, payloads.tails(pads, blobs)),
+                          result_bytes=[sizes[island]]))
+      puts.append((island, head, [(pad, first + k)
+                                  for pad, k in zip(pads, ks)]))
+    gangs.append((spec, ops))
+    planned.append((array, puts))
+    first += len(spec.host_buffers)
   # Every spec checked: each gang takes its array's stage (one that fails
   # leaves every stage to the session, which drops them).
   for spec, gang in gangs:  # one gang per array: ready once whole
@@ -229,6 +256,8 @@ def make_arrays_from_host_buffer_shards(session: Session, req: Any,
                                 for hb in spec.host_buffers])
     session.services.dispatcher.submit([op._replace(stage=stage)
                                         for op in gang])
+  _plan_uploads(session, req.array_handles[0],
+                [payloads.nbytes(b) for b in order], planned, epoch)
   reply.ok(lambda r: r.array_handles.extend(req.array_handles))
 
 
