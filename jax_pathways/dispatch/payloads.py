@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 _U32 = struct.Struct("<I")
 ALIGN = 64  # where each blob starts
+HEADERS_KEPT = 1024  # decode(headers=): distinct headers kept
 
 
 class Pieces(NamedTuple):
@@ -111,8 +112,14 @@ def _pad(offset: int) -> int:
   return -offset % ALIGN
 
 
-def decode(payload: Any) -> tuple[dict[str, Any], list[memoryview]]:
-  """Splits a payload (bytes or uint8 array) into its header and blob views."""
+def decode(payload: Any, headers: dict[bytes, Any] | None = None
+           ) -> tuple[dict[str, Any], list[memoryview]]:
+  """Splits a payload (bytes or uint8 array) into its header and blob views.
+
+  headers: a dict the caller keeps, of the headers parsed before (a
+  worker's PUTs repeat the same few step after step, and parsing one costs
+  more than the rest of a small PUT); a header found there is the same
+  object every time, so callers read it and never change it."""
   view = memoryview(payload).cast("B")
   if len(view) == 0:
     return {}, []
@@ -121,9 +128,22 @@ def decode(payload: Any) -> tuple[dict[str, Any], list[memoryview]]:
   (n,) = _U32.unpack(view[:4])
   if 4 + n > len(view):
     raise ValueError("payload header runs past the payload")
-  header = json.loads(bytes(view[4:4 + n]))
+  text = bytes(view[4:4 + n])
+  parsed = None if headers is None else headers.get(text)
+  if parsed is None:
+    header = json.loads(text)
+    sizes = header.pop("_blobs", [])
+    if not isinstance(sizes, list) or not all(
+        type(size) is int and size >= 0 for size in sizes):  # pylint: disable=unidiomatic-typecheck
+      raise ValueError("payload blob sizes are not sizes")
+    parsed = header, sizes
+    if headers is not None:
+      if len(headers) >= HEADERS_KEPT:
+        headers.clear()
+      headers[text] = parsed
+  header, sizes = parsed
   blobs, pos = [], 4 + n
-  for size in header.pop("_blobs", []):
+  for size in sizes:
     pos += _pad(pos)
     if pos + size > len(view):
       raise ValueError("payload blob runs past the payload")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import functools
 import hashlib
 import re
 import threading
@@ -91,14 +92,25 @@ def host_view(data: memoryview, dtype: str, shape: Sequence[int],
   as long as a device array may alias it (PJRT CPU can put without copying).
   The controller checked the shape and strides; they are checked again
   here, as nothing on the wire is trusted with this process's memory."""
-  np_type = np_dtype(dtype)
-  nbytes = memoryview(data).nbytes
-  shape = validation.check_shape(shape, np_type.itemsize, "PUT")
-  validation.check_host_buffer(shape, np_type.itemsize, strides, nbytes,
-                               "PUT")
+  np_type, shape, strides = _checked_view(
+      dtype, tuple(shape), None if strides is None else tuple(strides),
+      memoryview(data).nbytes)
   # ndarray() bounds-checks the strides against the buffer once more.
-  return np.ndarray(shape, np_type, buffer=data,
-                    strides=None if strides is None else tuple(strides))
+  return np.ndarray(shape, np_type, buffer=data, strides=strides)
+
+
+@functools.lru_cache(maxsize=1024)
+def _checked_view(dtype: str, shape: tuple[Any, ...],
+                  strides: tuple[Any, ...] | None, nbytes: int
+                  ) -> tuple[np.dtype, tuple[int, ...], tuple[int, ...] | None]:
+  """host_view's checks, once per kind of view (a loop puts the same few;
+  an error is raised every time, never kept)."""
+  np_type = np_dtype(dtype)
+  checked = validation.check_shape(shape, np_type.itemsize, "PUT")
+  validation.check_host_buffer(checked, np_type.itemsize, strides, nbytes,
+                               "PUT")
+  return np_type, checked, None if strides is None else tuple(
+      int(s) for s in strides)
 
 
 def np_dtype(name: str) -> np.dtype:

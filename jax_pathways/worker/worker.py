@@ -87,6 +87,8 @@ class Worker:
     self._transfers = transfers
     self._programs: dict[int, Program] = {}
     self._buffers: dict[int, jax.Array | Status] = {}
+    # The PUT headers parsed (payloads.decode): uploads alike repeat them.
+    self._put_headers: dict[bytes, Any] = {}
     # Move kind (shardings, shape, dtype) -> whether it is pulled.
     self._pull_kinds: dict[tuple[Any, ...], bool] = {}
     self._tracer = Tracer()
@@ -268,7 +270,7 @@ class Worker:
     self._add(op.seq, [execution])
 
   def _put(self, op: Any) -> None:
-    header, blobs = payloads.decode(op.payload)
+    header, blobs = payloads.decode(op.payload, self._put_headers)
     sharding = self._backend.sharding(header["sharding"])
     if "shards" not in header:
       array = self._backend.put(blobs[0], header["dtype"], header["shape"],

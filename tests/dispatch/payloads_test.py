@@ -1,4 +1,6 @@
 """Op payloads: JSON header plus raw blobs."""
+import json
+
 import numpy as np
 import pytest
 
@@ -57,3 +59,31 @@ def test_a_template_encodes_what_encode_does_with_its_field_filled():
     assert len(raw) == len(payloads.encode({**header, "transfer": transfer}))
   with pytest.raises(ValueError, match="does not have 18 digits"):
     template.fill(2**60)
+
+
+def test_a_header_seen_before_is_not_parsed_again():
+  """decode(headers=) keeps each header parsed once; the blobs are still
+  this payload's own, checked against its length."""
+  headers: dict = {}
+  one = payloads.encode({"shape": [2]}, b"ab", b"c" * 70)
+  two = payloads.encode({"shape": [2]}, b"xy", b"z" * 70)
+  h1, blobs1 = payloads.decode(one, headers)
+  h2, blobs2 = payloads.decode(two, headers)
+  assert h1 is h2 and h1 == {"shape": [2]} and len(headers) == 1
+  assert [bytes(b) for b in blobs1] == [b"ab", b"c" * 70]
+  assert [bytes(b) for b in blobs2] == [b"xy", b"z" * 70]
+  with pytest.raises(ValueError, match="runs past"):
+    payloads.decode(two[:-1], headers)
+  for _ in range(payloads.HEADERS_KEPT + 1):  # bounded
+    payloads.decode(payloads.encode({"n": len(headers)}), headers)
+  assert len(headers) <= payloads.HEADERS_KEPT
+
+
+@pytest.mark.parametrize("sizes", [[-4], [1.5], "ab", [True]])
+def test_blob_sizes_that_are_not_sizes_are_refused(sizes):
+  """A header's blob sizes are non-negative ints (a negative one would make
+  the next blob overlap this one)."""
+  text = json.dumps({"_blobs": sizes}).encode()
+  raw = len(text).to_bytes(4, "little") + text + b"\0" * 64
+  with pytest.raises(ValueError, match="not sizes"):
+    payloads.decode(raw)

@@ -28,6 +28,20 @@ def test_put_of_a_hostile_payload_is_refused(shape, strides, words):
   assert words in e.value.status.message
 
 
+def test_checks_kept_per_kind_of_view_still_refuse_each_time():
+  """host_view keeps its checks per kind of view (dtype, shape, strides,
+  size): the same view again is not checked again, but a refused one is
+  refused every time, and one of another size is checked anew."""
+  data = memoryview(DATA.tobytes())
+  for _ in range(2):
+    np.testing.assert_array_equal(host_view(data, "float32", [2, 8], None),
+                                  DATA.reshape(2, 8))
+    with pytest.raises(StatusError, match="needs 64 bytes"):
+      host_view(data[:60], "float32", [2, 8], None)
+    with pytest.raises(StatusError, match="needs 128 bytes"):
+      host_view(data, "float32", [4, 8], None)
+
+
 def test_put_with_legal_strides_is_a_view():
   payload = DATA.tobytes()
   view = host_view(memoryview(payload), "float32", [4, 4], [4, 16])
@@ -100,6 +114,7 @@ class _Backend:
 def test_put_of_hostile_shards_is_refused(cpu_devices, shards, blobs, words):
   worker = Worker.__new__(Worker)  # no executor or threads: _put only
   worker._backend = _Backend(cpu_devices[:2])  # pylint: disable=protected-access
+  worker._put_headers = {}  # pylint: disable=protected-access
   payload = payloads.encode({"dtype": "float32", "shape": [16],
                              "sharding": {}, "shards": shards},
                             *[DATA[:8].tobytes()] * blobs)
