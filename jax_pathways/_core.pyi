@@ -119,23 +119,24 @@ class FastPath:
   def count(self, stream: int) -> int: ...
   def records(self, stream: int) -> list[tuple[int, ArrayRecord]]: ...
   def note_client_handle(self, stream: int, handle: int) -> None: ...
-  def register(self, stream: int, executable: int, program: int,
-               islands: Sequence[int], epoch: int,
+  def register(self, stream: int, executable: int, epoch: int,
                arg_layouts: Sequence[Sequence[int]],
                output_layouts: Sequence[int],
                output_islands: Sequence[Sequence[int]],
                output_shards: Sequence[ShardPlan | None],
-               result_bytes: Sequence[Sequence[int]],
-               donated: Sequence[int]) -> None: ...
+               donated: Sequence[int], schedule: tuple[Any, ...]) -> None:
+    """A program Python launched once on arguments of these layouts: the
+    launches alike, at the same dispatcher epoch, submit `schedule`
+    (controller/schedule.py Schedule.for_fast_path())."""
   def unregister(self, stream: int, executable: int) -> None: ...
-  def register_upload(self, stream: int, array: int, head: bytes,
-                      nbytes: int, layout: int, islands: Sequence[int],
-                      island_bytes: Sequence[int],
-                      shards: ShardPlan | None, epoch: int) -> None:
-    """What Python made of the MakeArrayFromHostBuffer that made `array`
-    (the PUT op's head, the upload's size, the array's layout, islands and
-    device memory per island, the dispatcher epoch it placed it at), for
-    the fast path's uploads alike."""
+  def register_upload(self, stream: int, array: int,
+                      upload_bytes: Sequence[int],
+                      arrays: Sequence[tuple[Any, ...]], epoch: int) -> None:
+    """What Python made of the upload request whose first new array was
+    `array`: the size of each upload it names, and per array (layout,
+    shard plan, puts), each put (island, device memory there, PUT head,
+    blobs), each blob (padding before it, which upload); the dispatcher
+    epoch it placed them at. For the fast path's uploads alike."""
   def set_fetch_payload(self, fetch: bytes) -> None:
     """The payload of a dense row-major FETCH."""
   def stats(self) -> dict[str, int]: ...

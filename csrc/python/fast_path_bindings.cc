@@ -26,6 +26,67 @@ using PyUploadArray = std::tuple<
     std::vector<std::tuple<IslandId, int64_t, py::buffer,
                            std::vector<std::tuple<py::buffer, size_t>>>>>;
 
+// controller/schedule.py's Schedule.for_fast_path(): (id, temps, move
+// sources, gangs), each op (island, kind, program, args, results, payload,
+// payload_after, move, digits, source_if_failed, result_bytes), each
+// buffer (space, index).
+using PyRef = std::pair<int, uint32_t>;
+using PyStepOp =
+    std::tuple<IslandId, int, uint64_t, std::vector<PyRef>, std::vector<PyRef>,
+               py::buffer, py::buffer, int64_t, size_t, bool,
+               std::vector<int64_t>>;
+using PySchedule = std::tuple<uint64_t, size_t, std::vector<PyRef>,
+                              std::vector<std::vector<PyStepOp>>>;
+
+// A schedule checked: every buffer it names is one of the launch's, every
+// move one of its moves, every op kind one there is.
+Schedule ToSchedule(const PySchedule& py_schedule, size_t args,
+                    size_t results) {
+  const auto& [id, temps, move_sources, gangs] = py_schedule;
+  Schedule out;
+  out.id = id;
+  out.temps = temps;
+  auto ref = [&](const PyRef& r) {
+    size_t bound = r.first == StepRef::kArg      ? args
+                   : r.first == StepRef::kResult ? results
+                   : r.first == StepRef::kTemp   ? temps
+                                                 : 0;
+    if (r.second >= bound) {
+      throw py::value_error("a schedule names a buffer the launch has not");
+    }
+    return StepRef{static_cast<StepRef::Space>(r.first), r.second};
+  };
+  for (const PyRef& r : move_sources) out.move_sources.push_back(ref(r));
+  for (const auto& py_gang : gangs) {
+    std::vector<StepOp>& gang = out.gangs.emplace_back();
+    for (const auto& [island, kind, program, op_args, op_results, payload,
+                      after, move, digits, source_if_failed, bytes] :
+         py_gang) {
+      if (kind < static_cast<int>(OpKind::kCompile) ||
+          kind > static_cast<int>(OpKind::kShutdown)) {
+        throw py::value_error("a schedule's op kind is not one there is");
+      }
+      if (move >= static_cast<int64_t>(out.move_sources.size()) ||
+          (move >= 0 && digits != kTransferDigits)) {
+        throw py::value_error("a schedule's move is not one of its moves, "
+                              "or its transfer ids are not C++'s");
+      }
+      StepOp& op = gang.emplace_back();
+      op.island = island;
+      op.kind = static_cast<OpKind>(kind);
+      op.program = program;
+      for (const PyRef& r : op_args) op.args.push_back(ref(r));
+      for (const PyRef& r : op_results) op.results.push_back(ref(r));
+      op.payload = SharedOrCopy(payload);
+      op.payload_after = SharedOrCopy(after);
+      op.move = move;
+      op.source_if_failed = source_if_failed;
+      op.result_bytes = bytes;
+    }
+  }
+  return out;
+}
+
 PyRecord ToPython(const ArrayRecord& r) {
   return {r.buffer, r.layout, r.islands, r.donated, r.shares};
 }
@@ -122,33 +183,29 @@ void RegisterFastPath(py::module_& m) {
       .def(
           "register",
           [](FastPath& f, uint64_t stream, uint64_t executable,
-             uint64_t program, std::vector<IslandId> islands, uint64_t epoch,
-             std::vector<std::vector<int64_t>> arg_layouts,
+             uint64_t epoch, std::vector<std::vector<int64_t>> arg_layouts,
              std::vector<int64_t> output_layouts,
              std::vector<std::vector<IslandId>> output_islands,
              std::vector<std::shared_ptr<ShardPlan>> output_shards,
-             std::vector<std::vector<int64_t>> result_bytes,
-             std::vector<size_t> donated) {
-            if (result_bytes.size() != islands.size() ||
-                output_islands.size() != output_layouts.size() ||
+             std::vector<size_t> donated, const PySchedule& schedule) {
+            if (output_islands.size() != output_layouts.size() ||
                 output_shards.size() != output_layouts.size()) {
               throw py::value_error("a fast program's lists do not match");
             }
+            Schedule checked = ToSchedule(schedule, arg_layouts.size(),
+                                          output_layouts.size());
             f.Register(stream, executable,
-                       FastProgram{program, std::move(islands), epoch,
-                                   std::move(arg_layouts),
+                       FastProgram{epoch, std::move(arg_layouts),
                                    std::move(output_layouts),
                                    std::move(output_islands),
                                    {output_shards.begin(),
                                     output_shards.end()},
-                                   std::move(result_bytes),
-                                   std::move(donated)});
+                                   std::move(donated), std::move(checked)});
           },
-          py::arg("stream"), py::arg("executable"), py::arg("program"),
-          py::arg("islands"), py::arg("epoch"), py::arg("arg_layouts"),
-          py::arg("output_layouts"), py::arg("output_islands"),
-          py::arg("output_shards"), py::arg("result_bytes"),
-          py::arg("donated"))
+          py::arg("stream"), py::arg("executable"), py::arg("epoch"),
+          py::arg("arg_layouts"), py::arg("output_layouts"),
+          py::arg("output_islands"), py::arg("output_shards"),
+          py::arg("donated"), py::arg("schedule"))
       .def(
           "set_fetch_payload",
           [](FastPath& f, const py::buffer& fetch) {

@@ -160,8 +160,9 @@ void FastPath::Register(uint64_t stream, uint64_t executable,
   if (s == nullptr) return;
   auto [p, added] = s->programs.try_emplace(executable);
   FastProgram& known = p->second;
-  if (!added && known.program == program.program &&
-      known.epoch == program.epoch &&
+  // More argument layouts for the same schedule; else the new one.
+  if (!added && known.epoch == program.epoch &&
+      known.schedule.id == program.schedule.id &&
       known.arg_layouts.size() == program.arg_layouts.size()) {
     for (size_t i = 0; i < known.arg_layouts.size(); ++i) {
       std::vector<int64_t>& accepted = known.arg_layouts[i];
@@ -209,6 +210,7 @@ int FastPath::Handle(uint64_t stream, std::string_view request,
   IfrtRequest r = ifrt_wire::Read(request);
   if (r.kind == IfrtRequest::kOther) return 0;
   Gangs gangs;
+  IfFailed if_failed;
   std::vector<BufferId> buffers;
   ClientId client = 0;
   uint64_t host_session = 0;
@@ -221,7 +223,7 @@ int FastPath::Handle(uint64_t stream, std::string_view request,
       client = s.client;
       switch (r.kind) {
         case IfrtRequest::kExecute:
-          taken = Execute(s, r, &gangs);
+          taken = Execute(s, r, &gangs, &if_failed, &buffers);
           stats_.executes += taken;
           break;
         case IfrtRequest::kDestructArray:
@@ -275,11 +277,24 @@ int FastPath::Handle(uint64_t stream, std::string_view request,
         client);
     return true;
   }
-  for (std::vector<IslandOp>& gang : gangs) {
-    dispatcher_->Submit(std::move(gang), 0, client);
+  // A launch of many gangs (an MPMD step) reaches each worker in one write.
+  const bool cork = gangs.size() > 1;
+  if (cork) dispatcher_->Cork();
+  for (size_t g = 0; g < gangs.size(); ++g) {
+    if (g < if_failed.size()) {
+      for (const auto& [k, buffer] : if_failed[g]) {
+        Status why;
+        if (dispatcher_->State(buffer, &why) == BufferState::kFailed) {
+          gangs[g][k].op.args = {buffer};
+        }
+      }
+    }
+    dispatcher_->Submit(std::move(gangs[g]), 0, client);
   }
+  if (cork) dispatcher_->Uncork();
   switch (r.kind) {
     case IfrtRequest::kExecute:
+      if (!buffers.empty()) dispatcher_->Forget(buffers);
       Reply(stream, r.op_id, ifrt_wire::kExecuteField, Status());
       break;
     case IfrtRequest::kDestructArray:
@@ -312,7 +327,8 @@ int FastPath::Handle(uint64_t stream, std::string_view request,
   return true;
 }
 
-bool FastPath::Execute(Session& s, const IfrtRequest& r, Gangs* gangs) {
+bool FastPath::Execute(Session& s, const IfrtRequest& r, Gangs* gangs,
+                       IfFailed* if_failed, std::vector<BufferId>* temps) {
   // The first call's results are handles the controller mints, and a
   // status to fill is a future Python keeps: both Python's.
   if (r.fill_status || r.results.empty()) return false;
@@ -352,16 +368,52 @@ bool FastPath::Execute(Session& s, const IfrtRequest& r, Gangs* gangs) {
         results[i], program.output_layouts[i], program.output_islands[i],
         false, program.output_shards[i]};
   }
-  std::vector<IslandOp> gang(program.islands.size());
-  for (size_t k = 0; k < gang.size(); ++k) {
-    gang[k].island = program.islands[k];
-    gang[k].op.kind = OpKind::kLaunch;
-    gang[k].op.program = program.program;
-    gang[k].op.args = args;
-    gang[k].op.results = results;
-    gang[k].result_bytes = program.result_bytes[k];
+  const Schedule& schedule = program.schedule;
+  *temps = dispatcher_->NewBuffers(schedule.temps);
+  auto buffer = [&](const StepRef& ref) {
+    switch (ref.space) {
+      case StepRef::kArg:
+        return args[ref.index];
+      case StepRef::kResult:
+        return results[ref.index];
+      default:
+        return (*temps)[ref.index];
+    }
+  };
+  // A fresh transfer id per move, random above its piece index (20 bits):
+  // as controller/moves.py makes them, unguessable by anyone else's.
+  std::vector<std::string> transfers;
+  for (size_t m = 0; m < schedule.move_sources.size(); ++m) {
+    uint64_t bits = (uint64_t{random_()} << 32 | random_()) &
+                    ((uint64_t{1} << kTransferBits) - 1);
+    transfers.push_back(
+        std::to_string((bits | uint64_t{1} << kTransferBits) << 20));
   }
-  gangs->push_back(std::move(gang));
+  for (const std::vector<StepOp>& planned : schedule.gangs) {
+    std::vector<IslandOp>& gang = gangs->emplace_back(planned.size());
+    std::vector<std::pair<size_t, BufferId>>& maybe =
+        if_failed->emplace_back();
+    for (size_t k = 0; k < planned.size(); ++k) {
+      const StepOp& p = planned[k];
+      IslandOp& op = gang[k];
+      op.island = p.island;
+      op.op.kind = p.kind;
+      op.op.program = p.program;
+      for (const StepRef& a : p.args) op.op.args.push_back(buffer(a));
+      for (const StepRef& b : p.results) op.op.results.push_back(buffer(b));
+      if (p.move < 0) {
+        op.op.payload = p.payload;
+      } else {
+        auto text = std::make_shared<std::string>(p.payload.view());
+        text->append(transfers[p.move]).append(p.payload_after.view());
+        op.op.payload = Bytes::Borrow(text, text->data(), text->size());
+        if (p.source_if_failed) {
+          maybe.emplace_back(k, buffer(schedule.move_sources[p.move]));
+        }
+      }
+      op.result_bytes = p.result_bytes;
+    }
+  }
   return true;
 }
 

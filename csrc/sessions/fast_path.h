@@ -34,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -78,10 +79,50 @@ struct ArrayRecord {
   BufferId shares = 0;
 };
 
-// What Python checked once of a compiled program, for the launches after.
+// A move's transfer id, as controller/moves.py makes them: 38 random bits
+// and bit 38 set, above a 20-bit piece index: always 18 decimal digits.
+constexpr int kTransferBits = 38;
+constexpr size_t kTransferDigits = 18;
+
+// A buffer of one launch by its role: the Execute's argument or result
+// `index`, or a temporary the launch makes and deletes.
+struct StepRef {
+  enum Space : uint8_t { kArg = 0, kResult = 1, kTemp = 2 };
+  Space space = kArg;
+  uint32_t index = 0;
+};
+
+// One op of a launch's schedule (controller/schedule.py), its buffers by
+// role.
+struct StepOp {
+  IslandId island = 0;
+  OpKind kind = OpKind::kLaunch;
+  uint64_t program = 0;
+  std::vector<StepRef> args;
+  std::vector<StepRef> results;
+  // The payload; for an op of a move between islands, the part before the
+  // move's transfer id (fresh per launch, kTransferDigits digits).
+  Bytes payload;
+  Bytes payload_after;
+  int64_t move = -1;  // which move of the launch; -1: none
+  // A move's op that does not take its source (a receive) names it only
+  // if the source has failed when the op is submitted, to fail at once.
+  bool source_if_failed = false;
+  std::vector<int64_t> result_bytes;
+};
+
+// What one Execute submits: gangs in order, then the temporaries forgotten.
+struct Schedule {
+  uint64_t id = 0;  // Python's: the same program at the same epoch and
+                    // argument layouts has the same one
+  std::vector<std::vector<StepOp>> gangs;
+  size_t temps = 0;
+  std::vector<StepRef> move_sources;  // per move
+};
+
+// What Python checked once of a compiled program (one program, or an MPMD
+// program of several), for the launches after.
 struct FastProgram {
-  uint64_t program = 0;  // the workers' compiled program id
-  std::vector<IslandId> islands;
   // Dispatcher epoch Python checked the program's islands at.
   uint64_t epoch = 0;
   // Per argument, the layouts Python accepted there (a call's arguments
@@ -90,9 +131,8 @@ struct FastProgram {
   std::vector<int64_t> output_layouts;
   std::vector<std::vector<IslandId>> output_islands;
   std::vector<std::shared_ptr<const ShardPlan>> output_shards;
-  // Per island of `islands`: the device memory of each output there.
-  std::vector<std::vector<int64_t>> result_bytes;
   std::vector<size_t> donated;  // argument indices
+  Schedule schedule;
 };
 
 // What Python made of one upload request (MakeArrayFromHostBuffer, or
@@ -207,12 +247,17 @@ class FastPath {
     size_t waited_upload = 0;
   };
   using Gangs = std::vector<std::vector<IslandOp>>;
+  // Per gang of Gangs (fewer: none for the rest), ops that name a buffer
+  // only if it has failed by the time the gang is submitted: (op, buffer).
+  using IfFailed = std::vector<std::vector<std::pair<size_t, BufferId>>>;
 
   // Requires mu_. The session of `stream`, or nullptr.
   Session* FindLocked(uint64_t stream);
   // Require mu_. Check everything first, change nothing unless taken; the
   // work to submit (outside mu_) goes to `gangs`.
-  bool Execute(Session& s, const IfrtRequest& r, Gangs* gangs);
+  // `temps`: the launch's temporaries, to forget once submitted.
+  bool Execute(Session& s, const IfrtRequest& r, Gangs* gangs,
+               IfFailed* if_failed, std::vector<BufferId>* temps);
   bool Destruct(Session& s, const IfrtRequest& r, Gangs* gangs,
                 std::vector<BufferId>* forget);
   bool ReadyBuffers(Session& s, const IfrtRequest& r,
@@ -244,6 +289,7 @@ class FastPath {
   std::unordered_map<uint64_t, Session> sessions_;
   FastPathStats stats_;
   Bytes fetch_payload_;  // guarded by mu_; empty: reads go to Python
+  std::random_device random_;  // guarded by mu_: transfer ids
   std::mutex sink_mu_;  // guards sink_ (replies may come from any thread)
   JpReplySink sink_{3, nullptr, nullptr, nullptr, nullptr};
 };

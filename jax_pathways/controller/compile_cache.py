@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from jax_pathways import validation
 from jax_pathways.controller.arrays import Array, island_bytes
 from jax_pathways.controller.coordination import GlobalClient
+from jax_pathways.controller.schedule import (ARG, RESULT, Ref, Schedule,
+                                              StepOp)
 from jax_pathways.dispatch import payloads
 from jax_pathways.dispatch.dispatcher import (Dispatcher, IslandOp, OnDone,
                                               OpKind)
@@ -85,6 +87,7 @@ class CompiledProgram:
         list(shardings) if len(shardings) == self.num_parameters
         else [None] * self.num_parameters)
     self._output_bytes: dict[int, list[int]] | None = None
+    self._schedule: Schedule | None = None
 
   def ensure_current(self, services: Services) -> None:
     """Makes the program runnable on its islands' current workers: compiles
@@ -130,12 +133,27 @@ class CompiledProgram:
              results: Sequence[int], on_done: OnDone | None) -> None:
     """One LAUNCH gang over the program's islands: `args` -> `results`."""
     self.ensure_current(services)
-    buffers = [a.buffer for a in args]
-    sizes = self.output_bytes(services.topology)
-    services.dispatcher.submit(
-        [IslandOp(island.id, OpKind.LAUNCH, self.program_id, buffers,
-                  list(results), result_bytes=sizes[island.id])
-         for island in self.islands], on_done)
+    self.schedule(services).run(services, [a.buffer for a in args],
+                                list(results), on_done)
+
+  def schedule(self, services: Services,
+               args: Sequence[Array] = ()) -> Schedule:
+    """A launch as plain data (the same for any arguments it takes)."""
+    del args
+    if self._schedule is None:
+      self._schedule = Schedule(
+          [self.launch_ops([(ARG, i) for i in range(self.num_parameters)],
+                           [(RESULT, j) for j in range(len(self.outputs))],
+                           services.topology)], done=0)
+    return self._schedule
+
+  def launch_ops(self, args: Sequence[Ref], results: Sequence[Ref],
+                 topology: Topology) -> list[StepOp]:
+    """The LAUNCH gang over the program's islands, buffers by role."""
+    sizes = self.output_bytes(topology)
+    return [StepOp(island.id, OpKind.LAUNCH, self.program_id, tuple(args),
+                   tuple(results), result_bytes=tuple(sizes[island.id]))
+            for island in self.islands]
 
   def output_bytes(self, topology: Topology) -> dict[int, list[int]]:
     """Island -> the device memory of each output there."""

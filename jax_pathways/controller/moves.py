@@ -29,15 +29,15 @@ def move(services: Services, src: Array, dst: Array) -> None:
 
 
 # A move's transfer ids: `transfer` + piece index (20 bits), random above
-# (so no transfer of anyone else can collide with, or guess, these) and of
-# a fixed number of digits (its header is a payloads.Template).
+# and of a fixed number of digits (its header is a payloads.Template; the
+# C++ fast path makes them too: kTransferBits in csrc/sessions/fast_path.h).
 _TRANSFER_BITS = 38
 _TRANSFER_DIGITS = 18  # every value of (2**38 | r) << 20, r < 2**38
 # Plans kept (Services.move_plans; a pipeline's moves, step after step).
 PLANS_KEPT = 1024
 
 
-class _PlannedOp(NamedTuple):
+class PlannedOp(NamedTuple):
   """One island's op of a move, but for the buffers and transfer id."""
   island: int
   kind: OpKind
@@ -58,27 +58,13 @@ def plan(services: Services, src: Array, dst: Array, pull: bool = False
   pull: let the receiver pull the array (worker/transfers.py) where it can:
   its op loop goes on at once and the launches after it are enqueued ahead
   of the bytes, which is what a pipeline stage wants; a lone copy is
-  quicker pushed.
-
-  Planned once per kind of move (islands, shardings, shape, dtype) and
-  dispatcher epoch (a lost or rejoined island changes addresses)."""
-  topology = services.topology
-  key = (services.dispatcher.epoch, tuple(i.id for i in src.islands),
-         tuple(i.id for i in dst.islands), src.sharding, dst.sharding,
-         tuple(src.shape), src.dtype, tuple(dst.shape), dst.dtype, pull)
-  kept = services.move_plans
-  planned = kept.get(key)
-  if planned is None:
-    if len(kept) >= PLANS_KEPT:
-      kept.clear()
-    planned = kept[key] = _plan(topology, src, dst, pull)
+  quicker pushed."""
   transfer = failed = None
   sends, receives = [], []
-  for p in planned:
+  for p in planned(services, src, dst, pull):
     if isinstance(p.payload, payloads.Template):
       if transfer is None:
-        transfer = ((secrets.randbits(_TRANSFER_BITS) |
-                     1 << _TRANSFER_BITS) << 20)
+        transfer = new_transfer()
         # A failed source (its island lost, or its producer failed) fails
         # the receivers at once too: the dispatcher refuses a gang that
         # names a failed buffer, as it refuses the sends. Otherwise a
@@ -98,13 +84,36 @@ def plan(services: Services, src: Array, dst: Array, pull: bool = False
   return sends, receives
 
 
+def planned(services: Services, src: Array, dst: Array, pull: bool
+            ) -> list[PlannedOp]:
+  """A move's ops but for its buffers and transfer id (see plan), planned
+  once per kind of move (islands, shardings, shape, dtype) and dispatcher
+  epoch (a lost or rejoined island changes addresses)."""
+  key = (services.dispatcher.epoch, tuple(i.id for i in src.islands),
+         tuple(i.id for i in dst.islands), src.sharding, dst.sharding,
+         tuple(src.shape), src.dtype, tuple(dst.shape), dst.dtype, pull)
+  kept = services.move_plans
+  ops = kept.get(key)
+  if ops is None:
+    if len(kept) >= PLANS_KEPT:
+      kept.clear()
+    ops = kept[key] = _plan(services.topology, src, dst, pull)
+  return ops
+
+
+def new_transfer() -> int:
+  """A fresh transfer id: random above the piece index (20 bits), so no
+  transfer of anyone else's can collide with, or guess, it."""
+  return (secrets.randbits(_TRANSFER_BITS) | 1 << _TRANSFER_BITS) << 20
+
+
 def _plan(topology: Topology, src: Array, dst: Array, pull: bool
-          ) -> list[_PlannedOp]:
+          ) -> list[PlannedOp]:
   sizes = dst.island_bytes(topology)
   if ([i.id for i in src.islands] == [i.id for i in dst.islands] and
       len(src.islands) == 1):
     island = src.islands[0].id
-    return [_PlannedOp(island, OpKind.COPY, True, False, payloads.encode({
+    return [PlannedOp(island, OpKind.COPY, True, False, payloads.encode({
         "mode": "reshard", "sharding": dst.sharding.worker_spec(topology)}),
                        [sizes[island]])]
   if dst.dtype != src.dtype or dst.shape != src.shape:
@@ -134,7 +143,7 @@ def _plan(topology: Topology, src: Array, dst: Array, pull: bool
         "pull_from": pull_from,
     }
     receive = island in dst_ids
-    planned.append(_PlannedOp(
+    planned.append(PlannedOp(
         island, OpKind.RECEIVE if receive else OpKind.SEND,
         island in src_ids, receive and not src_ids & dst_ids,
         payloads.template(header, "transfer", _TRANSFER_DIGITS),

@@ -18,8 +18,10 @@ from jax_pathways import protos, validation
 from jax_pathways.controller import moves
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.compile_cache import CompileCache, CompiledProgram
+from jax_pathways.controller.schedule import (ARG, RESULT, TEMP, Ref,
+                                              Schedule, StepOp)
 from jax_pathways.controller.session import Services
-from jax_pathways.dispatch.dispatcher import IslandOp, OnDone
+from jax_pathways.dispatch.dispatcher import OnDone, OpKind
 from jax_pathways.programs.ifrt_ir_program import Call, MpmdProgram
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.resources.island import Island
@@ -27,6 +29,8 @@ from jax_pathways.resources.topology import Topology
 from jax_pathways.status import Status, from_exception, invalid_argument
 
 OnMpmdCompiled = Callable[[Status, "MpmdExecutable | None"], None]
+# Steps kept per executable (one per dispatcher epoch and argument layouts).
+SCHEDULES_KEPT = 8
 
 
 def compile_program(program: MpmdProgram, cache: CompileCache,
@@ -84,6 +88,7 @@ class MpmdExecutable:
     self.output_shardings = [self.shardings[v] for v in program.outputs]
     self.donated = program.donated_inputs
     self.num_parameters = len(program.inputs)
+    self._schedules: dict[Any, Schedule] = {}
     self._check_donation()
     self.metadata = self._metadata()
 
@@ -171,59 +176,94 @@ class MpmdExecutable:
   def launch(self, services: Services, args: Sequence[Array],
              results: Sequence[int], on_done: OnDone | None) -> None:
     """Submits one step: `args` -> arrays in the `results` buffers."""
-    program = self.program
-    dispatcher = services.dispatcher
-    env: dict[int, Array] = dict(zip(program.inputs, args))
-    # Outputs produced by a step land in their result buffer directly.
-    output_buffer = {}
-    for v, b in zip(program.outputs, results):
-      if v not in output_buffer and v not in env:
-        output_buffer[v] = b
-    made: list[Array] = []
+    for fragment in self.fragments:  # a lost island's next worker
+      fragment.ensure_current(services)
+    self.schedule(services, args).run(services, [a.buffer for a in args],
+                                      list(results), on_done)
 
-    def new(v: int) -> Array:
-      buffer = output_buffer.get(v) or dispatcher.new_buffers(1)[0]
+  def schedule(self, services: Services, args: Sequence[Array]) -> Schedule:
+    """One step as plain data, for arguments laid out as `args` (a move's
+    ops name its source's sharding); kept per dispatcher epoch."""
+    key = (services.dispatcher.epoch,
+           tuple((tuple(i.id for i in a.islands), a.sharding) for a in args))
+    made = self._schedules.get(key)
+    if made is None:
+      if len(self._schedules) >= SCHEDULES_KEPT:
+        self._schedules.clear()
+      made = self._schedules[key] = self._schedule(services, args)
+    return made
+
+  def _schedule(self, services: Services, args: Sequence[Array]
+                ) -> Schedule:
+    program = self.program
+    topology = services.topology
+    schedule = Schedule([])
+    ref: dict[int, Ref] = {}
+    like: dict[int, Array] = {}  # each value's layout, for moves
+    for i, (v, a) in enumerate(zip(program.inputs, args)):
+      ref[v], like[v] = (ARG, i), a
+    # Outputs produced by a step land in their result buffer directly.
+    output_ref: dict[int, Ref] = {}
+    for j, v in enumerate(program.outputs):
+      if v not in output_ref and v not in ref:
+        output_ref[v] = (RESULT, j)
+    temps: list[int] = []  # the values in temporaries, in order
+
+    def new(v: int) -> Ref:
+      r = output_ref.get(v)
+      if r is None:
+        r = (TEMP, len(temps))
+        temps.append(v)
       value = program.values[v]
-      array = Array(buffer, self.islands_of_value(v), value.dtype,
-                    value.shape, self.shardings[v])
-      env[v] = array
-      made.append(array)
-      return array
+      ref[v] = r
+      like[v] = Array(0, self.islands_of_value(v), value.dtype, value.shape,
+                      self.shardings[v])
+      return r
 
     # A value moved to another island is received just before its first
     # use, not where it is sent: a receive holds its island's op loop, and
     # in a 1F1B steady state the island has a backward to run meanwhile.
-    receives: dict[int, list[IslandOp]] = {}
+    receives: dict[int, list[StepOp]] = {}
 
     def needed(values: Sequence[int]) -> None:
       for v in values:
         if v in receives:
-          dispatcher.submit(receives.pop(v))
+          schedule.gangs.append(receives.pop(v))
 
     for step in program.steps:
       needed(step.args)
       if isinstance(step, Call):
         outs = [new(r) for r in step.results]
-        self.fragments[step.fragment].launch(
-            services, [env[a] for a in step.args], [o.buffer for o in outs],
-            None)
+        schedule.gangs.append(self.fragments[step.fragment].launch_ops(
+            [ref[a] for a in step.args], outs, topology))
       else:
         for a, r in zip(step.args, step.results):
-          sends, later = moves.plan(services, env[a], new(r), pull=True)
-          dispatcher.submit(sends)
+          dest = new(r)
+          sends, later = schedule.add_move(
+              moves.planned(services, like[a], like[r], pull=True), ref[a],
+              dest)
+          schedule.gangs.append(sends)
           if later:
             receives[r] = later
     needed(list(receives))
     # An output that is an input, or returned twice, gets a copy of its own.
-    for v, b in zip(program.outputs, results):
-      if output_buffer.get(v) != b:
-        src = env[v]
-        dst = Array(b, src.islands, src.dtype, src.shape, src.sharding)
-        moves.move(services, src, dst)
-    kept = set(output_buffer.values())
-    moves.release(services, [a for a in made if a.buffer not in kept])
-    if on_done is not None:
-      dispatcher.when_ready(list(results), on_done)
+    for j, v in enumerate(program.outputs):
+      if output_ref.get(v) != (RESULT, j):
+        src = like[v]
+        dst = Array(0, src.islands, src.dtype, src.shape, src.sharding)
+        sends, later = schedule.add_move(
+            moves.planned(services, src, dst, pull=False), ref[v],
+            (RESULT, j))
+        schedule.gangs.append(sends + later)
+    # The temporaries go once the ops queued before on their islands ran.
+    by_island: dict[int, list[Ref]] = {}
+    for k, v in enumerate(temps):
+      for island in self._value_island_ids[v]:
+        by_island.setdefault(island, []).append((TEMP, k))
+    schedule.gangs.extend([StepOp(island, OpKind.DELETE, args=tuple(refs))]
+                          for island, refs in by_island.items())
+    schedule.temps = len(temps)
+    return schedule
 
   # --------------------------------------------------------------- metadata
   def _metadata(self) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_pathways
-from jax_pathways import mpmd
+from jax_pathways import admin, mpmd
 
 pytestmark = pytest.mark.integration
 
@@ -217,3 +217,42 @@ def test_donated_parameters_are_updated_in_place(mlp, proxy_devices,
   # The step consumed the parameters it was given, on the workers.
   with pytest.raises(Exception, match="deleted"):
     np.asarray(jax.tree.leaves(first)[0])
+
+
+@pytest.mark.parametrize("donate", [False, True])
+def test_steps_after_the_first_run_in_cpp_with_plain_jax_bits(
+    mlp, pathways, proxy_devices, cpu_devices, donate):
+  """After Python has run a pipeline step once, the steps alike are the
+  sessions' C++ fast path's: it submits the same schedule of ops
+  (controller/schedule.py: launches, moves between the islands with fresh
+  transfer ids, deletes of the step's temporaries) with the next call's
+  buffers. Every step's bits are jax.jit's."""
+  model = mlp(stages=2, microbatches=M)
+  step = mpmd.pipeline(model.train_step, mpmd.Topology.islands(),
+                       stages={"s0": 0, "s1": 1}, schedule="1F1B",
+                       microbatches=M, batch_argnums=(1,),
+                       donate_argnums=(0,) if donate else ())
+  leaves, tree = jax.tree.flatten(model.params)
+  shardings = step.lower(model.params, (model.x, model.y)).input_shardings
+  params = jax.tree.unflatten(tree, [jax.device_put(leaf, s) for leaf, s in
+                                     zip(leaves, shardings)])
+  mesh = Mesh(np.array(cpu_devices[:4]), ("data",))
+  replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+  batches = [(jax.device_put(a, split), jax.device_put(b, split))
+             for a, b in zip(np.split(model.x, M), np.split(model.y, M))]
+  local_step = jax.jit(model.train_step)
+  local = jax.device_put(model.params, replicated)
+
+  def executes() -> int:
+    return admin.status(pathways.address,
+                        pathways.token)["fast_path"]["executes"]
+
+  before = executes()
+  for _ in range(STEPS):  # (a read of the params would take them back to
+    # Python, the donating launch with them: only the loss is read)
+    params, loss = step(params, (model.x, model.y))
+    local, local_loss = local_step(local, batches)
+    np.testing.assert_array_equal(np.asarray(loss), np.asarray(local_loss))
+  assert executes() - before >= STEPS - 1
+  for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(local)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

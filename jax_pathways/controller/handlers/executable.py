@@ -131,7 +131,7 @@ def execute(session: Session, req: Any, reply: Reply) -> None:
     if status_future is not None:
       status_future.set_result(failure)
   else:
-    fast = isinstance(exe, CompiledProgram)
+    fast = isinstance(exe, (CompiledProgram, MpmdExecutable))
     for h, b, (shape, dtype), s, islands in zip(
         handles_, buffers, outputs, shardings, exe.output_islands):
       if fast:
@@ -175,24 +175,24 @@ def execute(session: Session, req: Any, reply: Reply) -> None:
   reply.ok(fill)
 
 
-def _register_fast(session: Session, handle: int, exe: CompiledProgram,
-                   args: list[Array], epoch: int) -> None:
+def _register_fast(session: Session, handle: int,
+                   exe: CompiledProgram | MpmdExecutable, args: list[Array],
+                   epoch: int) -> None:
   """Lets the fast path (controller/array_store.py) launch `exe` again on
   arguments laid out as these, which this call checked, as long as the
-  islands do not change (`epoch`)."""
+  islands do not change (`epoch`): the same schedule of ops, its buffers
+  the next call's."""
   services = session.services
   if services.fast_path is None:
     return
   layouts = session.arrays.layouts
-  out_bytes = exe.output_bytes(services.topology)
   outputs = [layouts.id(islands, dtype, shape, s) for islands, (shape, dtype), s
              in zip(exe.output_islands, exe.outputs, exe.output_shardings)]
   services.fast_path.register(
-      session.stream, handle, exe.program_id, [i.id for i in exe.islands],
-      epoch, [[layouts.of_array(a)] for a in args], outputs,
-      [[i.id for i in islands] for islands in exe.output_islands],
-      [layouts.plan(layout) for layout in outputs],
-      [out_bytes[i.id] for i in exe.islands], list(exe.donated))
+      session.stream, handle, epoch, [[layouts.of_array(a)] for a in args],
+      outputs, [[i.id for i in islands] for islands in exe.output_islands],
+      [layouts.plan(layout) for layout in outputs], list(exe.donated),
+      exe.schedule(services, args).for_fast_path())
 
 
 @handles("loaded_executable_fetch_execute_result_request")

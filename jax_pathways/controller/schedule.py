@@ -1,0 +1,118 @@
+"""Schedules: one launch as plain data.
+
+A launch -- an Execute of a compiled program, or of an MPMD program of
+several with the moves between their islands -- is a list of gangs of ops,
+submitted in order, whose buffers are named by role: the Execute's argument
+or result i, or a temporary the launch makes (and deletes with its own
+DELETE ops). A move between islands gets a fresh transfer id per launch.
+Python runs a schedule (Schedule.run), and the sessions' C++ fast path
+(csrc/sessions/fast_path.h) runs the same one for the launches alike, so
+both submit the same ops.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+
+from jax_pathways.controller import moves
+from jax_pathways.dispatch import payloads
+from jax_pathways.dispatch.dispatcher import IslandOp, OnDone, OpKind
+
+if TYPE_CHECKING:
+  from jax_pathways.controller.session import Services
+
+# A buffer's role: (space, index).
+ARG, RESULT, TEMP = 0, 1, 2
+Ref = tuple[int, int]
+_ids = itertools.count(1)
+
+
+class StepOp(NamedTuple):
+  """One op of a schedule, its buffers by role."""
+  island: int
+  kind: OpKind
+  program: int = 0
+  args: tuple[Ref, ...] = ()
+  results: tuple[Ref, ...] = ()
+  # A move between islands' payload is a Template its transfer id fills.
+  payload: bytes | payloads.Template = b""
+  move: int = -1  # which move of the launch; -1: none
+  # A move's op that does not take its source (a receive) names it only
+  # if the source has failed when the op is submitted: it fails at once
+  # too, instead of waiting for bytes that never come.
+  source_if_failed: bool = False
+  result_bytes: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass
+class Schedule:
+  gangs: list[list[StepOp]]
+  temps: int = 0
+  move_sources: list[Ref] = dataclasses.field(default_factory=list)
+  # The gang whose completion is the launch's (on_done); -1: the results'
+  # readiness.
+  done: int = -1
+  # Schedules differ by id: the fast path takes more argument layouts for
+  # a program only while its schedule is the same.
+  id: int = dataclasses.field(default_factory=lambda: next(_ids))
+
+  def run(self, services: Services, args: Sequence[int],
+          results: Sequence[int], on_done: OnDone | None) -> None:
+    """Submits the launch: `args` -> `results` (buffer ids)."""
+    dispatcher = services.dispatcher
+    temps = dispatcher.new_buffers(self.temps) if self.temps else []
+    spaces = (args, results, temps)
+    transfers = [moves.new_transfer() for _ in self.move_sources]
+    for n, gang in enumerate(self.gangs):
+      ops = []
+      for op in gang:
+        op_args = [spaces[s][i] for s, i in op.args]
+        payload = op.payload
+        if op.move >= 0:
+          payload = payload.fill(transfers[op.move])
+          if op.source_if_failed:
+            space, i = self.move_sources[op.move]
+            if dispatcher.state(spaces[space][i])[0] == "failed":
+              op_args = [spaces[space][i]]
+        ops.append(IslandOp(op.island, op.kind, op.program, op_args,
+                            [spaces[s][i] for s, i in op.results],
+                            payload=payload, result_bytes=op.result_bytes))
+      dispatcher.submit(ops, on_done if n == self.done else None)
+    if temps:
+      dispatcher.forget(temps)
+    if on_done is not None and self.done < 0:
+      dispatcher.when_ready(list(results), on_done)
+
+  def add_move(self, planned: Sequence[moves.PlannedOp], source: Ref,
+               dest: Ref) -> tuple[list[StepOp], list[StepOp]]:
+    """A move's ops (moves.planned), as (sends, receives to submit when
+    the value is needed); its transfer id, if any, is this schedule's."""
+    move = -1
+    if any(isinstance(p.payload, payloads.Template) for p in planned):
+      move = len(self.move_sources)
+      self.move_sources.append(source)
+    sends, later = [], []
+    for p in planned:
+      templated = isinstance(p.payload, payloads.Template)
+      receive = p.kind in (OpKind.RECEIVE, OpKind.COPY)
+      op = StepOp(p.island, p.kind,
+                  args=(source,) if p.takes_source else (),
+                  results=(dest,) if receive else (), payload=p.payload,
+                  move=move if templated else -1,
+                  source_if_failed=templated and not p.takes_source,
+                  result_bytes=tuple(p.result_bytes))
+      (later if p.later else sends).append(op)
+    return sends, later
+
+  def for_fast_path(self) -> tuple[Any, ...]:
+    """The schedule as FastPath.register takes it."""
+    def op(o: StepOp) -> tuple[Any, ...]:
+      before, after, digits = (
+          (o.payload.before, o.payload.after, o.payload.digits)
+          if isinstance(o.payload, payloads.Template) else (o.payload, b"", 0))
+      return (o.island, int(o.kind), o.program, list(o.args),
+              list(o.results), before, after, o.move, digits,
+              o.source_if_failed, list(o.result_bytes))
+    return (self.id, self.temps, list(self.move_sources),
+            [[op(o) for o in gang] for gang in self.gangs])
