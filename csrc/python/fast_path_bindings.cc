@@ -28,13 +28,11 @@ using PyUploadArray = std::tuple<
 
 // controller/schedule.py's Schedule.for_fast_path(): (id, temps, move
 // sources, gangs), each op (island, kind, program, args, results, payload,
-// payload_after, move, digits, source_if_failed, result_bytes), each
-// buffer (space, index).
+// move, source_if_failed, result_bytes), each buffer (space, index).
 using PyRef = std::pair<int, uint32_t>;
 using PyStepOp =
     std::tuple<IslandId, int, uint64_t, std::vector<PyRef>, std::vector<PyRef>,
-               py::buffer, py::buffer, int64_t, size_t, bool,
-               std::vector<int64_t>>;
+               py::buffer, int64_t, bool, std::vector<int64_t>>;
 using PySchedule = std::tuple<uint64_t, size_t, std::vector<PyRef>,
                               std::vector<std::vector<PyStepOp>>>;
 
@@ -60,16 +58,13 @@ Schedule ToSchedule(const PySchedule& py_schedule, size_t args,
   for (const auto& py_gang : gangs) {
     std::vector<StepOp>& gang = out.gangs.emplace_back();
     for (const auto& [island, kind, program, op_args, op_results, payload,
-                      after, move, digits, source_if_failed, bytes] :
-         py_gang) {
+                      move, source_if_failed, bytes] : py_gang) {
       if (kind < static_cast<int>(OpKind::kCompile) ||
           kind > static_cast<int>(OpKind::kShutdown)) {
         throw py::value_error("a schedule's op kind is not one there is");
       }
-      if (move >= static_cast<int64_t>(out.move_sources.size()) ||
-          (move >= 0 && digits != kTransferDigits)) {
-        throw py::value_error("a schedule's move is not one of its moves, "
-                              "or its transfer ids are not C++'s");
+      if (move >= static_cast<int64_t>(out.move_sources.size())) {
+        throw py::value_error("a schedule's move is not one of its moves");
       }
       StepOp& op = gang.emplace_back();
       op.island = island;
@@ -78,7 +73,6 @@ Schedule ToSchedule(const PySchedule& py_schedule, size_t args,
       for (const PyRef& r : op_args) op.args.push_back(ref(r));
       for (const PyRef& r : op_results) op.results.push_back(ref(r));
       op.payload = SharedOrCopy(payload);
-      op.payload_after = SharedOrCopy(after);
       op.move = move;
       op.source_if_failed = source_if_failed;
       op.result_bytes = bytes;

@@ -382,12 +382,11 @@ bool FastPath::Execute(Session& s, const IfrtRequest& r, Gangs* gangs,
   };
   // A fresh transfer id per move, random above its piece index (20 bits):
   // as controller/moves.py makes them, unguessable by anyone else's.
-  std::vector<std::string> transfers;
+  std::vector<uint64_t> transfers;
   for (size_t m = 0; m < schedule.move_sources.size(); ++m) {
     uint64_t bits = (uint64_t{random_()} << 32 | random_()) &
                     ((uint64_t{1} << kTransferBits) - 1);
-    transfers.push_back(
-        std::to_string((bits | uint64_t{1} << kTransferBits) << 20));
+    transfers.push_back((bits | uint64_t{1} << kTransferBits) << 20);
   }
   for (const std::vector<StepOp>& planned : schedule.gangs) {
     std::vector<IslandOp>& gang = gangs->emplace_back(planned.size());
@@ -401,12 +400,9 @@ bool FastPath::Execute(Session& s, const IfrtRequest& r, Gangs* gangs,
       op.op.program = p.program;
       for (const StepRef& a : p.args) op.op.args.push_back(buffer(a));
       for (const StepRef& b : p.results) op.op.results.push_back(buffer(b));
-      if (p.move < 0) {
-        op.op.payload = p.payload;
-      } else {
-        auto text = std::make_shared<std::string>(p.payload.view());
-        text->append(transfers[p.move]).append(p.payload_after.view());
-        op.op.payload = Bytes::Borrow(text, text->data(), text->size());
+      op.op.payload = p.payload;
+      if (p.move >= 0) {
+        op.op.program = transfers[p.move];
         if (p.source_if_failed) {
           maybe.emplace_back(k, buffer(schedule.move_sources[p.move]));
         }

@@ -80,9 +80,8 @@ struct ArrayRecord {
 };
 
 // A move's transfer id, as controller/moves.py makes them: 38 random bits
-// and bit 38 set, above a 20-bit piece index: always 18 decimal digits.
+// and bit 38 set, above a 20-bit piece index.
 constexpr int kTransferBits = 38;
-constexpr size_t kTransferDigits = 18;
 
 // A buffer of one launch by its role: the Execute's argument or result
 // `index`, or a temporary the launch makes and deletes.
@@ -100,11 +99,10 @@ struct StepOp {
   uint64_t program = 0;
   std::vector<StepRef> args;
   std::vector<StepRef> results;
-  // The payload; for an op of a move between islands, the part before the
-  // move's transfer id (fresh per launch, kTransferDigits digits).
   Bytes payload;
-  Bytes payload_after;
-  int64_t move = -1;  // which move of the launch; -1: none
+  // Which move between islands of the launch: its transfer id (fresh per
+  // launch) is the op's program. -1: none.
+  int64_t move = -1;
   // A move's op that does not take its source (a receive) names it only
   // if the source has failed when the op is submitted, to fail at once.
   bool source_if_failed = false;

@@ -22,7 +22,7 @@ using BufferId = uint64_t;
 using IslandId = int32_t;
 
 // Version of the controller <-> worker wire format; bumped on any change.
-inline constexpr uint32_t kWireVersion = 13;
+inline constexpr uint32_t kWireVersion = 14;
 
 // Uploads a worker holds staged at once (FrameKind::kStage, kStageData),
 // and the bytes of those sent to a worker on another host (which holds
@@ -37,7 +37,9 @@ enum class OpKind : uint32_t {
   kPut = 3,       // host bytes in payload -> `results[0]`
   kFetch = 4,     // `args[0]` -> host bytes in the event payload
   kDelete = 5,    // drop `args`
-  kSend = 6,      // push `args` to a peer worker (route in payload)
+  // An exchange between islands (route in payload; `program`: its
+  // transfer id):
+  kSend = 6,      // push `args` to a peer worker
   kReceive = 7,   // wait for a peer's push into `results`
   kCopy = 8,      // on-island copy/reshard of `args` into `results`
   kShutdown = 9,  // worker exits after finishing earlier ops

@@ -28,11 +28,10 @@ def move(services: Services, src: Array, dst: Array) -> None:
   services.dispatcher.submit(list(sends) + list(receives))
 
 
-# A move's transfer ids: `transfer` + piece index (20 bits), random above
-# and of a fixed number of digits (its header is a payloads.Template; the
-# C++ fast path makes them too: kTransferBits in csrc/sessions/fast_path.h).
+# A move's transfer ids (its ops' `program`): `transfer` + piece index (20
+# bits), random above (the C++ fast path makes them too: kTransferBits in
+# csrc/sessions/fast_path.h).
 _TRANSFER_BITS = 38
-_TRANSFER_DIGITS = 18  # every value of (2**38 | r) << 20, r < 2**38
 # Plans kept (Services.move_plans; a pipeline's moves, step after step).
 PLANS_KEPT = 1024
 
@@ -43,7 +42,8 @@ class PlannedOp(NamedTuple):
   kind: OpKind
   takes_source: bool  # the source buffer is its argument
   later: bool         # a receive the caller may submit when it is needed
-  payload: payloads.Template | bytes
+  exchange: bool      # between islands: it takes the move's transfer id
+  payload: bytes
   result_bytes: list[int]
 
 
@@ -62,24 +62,20 @@ def plan(services: Services, src: Array, dst: Array, pull: bool = False
   transfer = failed = None
   sends, receives = [], []
   for p in planned(services, src, dst, pull):
-    if isinstance(p.payload, payloads.Template):
-      if transfer is None:
-        transfer = new_transfer()
-        # A failed source (its island lost, or its producer failed) fails
-        # the receivers at once too: the dispatcher refuses a gang that
-        # names a failed buffer, as it refuses the sends. Otherwise a
-        # receiver holding none of it would pull from a lost worker's
-        # transfer server (INTERNAL, not the loss) or wait for a push that
-        # never comes.
-        failed = services.dispatcher.state(src.buffer)[0] == "failed"
-      payload = p.payload.fill(transfer)
-    else:
-      payload = p.payload
+    if p.exchange and transfer is None:
+      transfer = new_transfer()
+      # A failed source (its island lost, or its producer failed) fails
+      # the receivers at once too: the dispatcher refuses a gang that
+      # names a failed buffer, as it refuses the sends. Otherwise a
+      # receiver holding none of it would pull from a lost worker's
+      # transfer server (INTERNAL, not the loss) or wait for a push that
+      # never comes.
+      failed = services.dispatcher.state(src.buffer)[0] == "failed"
     receive = p.kind in (OpKind.RECEIVE, OpKind.COPY)
-    op = IslandOp(p.island, p.kind,
+    op = IslandOp(p.island, p.kind, transfer if p.exchange else 0,
                   args=[src.buffer] if p.takes_source or failed else [],
                   results=[dst.buffer] if receive else [],
-                  payload=payload, result_bytes=p.result_bytes)
+                  payload=p.payload, result_bytes=p.result_bytes)
     (receives if p.later else sends).append(op)
   return sends, receives
 
@@ -113,9 +109,11 @@ def _plan(topology: Topology, src: Array, dst: Array, pull: bool
   if ([i.id for i in src.islands] == [i.id for i in dst.islands] and
       len(src.islands) == 1):
     island = src.islands[0].id
-    return [PlannedOp(island, OpKind.COPY, True, False, payloads.encode({
-        "mode": "reshard", "sharding": dst.sharding.worker_spec(topology)}),
-                       [sizes[island]])]
+    return [PlannedOp(island, OpKind.COPY, True, False, False,
+                      payloads.encode({
+                          "mode": "reshard",
+                          "sharding": dst.sharding.worker_spec(topology)}),
+                      [sizes[island]])]
   if dst.dtype != src.dtype or dst.shape != src.shape:
     raise invalid_argument(
         f"cannot change dtype or shape ({src.dtype}{list(src.shape)} -> "
@@ -145,9 +143,8 @@ def _plan(topology: Topology, src: Array, dst: Array, pull: bool
     receive = island in dst_ids
     planned.append(PlannedOp(
         island, OpKind.RECEIVE if receive else OpKind.SEND,
-        island in src_ids, receive and not src_ids & dst_ids,
-        payloads.template(header, "transfer", _TRANSFER_DIGITS),
-        [sizes[island]] if receive else []))
+        island in src_ids, receive and not src_ids & dst_ids, True,
+        payloads.encode(header), [sizes[island]] if receive else []))
   return planned
 
 

@@ -4,7 +4,8 @@ A launch -- an Execute of a compiled program, or of an MPMD program of
 several with the moves between their islands -- is a list of gangs of ops,
 submitted in order, whose buffers are named by role: the Execute's argument
 or result i, or a temporary the launch makes (and deletes with its own
-DELETE ops). A move between islands gets a fresh transfer id per launch.
+DELETE ops). A move between islands gets a fresh transfer id per launch
+(its ops' `program`).
 Python runs a schedule (Schedule.run), and the sessions' C++ fast path
 (csrc/sessions/fast_path.h) runs the same one for the launches alike, so
 both submit the same ops.
@@ -16,7 +17,6 @@ import itertools
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 from jax_pathways.controller import moves
-from jax_pathways.dispatch import payloads
 from jax_pathways.dispatch.dispatcher import IslandOp, OnDone, OpKind
 
 if TYPE_CHECKING:
@@ -35,9 +35,10 @@ class StepOp(NamedTuple):
   program: int = 0
   args: tuple[Ref, ...] = ()
   results: tuple[Ref, ...] = ()
-  # A move between islands' payload is a Template its transfer id fills.
-  payload: bytes | payloads.Template = b""
-  move: int = -1  # which move of the launch; -1: none
+  payload: bytes = b""
+  # Which move between islands of the launch (its transfer id is the op's
+  # program); -1: none.
+  move: int = -1
   # A move's op that does not take its source (a receive) names it only
   # if the source has failed when the op is submitted: it fails at once
   # too, instead of waiting for bytes that never come.
@@ -68,16 +69,16 @@ class Schedule:
       ops = []
       for op in gang:
         op_args = [spaces[s][i] for s, i in op.args]
-        payload = op.payload
+        program = op.program
         if op.move >= 0:
-          payload = payload.fill(transfers[op.move])
+          program = transfers[op.move]
           if op.source_if_failed:
             space, i = self.move_sources[op.move]
             if dispatcher.state(spaces[space][i])[0] == "failed":
               op_args = [spaces[space][i]]
-        ops.append(IslandOp(op.island, op.kind, op.program, op_args,
+        ops.append(IslandOp(op.island, op.kind, program, op_args,
                             [spaces[s][i] for s, i in op.results],
-                            payload=payload, result_bytes=op.result_bytes))
+                            payload=op.payload, result_bytes=op.result_bytes))
       dispatcher.submit(ops, on_done if n == self.done else None)
     if temps:
       dispatcher.forget(temps)
@@ -89,18 +90,17 @@ class Schedule:
     """A move's ops (moves.planned), as (sends, receives to submit when
     the value is needed); its transfer id, if any, is this schedule's."""
     move = -1
-    if any(isinstance(p.payload, payloads.Template) for p in planned):
+    if any(p.exchange for p in planned):
       move = len(self.move_sources)
       self.move_sources.append(source)
     sends, later = [], []
     for p in planned:
-      templated = isinstance(p.payload, payloads.Template)
       receive = p.kind in (OpKind.RECEIVE, OpKind.COPY)
       op = StepOp(p.island, p.kind,
                   args=(source,) if p.takes_source else (),
                   results=(dest,) if receive else (), payload=p.payload,
-                  move=move if templated else -1,
-                  source_if_failed=templated and not p.takes_source,
+                  move=move if p.exchange else -1,
+                  source_if_failed=p.exchange and not p.takes_source,
                   result_bytes=tuple(p.result_bytes))
       (later if p.later else sends).append(op)
     return sends, later
@@ -108,11 +108,8 @@ class Schedule:
   def for_fast_path(self) -> tuple[Any, ...]:
     """The schedule as FastPath.register takes it."""
     def op(o: StepOp) -> tuple[Any, ...]:
-      before, after, digits = (
-          (o.payload.before, o.payload.after, o.payload.digits)
-          if isinstance(o.payload, payloads.Template) else (o.payload, b"", 0))
       return (o.island, int(o.kind), o.program, list(o.args),
-              list(o.results), before, after, o.move, digits,
-              o.source_if_failed, list(o.result_bytes))
+              list(o.results), o.payload, o.move, o.source_if_failed,
+              list(o.result_bytes))
     return (self.id, self.temps, list(self.move_sources),
             [[op(o) for o in gang] for gang in self.gangs])

@@ -75,32 +75,6 @@ def frame(header: dict[str, Any], sizes: list[int]
   return head, pads
 
 
-class Template(NamedTuple):
-  """encode(header) for headers alike but for one int field whose values
-  all have `digits` digits: the bytes around it, encoded once (the JSON of
-  a move's header costs more than the rest of planning it, and a pipeline
-  moves the same arrays every step)."""
-  before: bytes
-  after: bytes
-  digits: int
-
-  def fill(self, value: int) -> bytes:
-    text = str(value).encode()
-    if len(text) != self.digits:
-      raise ValueError(f"{value} does not have {self.digits} digits")
-    return self.before + text + self.after
-
-
-def template(header: dict[str, Any], field: str, digits: int) -> Template:
-  """A Template of `header` (no blobs) whose `field` is filled later."""
-  head = {k: v for k, v in header.items() if k != field}
-  head["_blobs"] = []
-  text = json.dumps(head, separators=(",", ":"))  # ASCII: len is bytes
-  before = text[:-1] + "," + json.dumps(field) + ":"
-  size = len(before) + digits + 1
-  return Template(_U32.pack(size) + before.encode(), b"}", digits)
-
-
 def nbytes(blob: Any) -> int:
   """The length of a blob: a buffer, or Pieces."""
   if isinstance(blob, Pieces):

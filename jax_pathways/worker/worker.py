@@ -22,10 +22,11 @@ Payload headers per op kind (built by the controller's handlers):
            client of the islands `members` (every island's worker is up,
            an island was lost, or a lost island's place was taken); answered
            once built. Ops after it that need it wait for it (bounded)
-  SEND     {"source", "source_islands", "shape", "dtype", "transfer",
+  SEND     {"source", "source_islands", "shape", "dtype",
   RECEIVE   "send_to": [{"island", "address"}], "sharding", "pull_from"}:
            one island's part of moving an array between islands; distinct
-           piece k of the source travels as transfer + k from the island
+           piece k of the source travels as transfer + k (the op's
+           `program` is the move's transfer id) from the island
            holding it first; see _exchange() and worker/shards.py. With
            "pull_from" (the source island's transfer server) and the same
            pieces on both sides, the receiver pulls it instead
@@ -87,8 +88,9 @@ class Worker:
     self._transfers = transfers
     self._programs: dict[int, Program] = {}
     self._buffers: dict[int, jax.Array | Status] = {}
-    # The PUT headers parsed (payloads.decode): uploads alike repeat them.
-    self._put_headers: dict[bytes, Any] = {}
+    # The PUT and exchange headers parsed (payloads.decode): uploads alike,
+    # and a pipeline's moves, repeat them.
+    self._headers: dict[bytes, Any] = {}
     # Move kind (shardings, shape, dtype) -> whether it is pulled.
     self._pull_kinds: dict[tuple[Any, ...], bool] = {}
     self._tracer = Tracer()
@@ -270,7 +272,7 @@ class Worker:
     self._add(op.seq, [execution])
 
   def _put(self, op: Any) -> None:
-    header, blobs = payloads.decode(op.payload, self._put_headers)
+    header, blobs = payloads.decode(op.payload, self._headers)
     sharding = self._backend.sharding(header["sharding"])
     if "shards" not in header:
       array = self._backend.put(blobs[0], header["dtype"], header["shape"],
@@ -365,9 +367,10 @@ class Worker:
     distinct pieces it holds first to every destination island, and (if it
     is a destination) build its part of the new array from its own pieces
     and the ones pushed to it."""
-    header, _ = payloads.decode(op.payload)
+    # The same header for every move of a kind: parsed once.
+    header, _ = payloads.decode(op.payload, self._headers)
     source_spec, shape = header["source"], header["shape"]
-    base = header["transfer"]
+    base = op.program  # the move's transfer id
     source: jax.Array | Status | None = None
     if op.args:
       try:
@@ -448,17 +451,16 @@ class Worker:
                                 np_dtype(header["dtype"]), sharding=sharding)
     if not receive:
       try:
-        self._transfers.offer(header["transfer"], source, aval)
+        self._transfers.offer(op.program, source, aval)
       except Exception as e:  # pylint: disable=broad-except
         # The puller must get something, or it would wait for ever.
         source = error_status(e)
-        self._transfers.offer(header["transfer"], source, aval)
+        self._transfers.offer(op.program, source, aval)
       if isinstance(source, Status):
         raise StatusError(source.code, source.message)
       self._completions.add(op.seq, [source])
       return
-    output = self._transfers.pull(header["transfer"], header["pull_from"],
-                                  aval)
+    output = self._transfers.pull(op.program, header["pull_from"], aval)
     landed = arrival(output)
     self._tracer.rename(op.seq, "pull")
     self._store(op, [output])

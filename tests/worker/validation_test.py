@@ -114,7 +114,7 @@ class _Backend:
 def test_put_of_hostile_shards_is_refused(cpu_devices, shards, blobs, words):
   worker = Worker.__new__(Worker)  # no executor or threads: _put only
   worker._backend = _Backend(cpu_devices[:2])  # pylint: disable=protected-access
-  worker._put_headers = {}  # pylint: disable=protected-access
+  worker._headers = {}  # pylint: disable=protected-access
   payload = payloads.encode({"dtype": "float32", "shape": [16],
                              "sharding": {}, "shards": shards},
                             *[DATA[:8].tobytes()] * blobs)
