@@ -5,8 +5,7 @@ several with the moves between their islands -- is a list of gangs of ops,
 submitted in order, whose buffers are named by role: the Execute's argument
 or result i, or a temporary the launch makes (and deletes with its own
 DELETE ops). A move between islands gets a fresh transfer id per launch
-(its ops' `program`).
-Python runs a schedule (Schedule.run), and the sessions' C++ fast path
+(its ops' `program`). Python runs a schedule (Schedule.run), and the sessions' C++ fast path
 (csrc/sessions/fast_path.h) runs the same one for the launches alike, so
 both submit the same ops.
 """
@@ -48,6 +47,8 @@ class StepOp(NamedTuple):
 
 @dataclasses.dataclass
 class Schedule:
+  """A launch: its gangs in order, the temporaries it makes, and the source
+  of each of its moves between islands."""
   gangs: list[list[StepOp]]
   temps: int = 0
   move_sources: list[Ref] = dataclasses.field(default_factory=list)
