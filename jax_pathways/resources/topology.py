@@ -33,6 +33,10 @@ class Topology:
     # abandoned): island -> the lost worker's Island.
     self._rejoining: dict[IslandId, Island] = {}
     self._when_complete: list[Callable[[], None]] = []
+    # Device id -> its island's id, built on first use after the islands
+    # change (a request places its arrays device by device; thousands of
+    # islands must not make that a scan).
+    self._device_islands: dict[int, IslandId] | None = None
 
   def register(self, hello: dict[str, Any]) -> Island:
     """Admits a worker's hello; raises ValueError with the reason to refuse."""
@@ -82,6 +86,7 @@ class Topology:
       island.memory_bytes = memory
       island.transfer_address = str(hello.get("transfer_address") or "")
       self._islands[island.id] = island
+      self._device_islands = None
       if before is None and len(self._islands) == self.expected_islands:
         first = 0
         for i in sorted(self._islands):
@@ -111,6 +116,7 @@ class Topology:
         self._islands[island.id] = before
       elif island.id not in self._connected:
         del self._islands[island.id]
+      self._device_islands = None
 
   @property
   def complete(self) -> bool:
@@ -154,9 +160,15 @@ class Topology:
     return sum(i.num_devices for i in self.islands())
 
   def island_of_device(self, device: int) -> Island:
-    for island in self.islands():
-      if device in island.device_ids:
-        return island
+    with self._mu:
+      if self._device_islands is None:
+        self._device_islands = {}
+        for i in sorted(self._islands, reverse=True):  # the lowest wins
+          for d in self._islands[i].device_ids:
+            self._device_islands[d] = i
+      found = self._device_islands.get(device)
+      if found is not None:
+        return self._islands[found]
     raise invalid_argument(
         f"device {device} does not exist; the cluster has devices "
         f"0..{self.num_devices() - 1}")

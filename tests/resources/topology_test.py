@@ -75,12 +75,18 @@ def test_a_lost_island_is_registered_again_as_its_next_generation():
   lost.add(1)
   with pytest.raises(ValueError, match="had 3 devices .* reports 2"):
     t.register(_hello(1, 2, pid=6))
+  assert t.island_of_device(3) is first
   again = t.register(_hello(None, 3, pid=6))  # takes the lost island
   assert (again.id, again.generation, again.worker_pid) == (1, 1, 6)
   assert first.generation == 0
-  # Global device ids do not change.
+  # Global device ids do not change; they name the new worker's island.
   assert list(again.device_ids) == list(first.device_ids) == [2, 3, 4]
   assert t.island(1) is again
+  assert t.island_of_device(3) is again
+  t.abandon(again)  # it never connected: the lost worker's record again
+  assert t.island_of_device(3) is first
+  with pytest.raises(StatusError, match="device 5 does not exist"):
+    t.island_of_device(5)
 
 
 def test_one_new_worker_at_a_time_takes_a_lost_island():
