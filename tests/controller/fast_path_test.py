@@ -650,6 +650,10 @@ def test_sharded_uploads_python_answers_over_the_wire(pathways, raw_session):
   assert session.wait(op).response_metadata.status.code == 0
   check(arrays, data * 3)
   assert uploads() == before + 2
+  # A request of no arrays: answered, with none.
+  r = session.call(make_arrays_from_host_buffer_shards_request=lambda b: None)
+  assert r.response_metadata.status.code == 0, r
+  assert not r.make_arrays_from_host_buffer_shards_response.array_handles
   # Fewer array handles than specs: Python's words.
   r = session.call(make_arrays_from_host_buffer_shards_request=lambda b: (
       b.specs.add(), b.specs.add(), b.array_handles.append(next(handles))))

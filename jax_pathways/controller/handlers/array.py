@@ -256,8 +256,9 @@ def make_arrays_from_host_buffer_shards(session: Session, req: Any,
                                 for hb in spec.host_buffers])
     session.services.dispatcher.submit([op._replace(stage=stage)
                                         for op in gang])
-  _plan_uploads(session, req.array_handles[0],
-                [payloads.nbytes(b) for b in order], planned, epoch)
+  if planned:  # (a request of no arrays is answered, and not planned)
+    _plan_uploads(session, req.array_handles[0],
+                  [payloads.nbytes(b) for b in order], planned, epoch)
   reply.ok(lambda r: r.array_handles.extend(req.array_handles))
 
 
