@@ -840,6 +840,18 @@ std::vector<BufferId> Dispatcher::NewBuffers(size_t n) {
   return ids;
 }
 
+std::vector<uint64_t> Dispatcher::NewTransfers(size_t n) {
+  constexpr int kRandomBits = 38;
+  std::vector<uint64_t> ids(n);
+  std::lock_guard<std::mutex> lock(random_mu_);
+  for (uint64_t& id : ids) {
+    uint64_t bits = (uint64_t{random_()} << 32 | random_()) &
+                    ((uint64_t{1} << kRandomBits) - 1);
+    id = (bits | uint64_t{1} << kRandomBits) << 20;
+  }
+  return ids;
+}
+
 BufferState Dispatcher::State(BufferId id, Status* failure) {
   std::lock_guard<std::mutex> lock(mu_);
   return buffers_.State(id, failure);

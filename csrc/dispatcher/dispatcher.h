@@ -28,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -125,6 +126,10 @@ class Dispatcher {
                  std::function<void(const Status&)> done);
   // `n` fresh buffer ids, never used before (one counter for every caller).
   std::vector<BufferId> NewBuffers(size_t n);
+  // `n` fresh transfer ids for moves between islands (an op's `program`):
+  // 38 random bits, bit 38 set, above a 20-bit piece index, so no transfer
+  // of anyone else's can collide with, or guess, one.
+  std::vector<uint64_t> NewTransfers(size_t n);
   // Changes whenever an island is lost or a worker takes a lost island's
   // place: what was compiled or placed for the islands before may need
   // redoing (Python's CompiledProgram.ensure_current).
@@ -290,6 +295,8 @@ class Dispatcher {
   uint64_t next_native_ = 0;
   std::unordered_map<uint64_t, std::function<void(Completion)>> native_;
   std::atomic<BufferId> next_buffer_{1};
+  std::mutex random_mu_;  // guards random_ (nothing is taken under it)
+  std::random_device random_;
   std::atomic<uint64_t> next_stage_{1};
   const std::shared_ptr<StageSink> stage_sink_ =
       std::make_shared<StageSink>(this);

@@ -143,6 +143,7 @@ void RegisterDispatcher(py::module_& m) {
            py::arg("ids"), py::arg("tag"),
            py::call_guard<py::gil_scoped_release>())
       .def("new_buffers", &Dispatcher::NewBuffers, py::arg("n"))
+      .def("new_transfers", &Dispatcher::NewTransfers, py::arg("n"))
       .def_property_readonly("epoch", &Dispatcher::epoch)
       .def(
           "state",

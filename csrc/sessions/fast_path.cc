@@ -380,14 +380,8 @@ bool FastPath::Execute(Session& s, const IfrtRequest& r, Gangs* gangs,
         return (*temps)[ref.index];
     }
   };
-  // A fresh transfer id per move, random above its piece index (20 bits):
-  // as controller/moves.py makes them, unguessable by anyone else's.
-  std::vector<uint64_t> transfers;
-  for (size_t m = 0; m < schedule.move_sources.size(); ++m) {
-    uint64_t bits = (uint64_t{random_()} << 32 | random_()) &
-                    ((uint64_t{1} << kTransferBits) - 1);
-    transfers.push_back((bits | uint64_t{1} << kTransferBits) << 20);
-  }
+  std::vector<uint64_t> transfers =
+      dispatcher_->NewTransfers(schedule.move_sources.size());
   for (const std::vector<StepOp>& planned : schedule.gangs) {
     std::vector<IslandOp>& gang = gangs->emplace_back(planned.size());
     std::vector<std::pair<size_t, BufferId>>& maybe =

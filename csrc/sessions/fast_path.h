@@ -34,7 +34,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -78,10 +77,6 @@ struct ArrayRecord {
   // it may have been deleted since); 0: none.
   BufferId shares = 0;
 };
-
-// A move's transfer id, as controller/moves.py makes them: 38 random bits
-// and bit 38 set, above a 20-bit piece index.
-constexpr int kTransferBits = 38;
 
 // A buffer of one launch by its role: the Execute's argument or result
 // `index`, or a temporary the launch makes and deletes.
@@ -287,7 +282,6 @@ class FastPath {
   std::unordered_map<uint64_t, Session> sessions_;
   FastPathStats stats_;
   Bytes fetch_payload_;  // guarded by mu_; empty: reads go to Python
-  std::random_device random_;  // guarded by mu_: transfer ids
   std::mutex sink_mu_;  // guards sink_ (replies may come from any thread)
   JpReplySink sink_{3, nullptr, nullptr, nullptr, nullptr};
 };

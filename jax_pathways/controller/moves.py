@@ -7,10 +7,10 @@ through the controller.
 """
 from __future__ import annotations
 
-import secrets
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from jax_pathways.controller.arrays import Array
+from jax_pathways.controller.schedule import ARG, RESULT, Schedule
 from jax_pathways.dispatch import payloads
 from jax_pathways.dispatch.dispatcher import IslandOp, OpKind
 from jax_pathways.status import invalid_argument
@@ -23,15 +23,15 @@ if TYPE_CHECKING:
 def move(services: Services, src: Array, dst: Array) -> None:
   """Fills `dst` (already registered, same shape) with `src`'s values, on
   dst's sharding: within one island a local copy, otherwise an exchange in
-  which the bytes go worker to worker."""
-  sends, receives = plan(services, src, dst)
-  services.dispatcher.submit(list(sends) + list(receives))
+  which the bytes go worker to worker. A lone copy is quicker pushed than
+  pulled (worker/transfers.py), so it is."""
+  one = Schedule(gangs=[])
+  sends, receives = one.add_move(planned(services, src, dst, pull=False),
+                                 (ARG, 0), (RESULT, 0))
+  one.gangs.append(sends + receives)
+  one.run(services, [src.buffer], [dst.buffer], None)
 
 
-# A move's transfer ids (its ops' `program`): `transfer` + piece index (20
-# bits), random above (the C++ fast path makes them too: kTransferBits in
-# csrc/sessions/fast_path.h).
-_TRANSFER_BITS = 38
 # Plans kept (Services.move_plans; a pipeline's moves, step after step).
 PLANS_KEPT = 1024
 
@@ -47,44 +47,20 @@ class PlannedOp(NamedTuple):
   result_bytes: list[int]
 
 
-def plan(services: Services, src: Array, dst: Array, pull: bool = False
-         ) -> tuple[list[IslandOp], list[IslandOp]]:
-  """The ops of a move, as (sends, receives): two gangs when the source and
-  destination islands are disjoint, so a caller that knows when the result
-  is first needed can submit the receives then (a receive holds its
-  island's op loop until the bytes arrive; early in the order it would
-  stall work that does not need them). Otherwise all in `sends`.
+def planned(services: Services, src: Array, dst: Array, pull: bool
+            ) -> list[PlannedOp]:
+  """A move's ops but for its buffers and transfer id, planned once per
+  kind of move (islands, shardings, shape, dtype) and dispatcher epoch (a
+  lost or rejoined island changes addresses).
+
+  When the source and destination islands are disjoint the receives are
+  `later`: a caller that knows when the result is first needed may submit
+  them then (a receive holds its island's op loop until the bytes arrive;
+  early in the order it would stall work that does not need them).
 
   pull: let the receiver pull the array (worker/transfers.py) where it can:
   its op loop goes on at once and the launches after it are enqueued ahead
-  of the bytes, which is what a pipeline stage wants; a lone copy is
-  quicker pushed."""
-  transfer = failed = None
-  sends, receives = [], []
-  for p in planned(services, src, dst, pull):
-    if p.exchange and transfer is None:
-      transfer = new_transfer()
-      # A failed source (its island lost, or its producer failed) fails
-      # the receivers at once too: the dispatcher refuses a gang that
-      # names a failed buffer, as it refuses the sends. Otherwise a
-      # receiver holding none of it would pull from a lost worker's
-      # transfer server (INTERNAL, not the loss) or wait for a push that
-      # never comes.
-      failed = services.dispatcher.state(src.buffer)[0] == "failed"
-    receive = p.kind in (OpKind.RECEIVE, OpKind.COPY)
-    op = IslandOp(p.island, p.kind, transfer if p.exchange else 0,
-                  args=[src.buffer] if p.takes_source or failed else [],
-                  results=[dst.buffer] if receive else [],
-                  payload=p.payload, result_bytes=p.result_bytes)
-    (receives if p.later else sends).append(op)
-  return sends, receives
-
-
-def planned(services: Services, src: Array, dst: Array, pull: bool
-            ) -> list[PlannedOp]:
-  """A move's ops but for its buffers and transfer id (see plan), planned
-  once per kind of move (islands, shardings, shape, dtype) and dispatcher
-  epoch (a lost or rejoined island changes addresses)."""
+  of the bytes, which is what a pipeline stage wants."""
   key = (services.dispatcher.epoch, tuple(i.id for i in src.islands),
          tuple(i.id for i in dst.islands), src.sharding, dst.sharding,
          tuple(src.shape), src.dtype, tuple(dst.shape), dst.dtype, pull)
@@ -95,12 +71,6 @@ def planned(services: Services, src: Array, dst: Array, pull: bool
       kept.clear()
     ops = kept[key] = _plan(services.topology, src, dst, pull)
   return ops
-
-
-def new_transfer() -> int:
-  """A fresh transfer id: random above the piece index (20 bits), so no
-  transfer of anyone else's can collide with, or guess, it."""
-  return (secrets.randbits(_TRANSFER_BITS) | 1 << _TRANSFER_BITS) << 20
 
 
 def _plan(topology: Topology, src: Array, dst: Array, pull: bool

@@ -5,9 +5,9 @@ several with the moves between their islands -- is a list of gangs of ops,
 submitted in order, whose buffers are named by role: the Execute's argument
 or result i, or a temporary the launch makes (and deletes with its own
 DELETE ops). A move between islands gets a fresh transfer id per launch
-(its ops' `program`). Python runs a schedule (Schedule.run), and the sessions' C++ fast path
-(csrc/sessions/fast_path.h) runs the same one for the launches alike, so
-both submit the same ops.
+(its ops' `program`; Dispatcher.new_transfers). Python runs a schedule
+(Schedule.run), and the sessions' C++ fast path (csrc/sessions/fast_path.h)
+runs the same one for the launches alike, so both submit the same ops.
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import dataclasses
 import itertools
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
-from jax_pathways.controller import moves
 from jax_pathways.dispatch.dispatcher import IslandOp, OnDone, OpKind
 
 if TYPE_CHECKING:
+  from jax_pathways.controller.moves import PlannedOp
   from jax_pathways.controller.session import Services
 
 # A buffer's role: (space, index).
@@ -65,7 +65,7 @@ class Schedule:
     dispatcher = services.dispatcher
     temps = dispatcher.new_buffers(self.temps) if self.temps else []
     spaces = (args, results, temps)
-    transfers = [moves.new_transfer() for _ in self.move_sources]
+    transfers = dispatcher.new_transfers(len(self.move_sources))
     for n, gang in enumerate(self.gangs):
       ops = []
       for op in gang:
@@ -86,7 +86,7 @@ class Schedule:
     if on_done is not None and self.done < 0:
       dispatcher.when_ready(list(results), on_done)
 
-  def add_move(self, planned: Sequence[moves.PlannedOp], source: Ref,
+  def add_move(self, planned: Sequence[PlannedOp], source: Ref,
                dest: Ref) -> tuple[list[StepOp], list[StepOp]]:
     """A move's ops (moves.planned), as (sends, receives to submit when
     the value is needed); its transfer id, if any, is this schedule's."""

@@ -61,7 +61,7 @@ class Services:
   # the array layouts it compares (controller/array_store.py).
   fast_path: Any = None
   layouts: Layouts = dataclasses.field(default_factory=Layouts)
-  # moves.plan's: planned ops by kind of move (a pipeline repeats its moves
+  # moves.planned's: planned ops by kind of move (a pipeline repeats its moves
   # every step).
   move_plans: dict[tuple[Any, ...], Any] = dataclasses.field(
       default_factory=dict)

@@ -91,6 +91,12 @@ class Dispatcher:
     from it too)."""
     return self._core.new_buffers(n)
 
+  def new_transfers(self, n: int) -> list[int]:
+    """Fresh transfer ids for moves between islands (an exchange op's
+    `program`), made as the fast path makes them: random, so no one else's
+    can collide with, or guess, them."""
+    return self._core.new_transfers(n)
+
   @property
   def core(self) -> Any:
     """The C++ dispatcher, for the sessions' fast path."""
