@@ -54,7 +54,7 @@ from jax_pathways.worker import shards
 from jax_pathways.worker.pjrt_backend import (JOIN_WAIT_S,
                                               SHARDING_CACHE_SIZE,
                                               PjrtBackend, Program,
-                                              host_view, np_dtype, spec_key)
+                                              host_view, np_dtype)
 
 OpKind = _core.OpKind
 # How long a RECEIVE waits for its peer's bytes before failing the op.
@@ -91,8 +91,8 @@ class Worker:
     # The PUT and exchange headers parsed (payloads.decode): uploads alike,
     # and a pipeline's moves, repeat them.
     self._headers: dict[bytes, Any] = {}
-    # Move kind (shardings, shape, dtype) -> whether it is pulled.
-    self._pull_kinds: dict[tuple[Any, ...], bool] = {}
+    # id(exchange header) -> (header, how it is pulled or None): _pulled_as.
+    self._pull_kinds: dict[int, tuple[dict[str, Any], Any]] = {}
     self._tracer = Tracer()
     # Why programs spanning islands fail at once (an island was lost).
     self._spanning_lost: Status | None = None
@@ -377,8 +377,9 @@ class Worker:
         source = self._array(op.args[0])
       except StatusError as e:
         source = e.status
-    if self._pulls(header):
-      self._pull_exchange(op, header, source, receive)
+    pulled_as = self._pulled_as(header, receive)
+    if pulled_as is not None:
+      self._pull_exchange(op, pulled_as, header["pull_from"], source, receive)
       return
     if header["send_to"]:
       self._push(source, source_spec, shape, base, header["send_to"],
@@ -417,38 +418,41 @@ class Worker:
     self._store(op, [output])
     self._completions.add(op.seq, [output])
 
-  def _pulls(self, header: dict[str, Any]) -> bool:
-    """Whether this move goes device to device through the transfer
-    servers: both workers decide alike from the same header. Cached: a
-    pipeline moves arrays of the same few kinds every step."""
-    if not (header.get("pull_from") and self._transfers):
-      return False
-    key = (spec_key(header["source"]), spec_key(header["sharding"]),
-           tuple(header["shape"]), header["dtype"])
-    pulls = self._pull_kinds.get(key)
-    if pulls is None:
-      if len(self._pull_kinds) >= SHARDING_CACHE_SIZE:
-        self._pull_kinds.clear()
+  def _pulled_as(self, header: dict[str, Any], receive: bool
+                 ) -> jax.ShapeDtypeStruct | None:
+    """How this worker offers (or, receiving, pulls) a move through the
+    transfer servers: the array's shape, dtype and its side's sharding; None
+    when the move is pushed. Both workers decide alike from the same header.
+    Kept per header object (payloads.decode keeps one per header's bytes): a
+    pipeline repeats the same few moves every step."""
+    kept = self._pull_kinds.get(id(header))
+    if kept is not None and kept[0] is header:  # held: its id is not reused
+      return kept[1]
+    aval = None
+    if header.get("pull_from") and self._transfers:
       size = (int(np.prod(header["shape"])) *
               np_dtype(header["dtype"]).itemsize)
-      pulls = self._pull_kinds[key] = (
-          size <= PULL_MAX_BYTES and
+      if (size <= PULL_MAX_BYTES and
           all(isinstance(r, int) for r in header["source"]["devices"]) and
           all(isinstance(r, int) for r in header["sharding"]["devices"]) and
           shards.same_pieces(header["source"], header["sharding"],
-                             header["shape"]))
-    return pulls
+                             header["shape"])):
+        sharding = self._backend.sharding(
+            header["sharding"] if receive else header["source"])
+        aval = jax.ShapeDtypeStruct(tuple(header["shape"]),
+                                    np_dtype(header["dtype"]),
+                                    sharding=sharding)
+    if len(self._pull_kinds) >= SHARDING_CACHE_SIZE:
+      self._pull_kinds.clear()
+    self._pull_kinds[id(header)] = (header, aval)
+    return aval
 
-  def _pull_exchange(self, op: Any, header: dict[str, Any],
-                     source: jax.Array | Status | None, receive: bool
-                     ) -> None:
+  def _pull_exchange(self, op: Any, aval: jax.ShapeDtypeStruct,
+                     pull_from: str, source: jax.Array | Status | None,
+                     receive: bool) -> None:
     """The sender offers the array (or its error) and is done once it is
     ready; the receiver pulls it and goes on at once: the launches after it
     are enqueued before its bytes arrive (worker/transfers.py)."""
-    sharding = self._backend.sharding(
-        header["source"] if not receive else header["sharding"])
-    aval = jax.ShapeDtypeStruct(tuple(header["shape"]),
-                                np_dtype(header["dtype"]), sharding=sharding)
     if not receive:
       try:
         self._transfers.offer(op.program, source, aval)
@@ -460,7 +464,7 @@ class Worker:
         raise StatusError(source.code, source.message)
       self._completions.add(op.seq, [source])
       return
-    output = self._transfers.pull(op.program, header["pull_from"], aval)
+    output = self._transfers.pull(op.program, pull_from, aval)
     landed = arrival(output)
     self._tracer.rename(op.seq, "pull")
     self._store(op, [output])
