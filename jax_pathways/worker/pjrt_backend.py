@@ -166,6 +166,16 @@ class Execution:
     self._token.block_until_ready()
 
 
+class Join(NamedTuple):
+  """A generation of the global client being built."""
+  generation: int
+  future: concurrent.futures.Future  # -> GlobalGeneration
+  members: tuple[int, ...]
+  # The islands whose loss has arrived but is not handled yet (the worker's
+  # op channel says): a wait for the build gives up on one of `members`.
+  pending_losses: Callable[[], Sequence[int]]
+
+
 class GlobalGeneration(NamedTuple):
   """One generation of the islands' global client, as this worker sees it."""
   client: Any
@@ -259,11 +269,7 @@ class PjrtBackend:
     self._current: GlobalGeneration | None = None
     # A generation being built: (generation, its future).
     self._join_lock = threading.Lock()
-    self._joining: tuple[int, concurrent.futures.Future] | None = None
-    self._joining_members: tuple[int, ...] = ()
-    # The islands whose loss has arrived but is not handled yet (the
-    # worker's op channel says): a wait for a build with one gives up.
-    self.pending_losses: Callable[[], Sequence[int]] = list
+    self._joining: Join | None = None
     # Float all-reduces of programs across islands add in the order one
     # host would (order_reductions); off: gloo's ring order.
     self.rank_order_reductions = True
@@ -279,10 +285,12 @@ class PjrtBackend:
     return self.platform == "cpu"
 
   def start_join(self, members: Sequence[int], coordinator: str,
-                 generation: int) -> concurrent.futures.Future:
+                 generation: int,
+                 pending_losses: Callable[[], Sequence[int]]
+                 ) -> concurrent.futures.Future:
     """Builds generation `generation` of the global client on a thread of
     its own (every island's worker does at once); the first op that needs
-    it makes it current (current_global)."""
+    it makes it current (current_global). pending_losses: see Join."""
     future: concurrent.futures.Future = concurrent.futures.Future()
     started = time.monotonic()
 
@@ -298,8 +306,8 @@ class PjrtBackend:
                    generation, time.monotonic() - started)
 
     with self._join_lock:
-      self._joining = (generation, future)
-      self._joining_members = tuple(members)
+      self._joining = Join(generation, future, tuple(members),
+                           pending_losses)
     threads.start(build, "jp-join-global")
     return future
 
@@ -356,9 +364,9 @@ class PjrtBackend:
     and makes it current. Raises UNAVAILABLE if it could not be built."""
     with self._join_lock:
       if self._joining is not None:
-        generation, future = self._joining
+        generation = self._joining.generation
         try:
-          built = self._wait_built(future)
+          built = self._wait_built(self._joining)
         except concurrent.futures.TimeoutError:
           raise StatusError(
               Code.UNAVAILABLE,
@@ -373,20 +381,19 @@ class PjrtBackend:
         self._install(built)
       return self.global_client
 
-  def _wait_built(self, future: concurrent.futures.Future
-                  ) -> GlobalGeneration:
+  def _wait_built(self, join: Join) -> GlobalGeneration:
     """The build's result, waited for up to JOIN_WAIT_S; raises DATA_LOSS
     at once if one of its islands is lost meanwhile (the build would wait
     for that island's worker until JOIN_TIMEOUT_S)."""
     deadline = time.monotonic() + JOIN_WAIT_S
     while True:
       try:
-        return future.result(timeout=min(LOSS_POLL_S, max(
+        return join.future.result(timeout=min(LOSS_POLL_S, max(
             0.0, deadline - time.monotonic())))
       except concurrent.futures.TimeoutError:
         if time.monotonic() >= deadline:
           raise
-      lost = [i for i in self.pending_losses() if i in self._joining_members]
+      lost = [i for i in join.pending_losses() if i in join.members]
       if lost:
         raise StatusError(Code.DATA_LOSS,
                           f"island {lost[0]} was lost while it was built")
@@ -396,20 +403,19 @@ class PjrtBackend:
     waited for any more (ops that need it fail at once, until the next
     generation's JOIN_GLOBAL); its build ends by itself in jaxlib."""
     with self._join_lock:
-      if self._joining is None or island not in self._joining_members:
+      if self._joining is None or island not in self._joining.members:
         return
-      generation, _ = self._joining
       failed: concurrent.futures.Future = concurrent.futures.Future()
       failed.set_exception(StatusError(
           Code.DATA_LOSS, f"island {island} was lost while it was built "
           f"({why})"))
-      self._joining = (generation, failed)
+      self._joining = self._joining._replace(future=failed)
 
   def in_global(self, island: int) -> bool:
     """Whether `island` is in the current or the coming generation of the
     global client (a loss outside both breaks nothing here)."""
     with self._join_lock:
-      if self._joining is not None and island in self._joining_members:
+      if self._joining is not None and island in self._joining.members:
         return True
     return self._current is not None and island in self._current.members
 

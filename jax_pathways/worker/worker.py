@@ -81,9 +81,6 @@ class Worker:
                transfers: Transfers | None = None):
     self._executor = executor
     self._backend = backend
-    # An op waiting for a global client being built gives up once an
-    # island of it is lost (its notice waits behind that op).
-    backend.pending_losses = executor.pending_losses
     self._peers = peers
     self._transfers = transfers
     self._programs: dict[int, Program] = {}
@@ -188,8 +185,11 @@ class Worker:
       return
     logging.info("building the islands' global client generation %d at %s",
                  generation, header["coordinator"])
+    # An op waiting for it gives up once an island of it is lost (the
+    # loss's notice waits behind that op).
     future = self._backend.start_join(header["members"],
-                                      header["coordinator"], generation)
+                                      header["coordinator"], generation,
+                                      self._executor.pending_losses)
     self._spanning_lost = None
     self._completions.restart_spanning()
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from jax_pathways.status import StatusError
-from jax_pathways.worker.pjrt_backend import PjrtBackend
+from jax_pathways.worker.pjrt_backend import Join, PjrtBackend
 
 
 def _building(members, losses):
@@ -16,9 +16,8 @@ def _building(members, losses):
   `losses` holds the islands whose loss notice has arrived."""
   backend = PjrtBackend.__new__(PjrtBackend)  # no devices needed
   backend._join_lock = threading.Lock()
-  backend._joining = (0, concurrent.futures.Future())
-  backend._joining_members = tuple(members)
-  backend.pending_losses = lambda: list(losses)
+  backend._joining = Join(0, concurrent.futures.Future(), tuple(members),
+                          lambda: list(losses))
   return backend
 
 
@@ -44,7 +43,7 @@ def test_a_wait_for_the_build_ends_when_a_member_is_lost():
 def test_the_loss_of_an_island_outside_the_build_is_not_waited_on():
   backend = _building((0, 1), [2])
   backend.abandon_join(2, "w2 is lost")
-  _, future = backend._joining
+  future = backend._joining.future
   threading.Timer(0.3, future.set_exception,
                   (RuntimeError("it did not join"),)).start()
   with pytest.raises(StatusError, match="it did not join"):
