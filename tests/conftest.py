@@ -8,6 +8,7 @@ in subprocesses.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -18,6 +19,7 @@ os.environ.setdefault("JAX_PLATFORMS", "proxy,cpu")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from absl import logging as absl_logging  # noqa: E402
 
 import jax_pathways  # noqa: E402
 
@@ -29,6 +31,26 @@ ISLANDS = 2
 DEVICES_PER_ISLAND = 4
 
 jax.config.update("jax_num_cpu_devices", ISLANDS * DEVICES_PER_ISLAND)
+
+
+@pytest.fixture(autouse=True)
+def _logging_left_as_found():
+  """Tests that run cli.main() in this process get its process-wide absl
+  logging (cli.setup_logging: absl's handler on the root logger, root at
+  INFO). Left so, the log capture of every later test keeps its INFO
+  records, and with them whatever they reference: jax's cache_key logs, at
+  INFO on each compilation, the proxy client's GetTopologyForDevices error,
+  whose traceback holds the jitted call's arguments and results until the
+  test ends (resources_test saw 8 buffers stay live)."""
+  root = logging.getLogger()
+  level, verbosity = root.level, absl_logging.get_verbosity()
+  absl_handler = absl_logging.get_absl_handler()
+  had_absl_handler = absl_handler in root.handlers
+  yield
+  if not had_absl_handler:
+    root.removeHandler(absl_handler)
+  absl_logging.set_verbosity(verbosity)
+  root.setLevel(level)
 
 
 @pytest.fixture(scope="session")
