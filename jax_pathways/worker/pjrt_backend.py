@@ -267,7 +267,7 @@ class PjrtBackend:
     # Earlier generations, alive while anything of theirs may run.
     self._retired: list[GlobalGeneration] = []
     self._current: GlobalGeneration | None = None
-    # A generation being built: (generation, its future).
+    # A generation being built (Join), guarded by _join_lock.
     self._join_lock = threading.Lock()
     self._joining: Join | None = None
     # Float all-reduces of programs across islands add in the order one
