@@ -38,6 +38,14 @@ from jax_pathways.status import Code, Status, StatusError
 _GLOO_BROKE = re.compile(r"^(Error dispatching computation: )*Gloo .*"
                          r"gloo/transport/", re.DOTALL)
 
+# A program spanning islands whose gloo link broke waits this long for the
+# controller's notice of the lost island before it is reported as just a
+# broken link: the notice names the lost worker (abandon_spanning), and a
+# report sent first could finish the program's gang with the vaguer words.
+LOSS_NOTICE_WAIT_S = 2.0
+BROKE_LINK = ("aborted: the program spans islands and its connection to "
+              "another island's worker broke")
+
 # How often the watchdog looks for waits past their deadline, and after
 # how long with nothing to watch it sleeps until the next watch.
 WATCHDOG_PERIOD_S = 0.5
@@ -67,9 +75,7 @@ def error_status(e: BaseException) -> Status:
       # pathwaysutils, which retries on DATA_LOSS) must read the loss. The
       # controller's notice of the loss, which names the worker, replaces
       # it where this arrives first (Dispatcher::KillLocked).
-      return Status(Code.DATA_LOSS, "aborted: the program spans islands and "
-                    f"its connection to another island's worker broke "
-                    f"({message})")
+      return Status(Code.DATA_LOSS, f"{BROKE_LINK} ({message})")
     return Status(Code[prefix], message)
   if isinstance(e, (ValueError, TypeError)):
     return Status(Code.INVALID_ARGUMENT, text)
@@ -99,6 +105,7 @@ class Completions:
     self._lock = threading.Lock()
     self._unreported: set[int] = set()
     self._lost: Status | None = None
+    self._lost_heard = threading.Event()  # set while _lost is
     self._watchdog = _Watchdog(stuck) if stuck else None
     self._threads = [threads.start(lambda: self._run(self._queue),
                                    "jp-completions"),
@@ -136,6 +143,7 @@ class Completions:
     is reported failed with `why` at once."""
     with self._lock:
       self._lost = why
+      self._lost_heard.set()
       abandoned, self._unreported = self._unreported, set()
     for seq in sorted(abandoned):
       self.fail(seq, why)
@@ -149,6 +157,7 @@ class Completions:
       old = self._spanning
       self._spanning = queue.SimpleQueue()
       self._lost = None
+      self._lost_heard.clear()
       self._spanning_thread = self._start_spanning(self._spanning)
     old.put(None)
 
@@ -218,6 +227,8 @@ class Completions:
       status = Status()
     except Exception as e:  # pylint: disable=broad-except
       payload, status = b"", error_status(e)
+      if claim is not None and status.message.startswith(BROKE_LINK):
+        self._lost_heard.wait(LOSS_NOTICE_WAIT_S)
     if seq is not None and (claim is None or claim(seq)):
       self._send(seq, status, payload, waited)
     elif not status.ok:
