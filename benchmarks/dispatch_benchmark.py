@@ -1,10 +1,12 @@
 """B1: dispatch cost, as in the Pathways paper's Figure 5.
 
     python benchmarks/dispatch_benchmark.py [--chain 128] [--repeats 5]
+        [--platform cuda --devices 1]
 
 The computation is a scalar psum + add over 4 devices (shard_map). Three ways
 to run N of them, each through jax_pathways and in-process jax.jit on 4 CPU
-devices, in the same run:
+devices, in the same run (--platform: an island of that platform's
+--devices devices, against in-process JAX on the same devices):
 
   OpByOp   one call per computation, waiting for each result
   Chained  N calls issued without waiting, then one wait (in-process JAX
@@ -38,8 +40,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from harness import (cpu_per_call, emit, interleaved, log, setup,  # pylint: disable=g-bad-import-order
-                     thread_cpu_ns, timed)  # pylint: disable=g-bad-import-order
+from harness import (DEVICES, cpu_per_call, emit, interleaved, log,  # pylint: disable=g-bad-import-order
+                     setup, thread_cpu_ns, timed)  # pylint: disable=g-bad-import-order
 
 import jax  # noqa: E402
 import jax_pathways  # noqa: E402
@@ -66,7 +68,10 @@ def programs(devices):
   fused_n = programs.chain
   fused = jax.jit(jax.shard_map(fused_body, mesh=mesh, in_specs=P("i"),
                                 out_specs=P("i"), check_vma=False))
-  x = jax.device_put(jnp.zeros((len(devices),)), NamedSharding(mesh, P("i")))
+  # From the host: jnp.zeros would make it on the default (proxy) device,
+  # which JAX cannot copy to a GPU's.
+  x = jax.device_put(np.zeros((len(devices),), np.float32),
+                     NamedSharding(mesh, P("i")))
   return step, fused, x
 
 
@@ -75,11 +80,17 @@ def main() -> None:
   parser.add_argument("--chain", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--profile-calls", type=int, default=2048)
+  parser.add_argument("--platform", default="cpu",
+                      help="the island's and the reference's devices, e.g. "
+                      "cuda (on a GPU host, with --devices its GPUs)")
+  parser.add_argument("--devices", type=int, default=DEVICES)
   args = parser.parse_args()
   programs.chain = n = args.chain
-  pathways_devices, cpu_devices = setup()
+  pathways_devices, local_devices = setup(devices_per_island=args.devices,
+                                          platform=args.platform)
   state = {}
-  for name, devices in (("pathways", pathways_devices), ("jax", cpu_devices)):
+  for name, devices in (("pathways", pathways_devices),
+                        ("jax", local_devices)):
     step, fused, x = programs(devices)
     jax.block_until_ready([step(x), fused(x)])  # compile and warm up
     state[name] = (step, fused, x)

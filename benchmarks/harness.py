@@ -30,16 +30,22 @@ DEVICES = 4
 
 
 def setup(islands: int = 1, devices_per_island: int = DEVICES,
-          **cluster: Any) -> tuple[list[Any], list[Any]]:
-  """Starts the embedded cluster (`cluster`: more initialize() options);
-  returns (pathways devices, cpu devices): every island's devices and as
-  many in-process CPU devices."""
+          platform: str = "cpu", **cluster: Any
+          ) -> tuple[list[Any], list[Any]]:
+  """Starts the embedded cluster of `platform` islands (`cluster`: more
+  initialize() options); returns (pathways devices, in-process devices):
+  every island's devices and as many of this process's devices of that
+  platform (the reference)."""
   n = islands * devices_per_island
-  jax.config.update("jax_num_cpu_devices", n)
+  if platform == "cpu":
+    jax.config.update("jax_num_cpu_devices", n)
+  else:
+    jax.config.update("jax_platforms", f"proxy,{platform},cpu")
+    cluster["platform"] = platform
   jax_pathways.initialize(islands=islands,
                           devices_per_island=devices_per_island, **cluster)
-  CONTEXT["devices"] = n
-  return jax.devices("proxy")[:n], jax.devices("cpu")[:n]
+  CONTEXT.update(devices=n, platform=platform)
+  return jax.devices("proxy")[:n], jax.devices(platform)[:n]
 
 
 def _commit() -> str:

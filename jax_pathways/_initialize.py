@@ -51,7 +51,8 @@ def initialize(address: str | None = None, *, islands: int | None = None,
                reduction_order: str | None = None,
                pin_islands: bool | None = None,
                worker_timeout: float | None = None,
-               restart_workers: bool | None = None) -> str:
+               restart_workers: bool | None = None,
+               platform: str | None = None) -> str:
   """Makes JAX in this process run on jax_pathways; returns the address.
 
   Args:
@@ -86,6 +87,10 @@ def initialize(address: str | None = None, *, islands: int | None = None,
       its island's place (default True): the island's programs run on it
       again, its old arrays stay failed (DATA_LOSS). A worker that keeps
       dying right after it starts is given up on after a few tries.
+    platform: embedded cluster: the islands' PJRT platform (default 'cpu':
+      emulated devices). 'cuda' or 'rocm': island i runs on the i-th
+      `devices_per_island` GPUs this process may use (the platform's
+      *_VISIBLE_DEVICES variable; the worker needs JAX's plugin for it).
   """
   global _cluster, _address, _token, _at_exit_registered
   from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
@@ -145,19 +150,21 @@ def initialize(address: str | None = None, *, islands: int | None = None,
                         if pin else None),
           worker_timeout_s=(worker_timeout if worker_timeout is not None
                             else cfg.worker_timeout),
-          restart_workers=restart_workers is not False)
+          restart_workers=restart_workers is not False,
+          platform=platform or "cpu")
       cluster.start()
       _cluster = cluster
       address, token = cluster.address, cluster.token
     elif (islands is not None or devices_per_island is not None or
           reduction_order is not None or pin_islands is not None or
-          worker_timeout is not None or restart_workers is not None):
+          worker_timeout is not None or restart_workers is not None or
+          platform is not None):
       raise ValueError("islands=, devices_per_island=, reduction_order=, "
-                       "pin_islands=, worker_timeout= and restart_workers= "
-                       "shape an embedded cluster; a running controller has "
-                       "its own (jax-pathways controller --reduction-order "
-                       "--worker-timeout, jax-pathways worker "
-                       "--device-cores)")
+                       "pin_islands=, worker_timeout=, restart_workers= and "
+                       "platform= shape an embedded cluster; a running "
+                       "controller has its own (jax-pathways controller "
+                       "--reduction-order --worker-timeout, jax-pathways "
+                       "worker --device-cores --platform)")
     _address = _normalize(address)
     _token = token or cfg.token
     plugin.configure(_token, wanted)

@@ -49,6 +49,10 @@ _SUPERVISE_POLL_S = 0.1
 # and for how long at most (a stopped controller must not hold it up).
 _LOSS_POLL_S = 1.0
 _LOSS_POLL_TIMEOUT_S = 1.0
+# The variable that hides all but an island's own accelerators from its
+# worker, per platform whose islands can share a host.
+VISIBLE_DEVICES = {"cuda": "CUDA_VISIBLE_DEVICES",
+                   "rocm": "HIP_VISIBLE_DEVICES"}
 
 
 class ClusterError(RuntimeError):
@@ -63,6 +67,32 @@ def _tail(path: str, lines: int = 25) -> str:
     return ""
 
 
+def island_env(platform: str, island: int, devices: int) -> dict[str, str]:
+  """What island `island`'s worker adds to its environment: on an
+  accelerator platform, the variable that shows it only its own `devices`
+  devices (island i: the i-th `devices` of those this process may use, all
+  of the host's or those the variable already names); nothing for CPU,
+  whose devices are emulated per worker. ValueError for an accelerator
+  without such a variable on more than one island."""
+  if platform == "cpu":
+    return {}
+  if platform not in VISIBLE_DEVICES:
+    if island:
+      raise ValueError(
+          f"an embedded cluster of {platform} islands has one island (each "
+          f"worker takes every {platform} device it sees); start workers "
+          f"per host for more (docs/deploy.md, 'By hand')")
+    return {}
+  variable = VISIBLE_DEVICES[platform]
+  first = island * devices
+  if os.environ.get(variable):
+    mine = os.environ[variable].split(",")[first:first + devices]
+  else:
+    mine = [str(d) for d in range(first, first + devices)]
+  # Too few left: the worker says how many it sees against --devices.
+  return {variable: ",".join(mine)}
+
+
 class LocalCluster:
   """A controller and `islands` workers, as child processes of this one."""
 
@@ -73,10 +103,17 @@ class LocalCluster:
                reduction_order: str = "rank",
                device_cores: list[list[int]] | None = None,
                tcp: bool = False, worker_timeout_s: float | None = None,
-               restart_workers: bool = True, workers_over_tcp: bool = False):
+               restart_workers: bool = True, workers_over_tcp: bool = False,
+               platform: str = "cpu"):
     if device_cores is not None and len(device_cores) != islands:
       raise ValueError(f"device_cores names {len(device_cores)} islands' "
                        f"cores for {islands} islands")
+    self._worker_env = [island_env(platform, i, devices_per_island)
+                        for i in range(islands)]
+    if device_cores is not None and platform != "cpu":
+      raise ValueError(f"device_cores pins emulated CPU devices; the "
+                       f"{platform} islands' devices are their own")
+    self.platform = platform
     self.islands = islands
     self.device_cores = device_cores
     self.devices_per_island = devices_per_island
@@ -121,7 +158,8 @@ class LocalCluster:
     procs = ([self.controller] if self.controller else []) + self.workers
     return [p.pid for p in procs]
 
-  def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+  def _spawn(self, name: str, args: list[str],
+             env_extra: dict[str, str] | None = None) -> subprocess.Popen:
     os.makedirs(self.log_dir, exist_ok=True)
     log_path = os.path.join(self.log_dir, f"{name}.log")
     env = dict(os.environ)
@@ -130,6 +168,7 @@ class LocalCluster:
     for key in ("JAX_PLATFORMS", "JAX_BACKEND_TARGET", "XLA_FLAGS",
                 "JAX_NUM_CPU_DEVICES"):
       env.pop(key, None)
+    env.update(env_extra or {})
     with open(log_path, "ab") as log:
       proc = subprocess.Popen(
           [sys.executable, "-m", "jax_pathways.cli", *args],
@@ -170,12 +209,14 @@ class LocalCluster:
         self._worker_args.append([
             "worker", "--controller", ready["worker_address"],
             "--island", str(i), "--devices", str(self.devices_per_island),
-            # Emulated CPU devices, also on a host with accelerators.
-            "--platform", "cpu",
+            # Emulated CPU devices unless told, also on a host with
+            # accelerators.
+            "--platform", self.platform,
             "--data-listen", f"unix:{sockets}/data{i}.sock"] + (
                 ["--device-cores", cores.format_list(self.device_cores[i])]
                 if self.device_cores else []))
-        self.workers.append(self._spawn(f"worker{i}", self._worker_args[i]))
+        self.workers.append(self._spawn(f"worker{i}", self._worker_args[i],
+                                        self._worker_env[i]))
       self._wait_complete(deadline)
     except BaseException:
       self.stop()
@@ -256,7 +297,8 @@ class LocalCluster:
         with self._restart_lock:  # stop() sees every process started
           if self._stopping.is_set():
             return
-          self.workers[i] = self._spawn(f"worker{i}", self._worker_args[i])
+          self.workers[i] = self._spawn(f"worker{i}", self._worker_args[i],
+                                        self._worker_env[i])
         self.restarts[i] += 1
         started[i] = time.monotonic()
         logging.warning("jax_pathways local cluster: island %d's worker "
