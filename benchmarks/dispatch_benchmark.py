@@ -40,8 +40,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from harness import (DEVICES, cpu_per_call, emit, interleaved, log,  # pylint: disable=g-bad-import-order
-                     setup, thread_cpu_ns, timed)  # pylint: disable=g-bad-import-order
+from harness import (add_platform_args, cpu_per_call, emit, interleaved,  # pylint: disable=g-bad-import-order
+                     log, setup, thread_cpu_ns, timed)  # pylint: disable=g-bad-import-order
 
 import jax  # noqa: E402
 import jax_pathways  # noqa: E402
@@ -80,10 +80,7 @@ def main() -> None:
   parser.add_argument("--chain", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--profile-calls", type=int, default=2048)
-  parser.add_argument("--platform", default="cpu",
-                      help="the island's and the reference's devices, e.g. "
-                      "cuda (on a GPU host, with --devices its GPUs)")
-  parser.add_argument("--devices", type=int, default=DEVICES)
+  add_platform_args(parser)
   args = parser.parse_args()
   programs.chain = n = args.chain
   pathways_devices, local_devices = setup(devices_per_island=args.devices,

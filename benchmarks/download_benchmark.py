@@ -1,6 +1,7 @@
 """Device to host: `np.asarray` of an array on an island.
 
     python benchmarks/download_benchmark.py [--repeats 7] [--sizes 16B,4KB]
+        [--platform cuda --devices 1]
 
 The bytes go worker -> controller (an event's payload) -> client (the IFRT
 proxy's host-buffer channel), each array fetched once (JAX keeps an array's
@@ -18,7 +19,8 @@ import argparse
 import statistics
 import time
 
-from harness import cpu_seconds, emit_host_transfer, one_island_processes  # pylint: disable=g-bad-import-order
+from harness import (add_platform_args, cpu_seconds, emit_host_transfer,  # pylint: disable=g-bad-import-order
+                     log, one_island_processes)
 
 import jax  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
@@ -49,18 +51,23 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=7)
   parser.add_argument("--sizes", default=",".join(SIZES),
                       help="comma-separated, of " + ", ".join(SIZES))
+  add_platform_args(parser)
   args = parser.parse_args()
   labels = args.sizes.split(",")
   unknown = [x for x in labels if x not in SIZES]
   if unknown:
     parser.error(f"unknown sizes {unknown}; choose from {list(SIZES)}")
-  pathways, cpu, pids = one_island_processes()
+  pathways, local, pids = one_island_processes(platform=args.platform,
+                                               devices=args.devices)
   for label in labels:
     size, n, split = SIZES[label]
-    on_pathways, on_cpu = (
+    if n > args.devices:
+      log(f"{label}: skipped, it needs {n} devices")
+      continue
+    on_pathways, on_local = (
         NamedSharding(Mesh(np.array(devices[:n]), ("d",)),
                       P("d") if split else P())
-        for devices in (pathways, cpu))
+        for devices in (pathways, local))
     data = np.random.default_rng(0).random(size // 4, dtype=np.float32)
     fetches = min(1024, max(2, (64 << 20) // size // 16))  # ~4 MB a sample
     times: dict[str, list[float]] = {"pathways": [], "jax_view": [],
@@ -69,8 +76,8 @@ def main() -> None:
     # Interleaved, fresh arrays each time; the first round warms buffer
     # pools up to this size and is not counted.
     for repeat in range(-1, args.repeats):
-      for case, device in (("pathways", on_pathways), ("jax_view", on_cpu),
-                           ("jax_copy", on_cpu)):
+      for case, device in (("pathways", on_pathways),
+                           ("jax_view", on_local), ("jax_copy", on_local)):
         arrays = [jax.device_put(data, device) for _ in range(fetches)]
         jax.block_until_ready(arrays)
         before = {k: cpu_seconds(p) for k, p in pids.items()}

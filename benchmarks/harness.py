@@ -7,6 +7,7 @@ module before anything initializes JAX.
 """
 from __future__ import annotations
 
+import argparse
 import atexit
 import json
 import os
@@ -37,15 +38,32 @@ def setup(islands: int = 1, devices_per_island: int = DEVICES,
   every island's devices and as many of this process's devices of that
   platform (the reference)."""
   n = islands * devices_per_island
+  _local_backend(platform, n)
+  if platform != "cpu":
+    cluster["platform"] = platform
+  jax_pathways.initialize(islands=islands,
+                          devices_per_island=devices_per_island, **cluster)
+  return jax.devices("proxy")[:n], jax.devices(platform)[:n]
+
+
+def add_platform_args(parser: argparse.ArgumentParser) -> None:
+  """--platform and --devices: the islands' devices and the reference's."""
+  parser.add_argument("--platform", default="cpu",
+                      help="the island's devices and the in-process "
+                      "reference's, e.g. cuda (on a GPU host; with --devices "
+                      "its GPU count)")
+  parser.add_argument("--devices", type=int, default=DEVICES,
+                      help="devices per island")
+
+
+def _local_backend(platform: str, n: int) -> None:
+  """This process's reference devices: `n` emulated CPU devices, or the
+  host's devices of `platform` beside the cluster's."""
   if platform == "cpu":
     jax.config.update("jax_num_cpu_devices", n)
   else:
     jax.config.update("jax_platforms", f"proxy,{platform},cpu")
-    cluster["platform"] = platform
-  jax_pathways.initialize(islands=islands,
-                          devices_per_island=devices_per_island, **cluster)
   CONTEXT.update(devices=n, platform=platform)
-  return jax.devices("proxy")[:n], jax.devices(platform)[:n]
 
 
 def _commit() -> str:
@@ -83,25 +101,29 @@ def interleaved(runs: dict[str, Callable[[], float]], repeats: int
   return {name: statistics.median(v) for name, v in results.items()}
 
 
-def one_island_processes(workers_over_tcp: bool = False
+def one_island_processes(workers_over_tcp: bool = False,
+                         platform: str = "cpu", devices: int = DEVICES
                          ) -> tuple[list[Any], list[Any], dict[str, int]]:
-  """Starts an embedded cluster of one island (DEVICES devices) for host <->
-  device benchmarks; returns its devices, the in-process CPU devices, and
-  the pids of this process (the client), the controller and the worker.
-  `workers_over_tcp`: the worker connects over loopback TCP, as one on
-  another host does (the controller sends it uploads' bytes)."""
+  """Starts an embedded cluster of one island (`devices` devices of
+  `platform`) for host <-> device benchmarks; returns its devices, as many
+  in-process devices of that platform, and the pids of this process (the
+  client), the controller and the worker. `workers_over_tcp`: the worker
+  connects over loopback TCP, as one on another host does (the controller
+  sends it uploads' bytes)."""
   if workers_over_tcp:
-    cluster = LocalCluster(1, DEVICES, config.DEFAULT_MAX_IN_FLIGHT,
-                           workers_over_tcp=True)
+    cluster = LocalCluster(1, devices, config.DEFAULT_MAX_IN_FLIGHT,
+                           workers_over_tcp=True, platform=platform)
     cluster.start()
     atexit.register(cluster.stop)
-    jax.config.update("jax_num_cpu_devices", DEVICES)
+    _local_backend(platform, devices)
     jax_pathways.initialize(cluster.address, token=cluster.token)
-    pathways, cpu = jax.devices("proxy")[:DEVICES], jax.devices("cpu")[:DEVICES]
+    pathways = jax.devices("proxy")[:devices]
+    local = jax.devices(platform)[:devices]
   else:
-    pathways, cpu = setup(islands=1)
+    pathways, local = setup(islands=1, devices_per_island=devices,
+                            platform=platform)
     cluster = jax_pathways.local_cluster()
-  return pathways, cpu, {"client": os.getpid(),
+  return pathways, local, {"client": os.getpid(),
                          "controller": cluster.controller.pid,
                          "worker": cluster.workers[0].pid}
 

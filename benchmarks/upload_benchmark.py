@@ -1,7 +1,7 @@
 """Host to device: `jax.device_put` of a numpy array onto an island.
 
     python benchmarks/upload_benchmark.py [--repeats 7] [--cases 4KB,16MB]
-        [--workers-over-tcp]
+        [--workers-over-tcp] [--platform cuda --devices 1]
 
 The bytes go client -> controller (the IFRT proxy's host-buffer channel)
 -> the island's worker, waited for each time; in-process JAX putting the
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 
-from harness import (cpu_seconds, emit_host_transfer, interleaved,  # pylint: disable=g-bad-import-order
-                     one_island_processes, timed)
+from harness import (add_platform_args, cpu_seconds, emit_host_transfer,  # pylint: disable=g-bad-import-order
+                     interleaved, log, one_island_processes, timed)
 
 import jax  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
@@ -38,10 +38,15 @@ def main() -> None:
                       help="the worker connects over loopback TCP, as one "
                       "on another host (uploads are sent to it, not read "
                       "from the controller's memory)")
+  add_platform_args(parser)
   args = parser.parse_args()
-  pathways, cpu, pids = one_island_processes(args.workers_over_tcp)
+  pathways, local, pids = one_island_processes(args.workers_over_tcp,
+                                               args.platform, args.devices)
   for label in args.cases.split(","):
     size, shards = CASES[label]
+    if shards > args.devices:
+      log(f"{label}: skipped, it needs {shards} devices")
+      continue
     data = np.random.default_rng(0).random((shards, size // 4 // shards),
                                            dtype=np.float32)
     puts = max(3, (64 << 20) // size // 16)  # ~4 MB of puts per sample
@@ -61,7 +66,7 @@ def main() -> None:
         run()
       return run
 
-    runs = {"pathways": case(pathways), "jax": case(cpu)}
+    runs = {"pathways": case(pathways), "jax": case(local)}
     before = {k: cpu_seconds(p) for k, p in pids.items()}
     med = interleaved(runs, args.repeats)
     n = args.repeats * puts
