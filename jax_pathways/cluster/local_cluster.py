@@ -86,10 +86,16 @@ def island_env(platform: str, island: int, devices: int) -> dict[str, str]:
   variable = VISIBLE_DEVICES[platform]
   first = island * devices
   if os.environ.get(variable):
-    mine = os.environ[variable].split(",")[first:first + devices]
+    given = os.environ[variable].split(",")
+    mine = given[first:first + devices]
+    if len(mine) < devices:
+      raise ValueError(
+          f"{variable}={os.environ[variable]} gives this process "
+          f"{len(given)} devices: too few for island {island} of "
+          f"{devices} devices each")
   else:
+    # Too few on the host: the worker says how many it sees.
     mine = [str(d) for d in range(first, first + devices)]
-  # Too few left: the worker says how many it sees against --devices.
   return {variable: ",".join(mine)}
 
 

@@ -105,7 +105,7 @@ class Completions:
     self._lock = threading.Lock()
     self._unreported: set[int] = set()
     self._lost: Status | None = None
-    self._lost_heard = threading.Event()  # set while _lost is
+    self._lost_heard = threading.Condition(self._lock)  # _lost was set
     self._watchdog = _Watchdog(stuck) if stuck else None
     self._threads = [threads.start(lambda: self._run(self._queue),
                                    "jp-completions"),
@@ -143,7 +143,7 @@ class Completions:
     is reported failed with `why` at once."""
     with self._lock:
       self._lost = why
-      self._lost_heard.set()
+      self._lost_heard.notify_all()
       abandoned, self._unreported = self._unreported, set()
     for seq in sorted(abandoned):
       self.fail(seq, why)
@@ -157,7 +157,6 @@ class Completions:
       old = self._spanning
       self._spanning = queue.SimpleQueue()
       self._lost = None
-      self._lost_heard.clear()
       self._spanning_thread = self._start_spanning(self._spanning)
     old.put(None)
 
@@ -228,7 +227,9 @@ class Completions:
     except Exception as e:  # pylint: disable=broad-except
       payload, status = b"", error_status(e)
       if claim is not None and status.message.startswith(BROKE_LINK):
-        self._lost_heard.wait(LOSS_NOTICE_WAIT_S)
+        with self._lock:
+          self._lost_heard.wait_for(lambda: self._lost is not None,
+                                    LOSS_NOTICE_WAIT_S)
     if seq is not None and (claim is None or claim(seq)):
       self._send(seq, status, payload, waited)
     elif not status.ok:

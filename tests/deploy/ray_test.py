@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 import psutil
@@ -36,12 +35,22 @@ TOKEN = "ray-test-token"
 ISLANDS, DEVICES = 2, 2
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
+def _cli(workdir: str, *args: str) -> subprocess.CompletedProcess:
   env = dict(os.environ, JAX_PATHWAYS_TOKEN=TOKEN)
   env.pop("JAX_PLATFORMS", None)
   return subprocess.run([sys.executable, "-m", "jax_pathways.cli", *args],
                         env=env, capture_output=True, text=True, timeout=180,
-                        cwd=tempfile.gettempdir())
+                        cwd=workdir)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> str:
+  """Where the driver and the CLI run: an empty directory. Not the checkout
+  (Ray puts its driver's directory on the actors' sys.path, and `-m`
+  imports from the working directory: an unbuilt jax_pathways/ would
+  shadow the installed one), nor /tmp, where a stray file named like a
+  module does the same."""
+  return str(tmp_path_factory.mktemp("ray_cwd"))
 
 
 def _actor_processes() -> list[psutil.Process]:
@@ -53,7 +62,7 @@ def _actor_processes() -> list[psutil.Process]:
 
 
 @pytest.fixture(scope="module")
-def ray_nodes():
+def ray_nodes(workdir):
   """Three Ray nodes, shared by the module's tests (each stops the
   jax_pathways cluster it started); every process of theirs gone by pid at
   the end."""
@@ -69,9 +78,7 @@ def ray_nodes():
   try:
     for _ in range(2):
       nodes.add_node(**node)
-    # Ray puts its driver's directory on the actors' sys.path: not the
-    # checkout, whose unbuilt jax_pathways/ would shadow the installed one.
-    os.chdir(tempfile.gettempdir())
+    os.chdir(workdir)  # the actors' sys.path gets it
     try:
       ray.init(address=nodes.address, namespace=NAMESPACE,
                log_to_driver=False)
@@ -88,8 +95,9 @@ def ray_nodes():
     assert not left, f"Ray processes outlived the cluster: {left}"
 
 
-def test_trains_through_a_killed_worker_actor(ray_nodes):
-  started = _cli("ray", "start", "--ray-address", ray_nodes.address,
+def test_trains_through_a_killed_worker_actor(ray_nodes, workdir):
+  started = _cli(workdir, "ray", "start", "--ray-address",
+                 ray_nodes.address,
                  "--islands", str(ISLANDS), "--devices-per-island",
                  str(DEVICES), "--cpus", "1", "--worker-timeout", "2")
   assert started.returncode == 0, started.stderr[-4000:]
@@ -115,7 +123,7 @@ def test_trains_through_a_killed_worker_actor(ray_nodes):
             "faults": [[6, "kill", 1], [12, "stop", 0]],
             "cpu_reference": ISLANDS * DEVICES})],
         capture_output=True, text=True, timeout=240,
-        cwd=tempfile.gettempdir())
+        cwd=workdir)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     killed, stopped = result["hurt"]
@@ -139,7 +147,7 @@ def test_trains_through_a_killed_worker_actor(ray_nodes):
       assert ray.get(worker.pid.remote(), timeout=30) == islands[i]["pid"]
     actors = _actor_processes()
   finally:
-    stopped = _cli("ray", "stop", "--ray-address", ray_nodes.address)
+    stopped = _cli(workdir, "ray", "stop", "--ray-address", ray_nodes.address)
   assert stopped.returncode == 0, stopped.stderr[-4000:]
   psutil.wait_procs(actors, timeout=30)
   assert not [p.pid for p in actors if processes.alive(p.pid)]

@@ -46,6 +46,8 @@ def test_each_island_sees_its_own_gpus(monkeypatch):
   monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
   assert local_cluster.island_env("cuda", 1, 2) == {
       "CUDA_VISIBLE_DEVICES": "6,7"}
+  with pytest.raises(ValueError, match="too few for island 2"):
+    local_cluster.island_env("cuda", 2, 2)
   assert local_cluster.island_env("tpu", 0, 4) == {}
   with pytest.raises(ValueError, match="one island"):
     local_cluster.island_env("tpu", 1, 4)
