@@ -2,6 +2,7 @@
 keep up with in-process JAX.
 
     python benchmarks/crossover_benchmark.py [--calls 64] [--repeats 3]
+        [--platform cuda --devices 1 --sizes 256 1024 4096]
 
 Each call is one batched matmul on the 4 devices of an island (x: [4, n, n]
 sharded over the devices, y = x @ x, renormalized). Sizes sweep the compute
@@ -19,10 +20,10 @@ from __future__ import annotations
 
 import argparse
 
-from harness import emit, interleaved, log, setup, timed  # pylint: disable=g-bad-import-order
+from harness import (add_platform_args, emit, interleaved, log, setup,  # pylint: disable=g-bad-import-order
+                     timed)
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
@@ -34,7 +35,9 @@ PARITY = 0.95
 def make(devices, n):
   mesh = Mesh(np.array(devices), ("i",))
   step = jax.jit(lambda x: (x @ x) / n)
-  x = jax.device_put(jnp.ones((len(devices), n, n), jnp.float32) / n,
+  # From the host: an array made on the default (proxy) device cannot be
+  # copied to a GPU's.
+  x = jax.device_put(np.full((len(devices), n, n), 1 / n, np.float32),
                      NamedSharding(mesh, P("i")))
   step(x).block_until_ready()
   return step, x
@@ -45,12 +48,15 @@ def main() -> None:
   parser.add_argument("--calls", type=int, default=64)
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--sizes", type=int, nargs="*", default=list(SIZES))
+  add_platform_args(parser)
   args = parser.parse_args()
-  pathways_devices, cpu_devices = setup()
+  pathways_devices, local_devices = setup(devices_per_island=args.devices,
+                                          platform=args.platform)
   crossover = None
   for n in sorted(args.sizes):  # the crossover reads them in order
     runs = {}
-    for name, devices in (("pathways", pathways_devices), ("jax", cpu_devices)):
+    for name, devices in (("pathways", pathways_devices),
+                          ("jax", local_devices)):
       step, x = make(devices, n)
       window = args.calls if name == "pathways" else IN_PROCESS_WINDOW
 
