@@ -45,7 +45,6 @@ from harness import (add_platform_args, cpu_per_call, emit, interleaved,  # pyli
 
 import jax  # noqa: E402
 import jax_pathways  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax._src import core as jax_core  # noqa: E402
 from jax._src.lib import xla_client as xc  # noqa: E402

@@ -88,7 +88,7 @@ def cuda_results():
                         " --xla_gpu_autotune_level=0").strip())
   env.pop("JAX_PLATFORMS", None)
   proc = subprocess.run([sys.executable, os.path.join(HERE, "cuda_client.py")],
-                        env=env, capture_output=True, text=True, timeout=600,
+                        env=env, capture_output=True, text=True, timeout=280,
                         check=False)
   lines = [json.loads(l) for l in proc.stdout.splitlines()
            if l.startswith("{")]
