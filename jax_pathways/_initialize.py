@@ -88,9 +88,10 @@ def initialize(address: str | None = None, *, islands: int | None = None,
       again, its old arrays stay failed (DATA_LOSS). A worker that keeps
       dying right after it starts is given up on after a few tries.
     platform: embedded cluster: the islands' PJRT platform (default 'cpu':
-      emulated devices). 'cuda' or 'rocm': island i runs on the i-th
-      `devices_per_island` GPUs this process may use (the platform's
-      *_VISIBLE_DEVICES variable; the worker needs JAX's plugin for it).
+      emulated devices; JAX_PATHWAYS_PLATFORM). 'cuda' or 'rocm': island i
+      runs on the i-th `devices_per_island` GPUs this process may use (the
+      platform's *_VISIBLE_DEVICES variable; the worker needs JAX's plugin
+      for it).
   """
   global _cluster, _address, _token, _at_exit_registered
   from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
@@ -151,7 +152,7 @@ def initialize(address: str | None = None, *, islands: int | None = None,
           worker_timeout_s=(worker_timeout if worker_timeout is not None
                             else cfg.worker_timeout),
           restart_workers=restart_workers is not False,
-          platform=platform or "cpu")
+          platform=platform or cfg.platform)
       cluster.start()
       _cluster = cluster
       address, token = cluster.address, cluster.token

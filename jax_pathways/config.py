@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 from jax_pathways.cluster import tokens
 from jax_pathways.status import invalid_argument
@@ -25,6 +26,7 @@ PIN_ISLANDS = "JAX_PATHWAYS_PIN_ISLANDS"  # embedded cluster: 1 = cores per isla
 # embedded cluster: seconds of silence after which the controller loses a
 # worker (its --worker-timeout)
 WORKER_TIMEOUT = "JAX_PATHWAYS_WORKER_TIMEOUT"
+PLATFORM = "JAX_PATHWAYS_PLATFORM"  # embedded cluster: the islands' platform
 
 DEFAULT_ISLANDS = 2
 DEFAULT_DEVICES_PER_ISLAND = 4
@@ -86,6 +88,7 @@ class Config:
   device_memory: int  # 0: ask the device (unlimited if it does not say)
   pin_islands: bool
   worker_timeout: float | None  # None: the controller's default
+  platform: str  # a PJRT platform name: cpu, cuda, rocm, tpu, ...
 
 
 def from_env() -> Config:
@@ -112,7 +115,16 @@ def from_env() -> Config:
       worker_timeout=(worker_timeout(_float(WORKER_TIMEOUT, 0.0),
                                      WORKER_TIMEOUT)
                       if os.environ.get(WORKER_TIMEOUT) else None),
+      platform=_platform(os.environ.get(PLATFORM) or "cpu"),
   )
+
+
+def _platform(raw: str) -> str:
+  # A name goes on the workers' command lines and into JAX_PLATFORMS.
+  if not re.fullmatch(r"[a-z][a-z0-9_]{0,31}", raw):
+    raise invalid_argument(f"{PLATFORM}={raw!r} is not a platform name "
+                           f"(cpu, cuda, rocm, tpu, ...)")
+  return raw
 
 
 def worker_timeout(seconds: float, what: str) -> float:

@@ -31,3 +31,14 @@ def test_worker_timeout(monkeypatch):
   with pytest.raises(StatusError, match="JAX_PATHWAYS_WORKER_TIMEOUT=1.0 "
                      "must be >= 2 seconds"):
     config.from_env()
+
+
+def test_platform(monkeypatch):
+  monkeypatch.delenv(config.PLATFORM, raising=False)
+  assert config.from_env().platform == "cpu"
+  monkeypatch.setenv(config.PLATFORM, "cuda")
+  assert config.from_env().platform == "cuda"
+  monkeypatch.setenv(config.PLATFORM, "cuda --devices 8")
+  with pytest.raises(StatusError, match="JAX_PATHWAYS_PLATFORM='cuda --devices "
+                     "8' is not a platform name"):
+    config.from_env()

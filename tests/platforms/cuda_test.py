@@ -57,15 +57,18 @@ def test_each_island_sees_its_own_gpus(monkeypatch):
 
 @pytest.mark.integration
 @pytest.mark.skipif(_cuda_host() is None, reason="this host has a GPU")
-def test_a_platform_the_host_lacks_fails_the_start_clearly():
+@pytest.mark.parametrize("how", ["argument", "environment"])
+def test_a_platform_the_host_lacks_fails_the_start_clearly(how):
   env = dict(os.environ)
   env.pop("JAX_PLATFORMS", None)
-  out = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+  if how == "environment":
+    env["JAX_PATHWAYS_PLATFORM"] = "cuda"
+  out = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
       import jax_pathways
       from jax_pathways.cluster.local_cluster import ClusterError
       try:
         jax_pathways.initialize(islands=1, devices_per_island=1,
-                                platform="cuda")
+                                {'platform="cuda"' if how == "argument" else ""})
       except ClusterError as e:
         print("ERROR", e)
   """)], env=env, capture_output=True, text=True, timeout=120, check=False)
