@@ -229,6 +229,15 @@ def island_client(platform: str | None, num_devices: int | None) -> Any:
   return found
 
 
+def jax_platform(client: Any) -> str:
+  """The platform name the island reports: JAX's own (cuda, rocm), which
+  the client lowers for. jaxlib's GPU clients call themselves "gpu", an
+  alias that JAX resolves only against a GPU backend of its own process,
+  which a client of the cluster usually lacks (eager ops there failed:
+  "Unknown backend: 'gpu' requested")."""
+  return xla_bridge.canonicalize_platform(client.platform)
+
+
 class PjrtBackend:
   """One worker's devices, compiled programs and the arrays they produce."""
 
@@ -243,9 +252,7 @@ class PjrtBackend:
     # only runs them (as jax.export does for deserialized modules).
     linalg.initialize_lapack()
     self.client = island_client(platform, num_devices)
-    # The PJRT client's name (cuda, rocm): JAX lowers for it. Its devices
-    # say "gpu" for either (jaxlib's compatibility shim).
-    self.platform: str = self.client.platform
+    self.platform: str = jax_platform(self.client)
     if self.spans_islands:
       # JAX's own calls in this process (device_put, make_array_...) run on
       # its 'cpu' backend: the global client when there is one, so that JAX

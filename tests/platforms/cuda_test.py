@@ -102,8 +102,30 @@ def cuda_results():
 @pytest.mark.integration
 def test_the_island_shows_the_gpu(cuda_results):
   devices, _ = cuda_results
-  # Platform as plain JAX names a CUDA device ('gpu'), and the GPU's kind.
-  assert devices["proxy"] == devices["gpu"], devices
+  # JAX's name of the platform (plain JAX's devices say "gpu", an alias
+  # that resolves only where the client has a GPU backend of its own), and
+  # the GPU's kind.
+  assert devices["proxy"] == ["cuda", devices["gpu"][1]], devices
+
+
+@pytest.mark.integration
+def test_the_training_example_runs_on_a_client_without_a_gpu():
+  """examples/train_mlp.py unchanged, on one CUDA island, from a client
+  whose JAX has no GPU backend (as on a CPU host): its eager ops lower for
+  the island's platform."""
+  why = _cuda_host()
+  if why:
+    pytest.skip(why)
+  env = dict(os.environ, JAX_PATHWAYS_PLATFORM="cuda",
+             JAX_PATHWAYS_ISLANDS="1", JAX_PATHWAYS_DEVICES_PER_ISLAND="1",
+             XLA_PYTHON_CLIENT_PREALLOCATE="false")
+  env.pop("JAX_PLATFORMS", None)
+  out = subprocess.run(
+      [sys.executable, os.path.join(HERE, "..", "..", "examples",
+                                    "train_mlp.py")],
+      env=env, capture_output=True, text=True, timeout=280, check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "final loss" in out.stdout, out.stdout
 
 
 @pytest.mark.integration

@@ -129,6 +129,38 @@ except pjrt_backend.PlatformError as e:
 """
 
 
+# jaxlib's CUDA client says "gpu" for its platform (seen on an H200): a CPU
+# client dressed so, registered as JAX registers a GPU plugin (as "rocm":
+# JAX drops a "cuda" backend on a host without an NVIDIA GPU).
+_GPU_NAMED_CLIENT = """
+import os
+os.environ["JAX_PLATFORMS"] = "rocm"
+from jax._src import xla_bridge
+from jax._src.lib import xla_client as xc
+from jax_pathways.worker import pjrt_backend
+
+class GpuNamed:
+  platform = "gpu"
+  def __init__(self):
+    self._client = xc.make_cpu_client(num_devices=1)
+  def __getattr__(self, name):
+    return getattr(self._client, name)
+
+xla_bridge.register_backend_factory("rocm", GpuNamed, priority=500)
+print(pjrt_backend.jax_platform(pjrt_backend.island_client("rocm", None)))
+"""
+
+
+@pytest.mark.integration
+def test_a_gpu_client_reports_jaxs_name_for_its_platform():
+  # What the client lowers for: "rocm" (or "cuda") needs no GPU backend in
+  # the client's process, "gpu" does.
+  out = subprocess.run([sys.executable, "-c", _GPU_NAMED_CLIENT],
+                       capture_output=True, text=True, timeout=60, cwd=CWD)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.strip() == "rocm"
+
+
 @pytest.mark.integration
 def test_another_platform_is_jaxs_own_client_with_all_its_devices():
   out = subprocess.run([sys.executable, "-c", _REGISTERED_PLATFORM],
