@@ -229,13 +229,14 @@ def island_client(platform: str | None, num_devices: int | None) -> Any:
   return found
 
 
-def jax_platform(client: Any) -> str:
-  """The platform name the island reports: JAX's own (cuda, rocm), which
-  the client lowers for. jaxlib's GPU clients call themselves "gpu", an
-  alias that JAX resolves only against a GPU backend of its own process,
-  which a client of the cluster usually lacks (eager ops there failed:
-  "Unknown backend: 'gpu' requested")."""
-  return xla_bridge.canonicalize_platform(client.platform)
+def jax_platform(platform: str | None, client: Any) -> str:
+  """The platform name the island reports: JAX's own for the backend it
+  runs (cuda, rocm; `platform` as asked, else the client's), which the
+  client lowers for. jaxlib's GPU clients call themselves "gpu", an alias
+  that JAX resolves only against a GPU backend of its own process, which a
+  client of the cluster usually lacks (eager ops there failed: "Unknown
+  backend: 'gpu' requested")."""
+  return xla_bridge.canonicalize_platform(platform or client.platform)
 
 
 class PjrtBackend:
@@ -252,7 +253,7 @@ class PjrtBackend:
     # only runs them (as jax.export does for deserialized modules).
     linalg.initialize_lapack()
     self.client = island_client(platform, num_devices)
-    self.platform: str = jax_platform(self.client)
+    self.platform: str = jax_platform(platform, self.client)
     if self.spans_islands:
       # JAX's own calls in this process (device_put, make_array_...) run on
       # its 'cpu' backend: the global client when there is one, so that JAX

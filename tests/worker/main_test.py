@@ -147,7 +147,8 @@ class GpuNamed:
     return getattr(self._client, name)
 
 xla_bridge.register_backend_factory("rocm", GpuNamed, priority=500)
-print(pjrt_backend.jax_platform(pjrt_backend.island_client("rocm", None)))
+# The worker's default platform: JAX's default backend.
+print(pjrt_backend.jax_platform(None, pjrt_backend.island_client(None, None)))
 """
 
 
