@@ -133,12 +133,14 @@ def initialize(address: str | None = None, *, islands: int | None = None,
         raise ValueError(f"jax_pathways.initialize: reduction_order="
                          f"{reduction_order!r} must be 'rank' or 'ring'")
       pin = pin_islands if pin_islands is not None else cfg.pin_islands
-      if worker_timeout is not None:
-        try:
+      try:
+        if worker_timeout is not None:
           config.worker_timeout(worker_timeout,
                                 "jax_pathways.initialize: worker_timeout")
-        except StatusError as e:
-          raise ValueError(e.status.message) from None
+        if platform is not None:
+          config.platform_name(platform, "jax_pathways.initialize: platform")
+      except StatusError as e:
+        raise ValueError(e.status.message) from None
       n_islands = islands if islands is not None else cfg.islands
       cluster = LocalCluster(
           n_islands,

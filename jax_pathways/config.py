@@ -115,14 +115,15 @@ def from_env() -> Config:
       worker_timeout=(worker_timeout(_float(WORKER_TIMEOUT, 0.0),
                                      WORKER_TIMEOUT)
                       if os.environ.get(WORKER_TIMEOUT) else None),
-      platform=_platform(os.environ.get(PLATFORM) or "cpu"),
+      platform=platform_name(os.environ.get(PLATFORM) or "cpu", PLATFORM),
   )
 
 
-def _platform(raw: str) -> str:
-  # A name goes on the workers' command lines and into JAX_PLATFORMS.
+def platform_name(raw: str, what: str) -> str:
+  """`raw` if it is a platform name (it goes on the workers' command lines
+  and into their JAX_PLATFORMS), else INVALID_ARGUMENT naming `what`."""
   if not re.fullmatch(r"[a-z][a-z0-9_]{0,31}", raw):
-    raise invalid_argument(f"{PLATFORM}={raw!r} is not a platform name "
+    raise invalid_argument(f"{what}={raw!r} is not a platform name "
                            f"(cpu, cuda, rocm, tpu, ...)")
   return raw
 

@@ -35,13 +35,16 @@ def test_bad_arguments():
       import jax_pathways
       for kwargs in ({"address": "grpc://127.0.0.1:1", "islands": 2},
                      {"address": None, "token": "t"},
-                     {"reduction_order": "fastest"}):
+                     {"reduction_order": "fastest"},
+                     {"platform": "CUDA --devices 8"}):
         try:
           jax_pathways.initialize(**kwargs)
         except ValueError as e:
           print("ERROR", e)
   """)
-  assert out.stdout.count("ERROR") == 3, out.stderr[-2000:]
+  assert out.stdout.count("ERROR") == 4, out.stderr[-2000:]
+  assert ("platform='CUDA --devices 8' is not a platform name"
+          in out.stdout)
   assert "shape an embedded cluster" in out.stdout
   assert "makes its own" in out.stdout
   assert "reduction_order='fastest' must be 'rank' or 'ring'" in out.stdout
