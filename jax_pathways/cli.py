@@ -22,7 +22,6 @@ import dataclasses
 import faulthandler
 import json
 import os
-import re
 import shutil
 import signal
 import sys
@@ -37,6 +36,7 @@ from jax_pathways import config
 from jax_pathways.cluster import cores
 from jax_pathways.cluster import tokens
 from jax_pathways.deploy import k8s
+from jax_pathways.status import StatusError
 
 
 def setup_logging(verbosity: int) -> None:
@@ -408,10 +408,11 @@ def main(argv: Sequence[str] | None = None) -> int:
       parser.error(f"--controller-timeout={args.controller_timeout} must be "
                    ">= 2 seconds (the controller sends a heartbeat every "
                    "second)")
-    if args.platform is not None and not re.fullmatch(r"[a-z][a-z0-9_]*",
-                                                       args.platform):
-      parser.error(f"--platform={args.platform!r} is not a platform name "
-                   "(cpu, cuda, rocm, tpu, ...)")
+    if args.platform is not None:
+      try:
+        config.platform_name(args.platform, "--platform")
+      except StatusError as e:
+        parser.error(e.status.message)
     if args.simulate is not None:
       if not args.simulate >= 1:
         parser.error(f"--simulate={args.simulate} must be >= 1")
@@ -450,7 +451,6 @@ def _connect(parser: argparse.ArgumentParser, args: argparse.Namespace,
   """Runs a forwarder until SIGINT/SIGTERM; prints where JAX connects."""
   from jax_pathways.cluster import addresses  # pylint: disable=import-outside-toplevel
   from jax_pathways.cluster import forwarder  # pylint: disable=import-outside-toplevel
-  from jax_pathways.status import StatusError  # pylint: disable=import-outside-toplevel
   if args.listen is not None and not addresses.is_unix(args.listen):
     parser.error(f"--listen={args.listen}: connect listens on unix:/path "
                  "only (a TCP port would give the token to anyone who "
