@@ -124,7 +124,7 @@ setup(
         # kubernetes: tests/deploy/k8s_test.py checks the manifests against
         # its models of the API. ray: tests/deploy/ray_test.py runs a
         # cluster on a local Ray cluster; psutil finds the processes there.
-        "test": ["optax", "pytest", "pytest-timeout", "pybind11>=2.12",
+        "test": ["optax", "pytest", "pytest-timeout", "pybind11>=3.0",
                  "setuptools>=64", "pathwaysutils==0.1.13",
                  "orbax-checkpoint", "kubernetes==37.0.2", "ray==2.60.0",
                  "psutil"],

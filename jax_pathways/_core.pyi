@@ -15,7 +15,7 @@ WIRE_VERSION: int
 class JaxPathwaysError(RuntimeError):
   code: int
 
-class OpKind(enum.Enum):
+class OpKind(enum.IntEnum):
   COMPILE = 1
   LAUNCH = 2
   PUT = 3

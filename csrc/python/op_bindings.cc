@@ -1,4 +1,7 @@
+#include <pybind11/native_enum.h>
 #include <pybind11/stl.h>
+
+#include <vector>
 
 #include "python/bytes_casters.h"
 #include "python/bindings.h"
@@ -9,7 +12,9 @@ namespace py = pybind11;
 namespace jax_pathways {
 
 void RegisterOp(py::module_& m) {
-  py::enum_<OpKind>(m, "OpKind")
+  // An IntEnum: the op loop compares kinds and looks handlers up by kind for
+  // every op, which on a pybind11 enum cost ~1 us a lookup.
+  py::native_enum<OpKind>(m, "OpKind", "enum.IntEnum")
       .value("COMPILE", OpKind::kCompile)
       .value("LAUNCH", OpKind::kLaunch)
       .value("PUT", OpKind::kPut)
@@ -21,10 +26,21 @@ void RegisterOp(py::module_& m) {
       .value("SHUTDOWN", OpKind::kShutdown)
       .value("TRACE", OpKind::kTrace)
       .value("PEER_LOST", OpKind::kPeerLost)
-      .value("JOIN_GLOBAL", OpKind::kJoinGlobal);
+      .value("JOIN_GLOBAL", OpKind::kJoinGlobal)
+      .finalize();
+  // Op.kind hands out these members, by value: converting the C++ value
+  // would call the enum class at every read. Decoding refuses other values.
+  std::vector<py::object> kinds(static_cast<size_t>(OpKind::kJoinGlobal) + 1);
+  for (const py::handle member : m.attr("OpKind")) {
+    kinds.at(member.cast<size_t>()) = py::reinterpret_borrow<py::object>(member);
+  }
 
   py::class_<Op>(m, "Op")
-      .def_readonly("kind", &Op::kind)
+      .def_property_readonly(
+          "kind",
+          [kinds = std::move(kinds)](const Op& op) {
+            return kinds.at(static_cast<size_t>(op.kind));
+          })
       .def_readonly("seq", &Op::seq)
       .def_readonly("program", &Op::program)
       .def_readonly("args", &Op::args)

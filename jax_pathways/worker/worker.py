@@ -269,7 +269,8 @@ class Worker:
     args = [self._array(b) for b in op.args]
     outputs, execution = self._backend.execute(program, args)
     self._store(op, outputs)
-    self._add(op.seq, [execution])
+    self._completions.add(op.seq, [execution],
+                          spanning=program.client is not self._backend.client)
 
   def _put(self, op: Any) -> None:
     header, blobs = payloads.decode(op.payload, self._headers)
