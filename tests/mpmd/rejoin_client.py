@@ -5,8 +5,8 @@ use the first, the second takes a copy of a step's output (assembled()).
 
 argv[1:]: the partitioners of the pipeline over islands 0 and 1 ("shardy",
 "jax_pathways"). A pipeline over islands 0 and 2 ("other") runs too. Prints
-one JSON line per phase: "started", "before", "lost", "rejoined"; "steps"
-holds each step's result as {"digest": sha256 of its output bits,
+one JSON line per phase: "started", "before", "lost", "rejoined", "stale";
+"steps" holds each step's result as {"digest": sha256 of its output bits,
 "ref_error": vs plain JAX} or {"errors": what the user saw}, "island"
 island 1's status after them.
 """
@@ -134,6 +134,9 @@ lost = {name: run(name, model.params if name == "other" else returned[name])
         for name in steps}
 say(phase="lost", steps=lost, took_s=time.monotonic() - began,
     island=island(LOST))
+# Parameters the steps returned before or during the loss: those on island 1
+# stay failed for good.
+stale = {name: returned[name] for name in sys.argv[1:]}
 
 
 
@@ -148,3 +151,18 @@ began = time.monotonic()
 say(phase="rejoined", steps={name: run(name) for name in steps},
     took_s=time.monotonic() - began, island=island(LOST),
     assembled={name: assembled(name) for name in sys.argv[1:]})
+
+
+def fast_executes() -> int:
+  return admin.status(cluster.address, cluster.token)["fast_path"]["executes"]
+
+
+# A step on the stale parameters, answered in C++ (the steps ran since the
+# rejoin): stage 1 fails at once on its failed arguments, and so must the
+# receives of what it would have sent, not wait for bytes that never come.
+taken = fast_executes()
+began = time.monotonic()
+say(phase="stale", steps={name: run(name, stale[name])
+                          for name in sys.argv[1:]},
+    took_s=time.monotonic() - began, fast_path=fast_executes() - taken,
+    after={name: run(name) for name in sys.argv[1:]})

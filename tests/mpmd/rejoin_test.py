@@ -3,7 +3,8 @@ subprocess: rejoin_client.py). The step over the lost island fails with
 DATA_LOSS naming it; one over other islands runs on meanwhile; once the
 supervisor's new worker serves the island, the same compiled steps (Shardy
 and the own splitter) give the bits they gave before the loss, and their
-outputs there combine with the island's other arrays."""
+outputs there combine with the island's other arrays; a step on parameters
+lost with the island fails with the loss's words."""
 import json
 import os
 import signal
@@ -74,6 +75,16 @@ def test_pipeline_steps_survive_a_lost_island_that_rejoins():
   assert rejoined["island"]["generation"] == 1, rejoined["island"]
   assert rejoined["steps"] == before, rejoined
   assert rejoined["assembled"] == {s: {"same": True} for s in SPLITTERS}
+  # Parameters from before the loss, held on island 1, fail the step in C++
+  # (the fast path took it) with the loss's words, and the next step on
+  # good parameters gives the same bits again.
+  stale = phases["stale"]
+  assert stale["fast_path"] >= len(SPLITTERS), stale
+  for name in SPLITTERS:
+    for error in stale["steps"][name]["errors"]:
+      assert error.startswith("JaxRuntimeError: DATA_LOSS"), (name, error)
+      assert victim in error, (name, error)
+  assert stale["after"] == {s: before[s] for s in SPLITTERS}, stale
   print(f"loss seen -> failed steps {lost['took_s']:.2f} s; rejoined -> "
         f"first steps (fragments compiled again on the new worker) "
         f"{rejoined['took_s']:.2f} s; whole test "
