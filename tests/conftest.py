@@ -25,6 +25,7 @@ import jax_pathways  # noqa: E402
 
 # Shared helpers of the tests (processes.py) import as top-level modules.
 sys.path.insert(0, os.path.dirname(__file__))
+import bits  # noqa: E402  pylint: disable=wrong-import-position
 import processes  # noqa: E402  pylint: disable=wrong-import-position
 
 ISLANDS = 2
@@ -94,18 +95,6 @@ def cpu_devices(pathways):
   return jax.devices("cpu")
 
 
-def assert_bitwise_equal(expected, actual) -> None:
-  """Same structure, dtypes, shapes and bits (NaNs included)."""
-  e_leaves, e_tree = jax.tree.flatten(expected)
-  a_leaves, a_tree = jax.tree.flatten(actual)
-  assert e_tree == a_tree
-  for e, a in zip(e_leaves, a_leaves):
-    e, a = np.asarray(e), np.asarray(a)
-    assert e.dtype == a.dtype, (e.dtype, a.dtype)
-    assert e.shape == a.shape, (e.shape, a.shape)
-    assert e.tobytes() == a.tobytes(), f"values differ:\n{e}\n{a}"
-
-
 @pytest.fixture
 def run_both(proxy_devices, cpu_devices):
   """run_both(fn): fn(devices) on plain CPU and through jax_pathways; the
@@ -116,7 +105,7 @@ def run_both(proxy_devices, cpu_devices):
       expected = jax.tree.map(np.asarray, fn(cpu_devices))
     with jax.default_device(proxy_devices[0]):
       actual = jax.tree.map(np.asarray, fn(proxy_devices))
-    assert_bitwise_equal(expected, actual)
+    bits.assert_same(expected, actual)
     return actual
 
   return run

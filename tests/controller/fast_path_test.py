@@ -15,17 +15,11 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jax_pathways import admin, dtypes, protos
+import bits  # tests/conftest.py puts tests/ on sys.path
 from jax_pathways.programs import sharding as sharding_lib
 from jax_pathways.programs.sharding import Sharding
 
 pytestmark = pytest.mark.integration
-
-
-def assert_bitwise_equal(expected, actual) -> None:
-  expected, actual = np.atleast_1d(expected), np.atleast_1d(actual)
-  assert len(expected) == len(actual)
-  for e, a in zip(expected, actual):
-    assert (e.dtype, e.shape, e.tobytes()) == (a.dtype, a.shape, a.tobytes())
 
 
 def _stats(cluster) -> dict[str, int]:
@@ -39,7 +33,7 @@ def _taken(cluster, run, device, reference):
   before = _stats(cluster)
   got = run(device)
   after = _stats(cluster)
-  assert_bitwise_equal(run(reference), got)
+  bits.assert_same(run(reference), got)
   return {k: after[k] - before[k] for k in after}
 
 
@@ -168,7 +162,7 @@ def test_a_replicated_loss_is_read_in_cpp_with_plain_jax_bits(
   expected = _data_parallel(cpu_devices, donate)
   assert len(expected) == len(got)
   for e, a in zip(expected, got):
-    assert_bitwise_equal(e, a)
+    bits.assert_same(e, a)
   used = {k: after[k] - before[k] for k in after}
   reads = 12 if donate else 6
   assert used["shards"] >= reads and used["reads"] >= reads, used

@@ -1,10 +1,12 @@
 """Runs each of PROGRAMS through an embedded cluster of one CUDA island and
 on this process's own GPU with plain JAX, and prints one JSON line per
-program: whether the results have the same bits (tests/platforms/cuda_test.py
-reads them). Needs a GPU and JAX's CUDA plugin."""
+program: whether the results have the same bits, and how they differ if not
+(tests/platforms/cuda_test.py reads them). Needs a GPU and JAX's CUDA
+plugin."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any, Callable
 
@@ -15,6 +17,9 @@ jax.config.update("jax_platforms", "proxy,cuda,cpu")
 import jax_pathways  # noqa: E402  pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # noqa: E402  pylint: disable=g-import-not-at-top
 import numpy as np  # noqa: E402  pylint: disable=g-import-not-at-top
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # tests/
+import bits  # noqa: E402  pylint: disable=g-import-not-at-top
 
 
 def mlp_training() -> Any:
@@ -99,15 +104,6 @@ PROGRAMS: dict[str, Callable[[], Any]] = {
                             host_round_trip)}
 
 
-def same_bits(expected: Any, actual: Any) -> bool:
-  e_leaves, e_tree = jax.tree.flatten(expected)
-  a_leaves, a_tree = jax.tree.flatten(actual)
-  return e_tree == a_tree and all(
-      e.dtype == a.dtype and e.shape == a.shape and e.tobytes() == a.tobytes()
-      for e, a in ((np.asarray(e), np.asarray(a))
-                   for e, a in zip(e_leaves, a_leaves)))
-
-
 def main() -> None:
   jax_pathways.initialize(islands=1, devices_per_island=1, platform="cuda")
   proxy, gpu = jax.devices("proxy")[0], jax.devices("cuda")[0]
@@ -119,7 +115,9 @@ def main() -> None:
         expected = jax.tree.map(np.asarray, program())
       with jax.default_device(proxy):
         actual = jax.tree.map(np.asarray, program())
-      out = {"program": name, "same_bits": same_bits(expected, actual)}
+      differs = bits.difference(expected, actual)
+      out = {"program": name, "same_bits": differs is None,
+             "difference": (differs or "")[:2000]}
     except Exception as e:  # pylint: disable=broad-except
       out = {"program": name, "error": f"{type(e).__name__}: {e}"[:2000]}
     print(json.dumps(out), flush=True)
