@@ -5,7 +5,9 @@ keep up with in-process JAX.
         [--platform cuda --devices 1 --sizes 256 1024 4096]
 
 Each call is one batched matmul on the 4 devices of an island (x: [4, n, n]
-sharded over the devices, y = x @ x, renormalized). Sizes sweep the compute
+sharded over the devices, y = x @ x / n, chained from x = 1/n: the values
+fall to zero within a few calls, which does not change the time per call,
+as XLA:CPU flushes denormals; checked 2026-11-27). Sizes sweep the compute
 per call from ~10 us to ~10 ms. For each size, calls are issued without
 waiting (in-process JAX in windows of 16) and the throughput of jax_pathways
 is compared with in-process jax.jit on 4 CPU devices, in the same run.
