@@ -11,6 +11,9 @@ from typing import Any, Sequence
 import numpy as np
 
 WIRE_VERSION: int
+# How a worker words (DATA_LOSS) a spanning program's broken link to another
+# island's worker; the dispatcher holds such a failure for the loss's words.
+BROKEN_LINK: str
 
 class JaxPathwaysError(RuntimeError):
   code: int

@@ -24,6 +24,18 @@ constexpr uint64_t kNativeTag = uint64_t{1} << 63;
 // two. Below it the socket's copies are cheaper than the extra syscall.
 constexpr size_t kLentTailMin = size_t{64} << 10;
 
+// How long a gang failed by a broken link between workers waits for the
+// loss behind it (Dispatcher::held_failures_): a killed worker's connection
+// ends within milliseconds; a stopped one is lost by its silence, later,
+// and its gang then says only that the link broke.
+constexpr auto kLossNoticeWait = std::chrono::seconds(2);
+
+bool BrokeLink(const Status& s) {
+  return s.code() == Code::kDataLoss &&
+         std::string_view(s.message()).substr(0, kBrokenLinkWords.size()) ==
+             kBrokenLinkWords;
+}
+
 // "600 B", "1.5 MiB": what error messages say of memory.
 std::string Size(int64_t bytes) {
   static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -120,6 +132,7 @@ void Dispatcher::Submit(std::vector<IslandOp> gang, uint64_t tag,
     for (const IslandOp& io : gang) {
       g->results.insert(g->results.end(), io.op.results.begin(),
                         io.op.results.end());
+      g->islands.push_back(io.island);
     }
     buffers_.AddPending(g->results);
 
@@ -652,6 +665,12 @@ void Dispatcher::HeartbeatLoop() {
     lock.lock();
     shutting_down_.wait_for(lock, kHeartbeatInterval,
                             [this] { return shut_down_; });
+    if (held_failures_.empty()) continue;
+    std::vector<Completion> done;
+    EndHeld(nullptr, Status::Ok(), &done);
+    lock.unlock();
+    Publish(std::move(done));
+    lock.lock();
   }
 }
 
@@ -735,9 +754,38 @@ void Dispatcher::FinishSlot(const GangSlot& slot, const Status& status,
   g.payloads[slot.index] = std::move(payload);
   if (!status.ok() && g.status.ok()) g.status = status;
   if (g.remaining > 0) return;
+  if (BrokeLink(g.status) && g.islands.size() > 1) {
+    held_failures_.push_back(HeldFailure{
+        slot.gang, std::chrono::steady_clock::now() + kLossNoticeWait});
+    return;
+  }
+  Finish(g, done);
+}
+
+void Dispatcher::Finish(Gang& g, std::vector<Completion>* done) {
   g.done = true;
   buffers_.Resolve(g.results, g.status, done);
   if (g.tag) done->push_back(Completion{g.tag, g.status, std::move(g.payloads)});
+}
+
+void Dispatcher::EndHeld(const Island* island, const Status& why,
+                         std::vector<Completion>* done) {
+  const auto now = std::chrono::steady_clock::now();
+  auto ends = [&](const HeldFailure& h) {
+    if (island == nullptr) return h.until <= now;
+    const std::vector<IslandId>& on = h.gang->islands;
+    return std::find(on.begin(), on.end(), island->id) != on.end();
+  };
+  std::vector<HeldFailure> kept;
+  for (HeldFailure& h : held_failures_) {
+    if (!ends(h)) {
+      kept.push_back(std::move(h));
+      continue;
+    }
+    if (island != nullptr) h.gang->status = why;
+    Finish(*h.gang, done);
+  }
+  held_failures_ = std::move(kept);
 }
 
 void Dispatcher::KillLocked(Island* island, const Status& why,
@@ -773,6 +821,7 @@ void Dispatcher::KillLocked(Island* island, const Status& why,
     }
     FinishSlot(slot, why, {}, done);
   }
+  EndHeld(island, why, done);
   // What it held is gone, whoever holds the rest of an array; so are views
   // of it (shards, assembled arrays), which a new worker for the island
   // would not know.
@@ -924,6 +973,13 @@ void Dispatcher::Shutdown() {
   for (Island* island : islands) {
     if (island->reader.joinable()) island->reader.join();
   }
+  std::vector<Completion> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (HeldFailure& h : held_failures_) Finish(*h.gang, &done);
+    held_failures_.clear();
+  }
+  Publish(std::move(done));
   completions_.Close();
 }
 

@@ -250,9 +250,17 @@ class Dispatcher {
   void Admitted(Island* island, std::vector<Op> ready, Outbox* outbox,
                 std::vector<Completion>* done);
   void HandleEvent(Island* island, Event event);
-  // Requires mu_. Records that one op of `slot`'s gang finished.
+  // Requires mu_. Records that one op of `slot`'s gang finished; a gang
+  // spanning islands whose only failure is a broken link (kBrokenLinkWords)
+  // is held for kLossNoticeWait instead of finished.
   void FinishSlot(const GangSlot& slot, const Status& status,
                   Bytes payload, std::vector<Completion>* done);
+  // Requires mu_. Finishes a gang all of whose ops have reported.
+  void Finish(Gang& g, std::vector<Completion>* done);
+  // Requires mu_. Finishes the held gangs that spanned `island` (lost:
+  // `why`), or, with none, those held past their time.
+  void EndHeld(const Island* island, const Status& why,
+               std::vector<Completion>* done);
   // Requires mu_. Numbers and sends the held gangs whose turn it is; fails
   // those that only their own client could make room for.
   void AdmitHeld(Outbox* outbox, std::vector<Completion>* done);
@@ -301,6 +309,16 @@ class Dispatcher {
   const std::shared_ptr<StageSink> stage_sink_ =
       std::make_shared<StageSink>(this);
   std::atomic<uint64_t> epoch_{0};
+  // Gangs spanning islands whose ops all reported, failed only by a broken
+  // link between workers: one of them was likely lost, and its loss, which
+  // names the worker, may not be known yet (a killed worker's peers see
+  // their link break while the controller still reads what it sent before
+  // it died). Held until an island of theirs is lost or until `until`.
+  struct HeldFailure {
+    std::shared_ptr<Gang> gang;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::vector<HeldFailure> held_failures_;
   bool shut_down_ = false;
   std::condition_variable shutting_down_;  // with mu_: wakes the heartbeat
   std::thread heartbeat_;

@@ -32,6 +32,7 @@ struct Gang {
   Status status;
   std::vector<Bytes> payloads;  // per island, in gang order
   std::vector<BufferId> results;      // of every island's op
+  std::vector<IslandId> islands;      // one per op, in gang order
 };
 
 // Where an op's Event goes, and whose launch it was.

@@ -55,6 +55,7 @@ void RegisterOp(py::module_& m) {
       });
 
   m.attr("WIRE_VERSION") = kWireVersion;
+  m.attr("BROKEN_LINK") = std::string(kBrokenLinkWords);
 }
 
 }  // namespace jax_pathways

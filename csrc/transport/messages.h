@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/bytes.h"
@@ -84,6 +85,14 @@ struct Op {
     return n;
   }
 };
+
+// How a worker words (DATA_LOSS) its part of a program spanning islands
+// whose connection to another island's worker broke: the loss of that
+// worker is the likely cause, and the dispatcher holds such a failure a
+// while for the loss's own words, which name the worker (Dispatcher).
+inline constexpr std::string_view kBrokenLinkWords =
+    "aborted: the program spans islands and its connection to another "
+    "island's worker broke";
 
 struct Event {
   uint64_t seq = 0;

@@ -31,20 +31,13 @@ from typing import Any, Callable, Iterator, Sequence
 
 from absl import logging
 
-from jax_pathways import threads
+from jax_pathways import _core, threads
 from jax_pathways.status import Code, Status, StatusError
 
 # gloo's transport failing: a peer worker went away.
 _GLOO_BROKE = re.compile(r"^(Error dispatching computation: )*Gloo .*"
                          r"gloo/transport/", re.DOTALL)
 
-# A program spanning islands whose gloo link broke waits this long for the
-# controller's notice of the lost island before it is reported as just a
-# broken link: the notice names the lost worker (abandon_spanning), and a
-# report sent first could finish the program's gang with the vaguer words.
-LOSS_NOTICE_WAIT_S = 2.0
-BROKE_LINK = ("aborted: the program spans islands and its connection to "
-              "another island's worker broke")
 
 # How often the watchdog looks for waits past their deadline, and after
 # how long with nothing to watch it sleeps until the next watch.
@@ -73,9 +66,9 @@ def error_status(e: BaseException) -> Status:
       # behind one "Error dispatching computation:" per program, in the
       # programs that took the failed arrays as arguments); the user (and
       # pathwaysutils, which retries on DATA_LOSS) must read the loss. The
-      # controller's notice of the loss, which names the worker, replaces
-      # it where this arrives first (Dispatcher::KillLocked).
-      return Status(Code.DATA_LOSS, f"{BROKE_LINK} ({message})")
+      # dispatcher holds a gang failed so for the loss, whose words name
+      # the worker.
+      return Status(Code.DATA_LOSS, f"{_core.BROKEN_LINK} ({message})")
     return Status(Code[prefix], message)
   if isinstance(e, (ValueError, TypeError)):
     return Status(Code.INVALID_ARGUMENT, text)
@@ -105,7 +98,6 @@ class Completions:
     self._lock = threading.Lock()
     self._unreported: set[int] = set()
     self._lost: Status | None = None
-    self._lost_heard = threading.Condition(self._lock)  # _lost was set
     self._watchdog = _Watchdog(stuck) if stuck else None
     self._threads = [threads.start(lambda: self._run(self._queue),
                                    "jp-completions"),
@@ -143,7 +135,6 @@ class Completions:
     is reported failed with `why` at once."""
     with self._lock:
       self._lost = why
-      self._lost_heard.notify_all()
       abandoned, self._unreported = self._unreported, set()
     for seq in sorted(abandoned):
       self.fail(seq, why)
@@ -226,10 +217,6 @@ class Completions:
       status = Status()
     except Exception as e:  # pylint: disable=broad-except
       payload, status = b"", error_status(e)
-      if claim is not None and status.message.startswith(BROKE_LINK):
-        with self._lock:
-          self._lost_heard.wait_for(lambda: self._lost is not None,
-                                    LOSS_NOTICE_WAIT_S)
     if seq is not None and (claim is None or claim(seq)):
       self._send(seq, status, payload, waited)
     elif not status.ok:

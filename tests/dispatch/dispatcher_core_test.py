@@ -184,6 +184,60 @@ def test_a_lost_island_is_the_error_even_after_a_peer_reported_first():
   ex0.shutdown()
 
 
+def test_a_broken_link_is_held_for_the_loss_that_names_the_worker():
+  # The killed worker had reported its part; a peer's report that its link
+  # broke comes before the controller reads the end of the killed one's
+  # connection. The gang waits for that loss, whose words name the worker.
+  d, (ex0, ex1) = _islands(2)
+  d.submit([(0, OpKind.LAUNCH, 1, [], [1], b""),
+            (1, OpKind.LAUNCH, 1, [], [2], b"")], 1)
+  launch, other = ex0.next(2.0), ex1.next(2.0)
+  ex1.complete(other.seq, 0, "", b"")
+  ex0.complete(launch.seq, 15, f"{_core.BROKEN_LINK} (Gloo: closed)", b"")
+  assert _poll_all(d, 1, timeout=0.5) == []  # held
+  assert d.state(1)[0] == "pending"
+  ex1.shutdown()
+  (c,) = _poll_all(d, 1)
+  assert c[0] == 1 and c[1] == 15 and "w1 is lost" in c[2], c
+  assert d.state(1) == ("failed", (15, c[2]))
+  assert d.state(2) == ("failed", (15, c[2]))
+  ex0.shutdown()
+
+
+def test_a_broken_link_with_no_loss_behind_it_fails_in_its_own_words():
+  d, (ex0, ex1) = _islands(2)
+  d.submit([(0, OpKind.LAUNCH, 1, [], [1], b""),
+            (1, OpKind.LAUNCH, 1, [], [2], b"")], 1)
+  launch, other = ex0.next(2.0), ex1.next(2.0)
+  ex1.complete(other.seq, 0, "", b"")
+  words = f"{_core.BROKEN_LINK} (Gloo: closed)"
+  held_at = time.monotonic()
+  ex0.complete(launch.seq, 15, words, b"")
+  (c,) = _poll_all(d, 1, timeout=10)
+  # Held about 2 s (the dispatcher's heartbeat looks each second).
+  assert time.monotonic() - held_at >= 1.5
+  assert c == (1, 15, words, [b"", b""]), c
+  # Another error, or a gang on one island, is never held.
+  d.submit([(0, OpKind.LAUNCH, 1, [], [3], b"")], 2)
+  ex0.complete(ex0.next(2.0).seq, 15, words, b"")
+  assert _poll_all(d, 1, timeout=1.0) == [(2, 15, words, [b""])]
+  d.submit([(0, OpKind.LAUNCH, 1, [], [4], b""),
+            (1, OpKind.LAUNCH, 1, [], [5], b"")], 3)
+  ex0.complete(ex0.next(2.0).seq, 13, "INTERNAL: no", b"")
+  ex1.complete(ex1.next(2.0).seq, 0, "", b"")
+  assert _poll_all(d, 1, timeout=1.0) == [(3, 13, "INTERNAL: no", [b"", b""])]
+  # Shutting down ends a held gang too.
+  d.submit([(0, OpKind.LAUNCH, 1, [], [6], b""),
+            (1, OpKind.LAUNCH, 1, [], [7], b"")], 4)
+  ex0.complete(ex0.next(2.0).seq, 15, words, b"")
+  ex1.complete(ex1.next(2.0).seq, 0, "", b"")
+  time.sleep(0.2)
+  d.shutdown()
+  assert d.state(6)[0] == "failed"
+  ex0.shutdown()
+  ex1.shutdown()
+
+
 def test_a_silent_worker_is_lost_and_a_live_one_is_not():
   d, (ex0,) = _islands(1)
   a, b = socket.socketpair()  # island 1: one heartbeat, then silence

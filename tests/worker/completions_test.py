@@ -222,32 +222,3 @@ def test_the_watchdog_reports_late_waits_awake_and_after_sleeping(
     assert stuck == [(1, 0.1), (3, 0.1)]
   finally:
     watchdog.close()
-
-
-def test_a_broken_link_waits_for_the_loss_that_names_the_worker():
-  """A program spanning islands whose gloo link broke is reported with the
-  controller's notice of the lost island (which names its worker) when
-  that notice comes soon after, not with gloo's words: a report sent first
-  could finish the program's gang with them."""
-  reports, seen = [], threading.Event()
-
-  def report(seq, status, payload, waited):
-    del payload, waited
-    reports.append((seq, status.code, status.message))
-    seen.set()
-
-  class _Broken(_Pending):
-    def block_until_ready(self):
-      raise RuntimeError(
-          "UNKNOWN: Gloo all-to-all failed: [external/gloo/gloo/transport/"
-          "tcp/pair.cc:547] Connection closed by peer [127.0.0.1]:42884")
-
-  completions = Completions(report)
-  completions.add(7, [_Broken(threading.Event())], spanning=True)
-  time.sleep(0.3)
-  assert not reports  # waiting for the notice
-  completions.abandon_spanning(
-      Status(Code.DATA_LOSS, "island 1 (worker pid 123) is lost"))
-  assert seen.wait(10)
-  completions.close()
-  assert reports == [(7, Code.DATA_LOSS, "island 1 (worker pid 123) is lost")]
