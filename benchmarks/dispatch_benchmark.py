@@ -33,15 +33,18 @@ the same run also measures that launch alone: the same program's executable
 launched in this process on 4 CPU devices as the worker's op loop launches
 it (execute_sharded with a token, outputs through a result handler), CPU of
 the calling thread per launch. It prints owned both ways: all of the op
-loop's time (an upper bound) and less that launch.
+loop's time (an upper bound) and less that launch. And, from the same
+calls, how often each thread went to sleep and was woken per call
+(voluntary context switches): a call's path is a chain of such wake-ups.
 """
 from __future__ import annotations
 
 import argparse
 import os
 
-from harness import (add_platform_args, cpu_per_call, emit, interleaved,  # pylint: disable=g-bad-import-order
-                     log, setup, thread_cpu_ns, timed)  # pylint: disable=g-bad-import-order
+from harness import (CPU_US, WAKEUPS, add_platform_args, emit,  # pylint: disable=g-bad-import-order
+                     interleaved, log, per_call, setup, thread_cpu_ns,  # pylint: disable=g-bad-import-order
+                     timed)  # pylint: disable=g-bad-import-order
 
 import jax  # noqa: E402
 import jax_pathways  # noqa: E402
@@ -182,14 +185,16 @@ def xla_launch_us(step, x, calls: int) -> float:
 
 
 def profile(run_chain, calls: int, xla_launch: float) -> None:
-  """CPU per chained call by process and thread, and the project's share
-  (with and without XLA's launch inside the worker's op loop)."""
+  """CPU and wake-ups per chained call by process and thread, and the
+  project's share of the CPU (with and without XLA's launch inside the
+  worker's op loop)."""
   cluster = jax_pathways.local_cluster()
   pids = {"client": os.getpid(), "controller": cluster.controller.pid,
           "worker": cluster.workers[0].pid}
   n = programs.chain
-  per_thread = cpu_per_call(pids, lambda: [run_chain()
-                                           for _ in range(calls // n)], calls)
+  per_thread, wakeups = per_call(
+      pids, lambda: [run_chain() for _ in range(calls // n)], calls,
+      [CPU_US, WAKEUPS])
   totals = {p: round(sum(t.values()), 1) for p, t in per_thread.items()}
   owned = round(sum(us for p in ("controller", "worker")
                     for t, us in per_thread[p].items()
@@ -198,13 +203,16 @@ def profile(run_chain, calls: int, xla_launch: float) -> None:
   emit("B1 dispatch", "cpu per chained call", calls=calls, owned_us=owned,
        xla_launch_us=round(xla_launch, 1), owned_less_xla_launch_us=less_xla,
        target_us=60, met=less_xla <= 60, process_us=totals,
-       thread_us=per_thread)
+       thread_us=per_thread, thread_wakeups=wakeups)
   log(f"CPU per chained call over {calls} calls (us): owned by jax_pathways "
       f"{owned} with XLA's launch in the op loop, {less_xla} without it "
       f"(XLA's launch in process: {xla_launch:.1f}; target <= 60: "
       f"{'met' if less_xla <= 60 else 'missed'}); per process {totals}")
   for p, threads in per_thread.items():
     log(f"  {p:10s} " + ", ".join(f"{t} {us}" for t, us in threads.items()))
+  log("Wake-ups per chained call (voluntary context switches):")
+  for p, threads in wakeups.items():
+    log(f"  {p:10s} " + ", ".join(f"{t} {w}" for t, w in threads.items()))
 
 
 if __name__ == "__main__":

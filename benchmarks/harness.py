@@ -16,7 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 # Both backends: 'proxy' (jax_pathways, the default) and 'cpu' (reference).
 os.environ["JAX_PLATFORMS"] = "proxy,cpu"
@@ -170,22 +170,59 @@ def thread_cpu_ns(pid: int) -> dict[tuple[int, str], int]:
   return out
 
 
+def thread_wakeups(pid: int) -> dict[tuple[int, str], int]:
+  """(tid, name) -> times the thread went to sleep and was woken so far
+  (voluntary context switches), for each thread of `pid`; as
+  thread_cpu_ns."""
+  out = {}
+  for tid in os.listdir(f"/proc/{pid}/task"):
+    try:
+      with open(f"/proc/{pid}/task/{tid}/comm") as f:
+        name = f.read().strip()
+      with open(f"/proc/{pid}/task/{tid}/status") as f:
+        status = f.read()
+    except OSError:  # the thread ended
+      continue
+    count = int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+    out[(int(tid), "main" if int(tid) == pid else name)] = count
+  return out
+
+
+# A per-thread counter for per_call: its reader, the divisor of what it
+# counts, and the digits to round to.
+Counter = tuple[Callable[[int], dict[tuple[int, str], int]], float, int]
+CPU_US: Counter = (thread_cpu_ns, 1e3, 1)
+WAKEUPS: Counter = (thread_wakeups, 1.0, 2)
+
+
+def per_call(pids: dict[str, int], run: Callable[[], Any], calls: int,
+             counters: Sequence[Counter]) -> list[dict[str, dict[str, float]]]:
+  """Runs `run` (which makes `calls` calls) once and returns, for each of
+  `counters`, per process of `pids`, the increase per call of each thread
+  name (threads of one name summed; threads that started and ended inside
+  are missed)."""
+  before = [{k: read(pid) for k, pid in pids.items()}
+            for read, _, _ in counters]
+  run()
+  results = []
+  for (read, divisor, digits), start in zip(counters, before):
+    out: dict[str, dict[str, float]] = {}
+    for k, pid in pids.items():
+      per_name: dict[str, float] = {}
+      for (tid, name), n in read(pid).items():
+        grew = n - start[k].get((tid, name), 0)
+        per_name[name] = per_name.get(name, 0.0) + grew / divisor / calls
+      out[k] = {n: round(v, digits) for n, v in
+                sorted(per_name.items(), key=lambda kv: -kv[1])
+                if v >= 0.05}
+    results.append(out)
+  return results
+
+
 def cpu_per_call(pids: dict[str, int], run: Callable[[], Any], calls: int
                  ) -> dict[str, dict[str, float]]:
-  """Runs `run` (which makes `calls` calls) and returns, per process of
-  `pids`, the CPU microseconds per call of each thread name (threads of one
-  name summed; threads that started and ended inside are missed)."""
-  before = {k: thread_cpu_ns(pid) for k, pid in pids.items()}
-  run()
-  out: dict[str, dict[str, float]] = {}
-  for k, pid in pids.items():
-    per_name: dict[str, float] = {}
-    for (tid, name), ns in thread_cpu_ns(pid).items():
-      spent = ns - before[k].get((tid, name), 0)
-      per_name[name] = per_name.get(name, 0.0) + spent / 1e3 / calls
-    out[k] = {n: round(us, 1) for n, us in
-              sorted(per_name.items(), key=lambda kv: -kv[1]) if us >= 0.05}
-  return out
+  """The CPU microseconds per call of each thread name (per_call)."""
+  return per_call(pids, run, calls, [CPU_US])[0]
 
 
 def timed(fn: Callable[[], Any]) -> float:

@@ -418,6 +418,21 @@ Status Executor::Complete(uint64_t seq, const Status& status,
                         EncodeEventHead(seq, status, payload.size()), payload);
 }
 
+Status Executor::CompleteSmall(uint64_t seq, const Status& status,
+                               std::string_view payload) {
+  if (payload.size() > kSmallEvent) {
+    return InvalidArgument("event payload of " +
+                           std::to_string(payload.size()) +
+                           " bytes is not small");
+  }
+  auto owned = std::make_shared<std::string>(payload);
+  std::vector<Channel::Frame> frames;
+  frames.push_back(Channel::Frame{
+      FrameKind::kEvent, EncodeEventHead(seq, status, owned->size()),
+      std::string_view(*owned)});
+  return channel_->SendMany(std::move(frames), std::move(owned));
+}
+
 size_t Executor::backlog() {
   std::lock_guard<std::mutex> lock(mu_);
   return reorder_.size();

@@ -53,6 +53,12 @@ class Executor {
   StatusOr<std::vector<Op>> Next(double timeout_s, size_t max_ops);
   Status Complete(uint64_t seq, const Status& status,
                   std::string_view payload);
+  // The same for a payload of at most kSmallEvent bytes, copied: never
+  // waits (what the socket does not take now, the channel's writer sends),
+  // so a caller may hold the GIL through it.
+  Status CompleteSmall(uint64_t seq, const Status& status,
+                       std::string_view payload);
+  static constexpr size_t kSmallEvent = size_t{64} << 10;
   // Ops received but not yet handed out (including ones waiting for an
   // earlier sequence number).
   size_t backlog();

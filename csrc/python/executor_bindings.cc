@@ -44,11 +44,15 @@ void RegisterExecutor(py::module_& m) {
           [](Executor& e, uint64_t seq, int code, std::string message,
              py::buffer payload) {
             BytesView bytes(payload);
+            Status status(static_cast<Code>(code), message);
             Status s;
-            {
+            if (bytes.view().size() <= Executor::kSmallEvent) {
+              // A launch's report: written (or queued) at once. Keeping the
+              // GIL saves the op loop a hand-off of it per op.
+              s = e.CompleteSmall(seq, status, bytes.view());
+            } else {
               py::gil_scoped_release nogil;
-              s = e.Complete(seq, Status(static_cast<Code>(code), message),
-                             bytes.view());
+              s = e.Complete(seq, status, bytes.view());
             }
             ThrowIfError(s);
           },
