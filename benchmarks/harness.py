@@ -153,39 +153,35 @@ def cpu_seconds(pid: int) -> float:
   return sum(thread_cpu_ns(pid).values()) / 1e9
 
 
-def thread_cpu_ns(pid: int) -> dict[tuple[int, str], int]:
-  """(tid, name) -> nanoseconds on a CPU so far, for each thread of `pid`
-  (schedstat: ns precision, where /proc/PID/stat counts 10 ms ticks). The
-  main thread is named "main"."""
+def _per_thread(pid: int, file: str, parse: Callable[[str], int]
+                ) -> dict[tuple[int, str], int]:
+  """(tid, name) -> parse(/proc/PID/task/TID/<file>) for each thread of
+  `pid` (one that ends meanwhile is left out). The main thread is named
+  "main"."""
   out = {}
   for tid in os.listdir(f"/proc/{pid}/task"):
     try:
       with open(f"/proc/{pid}/task/{tid}/comm") as f:
         name = f.read().strip()
-      with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-        ns = int(f.read().split()[0])
+      with open(f"/proc/{pid}/task/{tid}/{file}") as f:
+        value = parse(f.read())
     except OSError:  # the thread ended
       continue
-    out[(int(tid), "main" if int(tid) == pid else name)] = ns
+    out[(int(tid), "main" if int(tid) == pid else name)] = value
   return out
+
+
+def thread_cpu_ns(pid: int) -> dict[tuple[int, str], int]:
+  """(tid, name) -> nanoseconds on a CPU so far, for each thread of `pid`
+  (schedstat: ns precision, where /proc/PID/stat counts 10 ms ticks)."""
+  return _per_thread(pid, "schedstat", lambda text: int(text.split()[0]))
 
 
 def thread_wakeups(pid: int) -> dict[tuple[int, str], int]:
   """(tid, name) -> times the thread went to sleep and was woken so far
-  (voluntary context switches), for each thread of `pid`; as
-  thread_cpu_ns."""
-  out = {}
-  for tid in os.listdir(f"/proc/{pid}/task"):
-    try:
-      with open(f"/proc/{pid}/task/{tid}/comm") as f:
-        name = f.read().strip()
-      with open(f"/proc/{pid}/task/{tid}/status") as f:
-        status = f.read()
-    except OSError:  # the thread ended
-      continue
-    count = int(status.split("voluntary_ctxt_switches:")[1].split()[0])
-    out[(int(tid), "main" if int(tid) == pid else name)] = count
-  return out
+  (voluntary context switches), for each thread of `pid`."""
+  return _per_thread(pid, "status", lambda text: int(
+      text.split("voluntary_ctxt_switches:")[1].split()[0]))
 
 
 # A per-thread counter for per_call: its reader, the divisor of what it

@@ -133,6 +133,14 @@ def _islands(n, window=4):
   return d, executors
 
 
+def _spanning(d, executors, tag, results):
+  """A launch on islands 0 and 1 (results[i] on island i): each island's
+  op as its worker takes it."""
+  d.submit([(i, OpKind.LAUNCH, 1, [], [r], b"") for i, r in
+            enumerate(results)], tag)
+  return [ex.next(2.0) for ex in executors]
+
+
 def test_a_lost_island_fails_its_gangs_everywhere_at_once():
   d, (ex0, ex1) = _islands(2)
   d.submit([(1, OpKind.PUT, 0, [], [7], b"")], 0, 0, [[64]])
@@ -170,10 +178,8 @@ def test_a_lost_island_is_the_error_even_after_a_peer_reported_first():
   # Killed mid-collective, a worker's peers see their connection break,
   # and may say so before the controller sees the worker go.
   d, (ex0, ex1) = _islands(2)
-  d.submit([(0, OpKind.LAUNCH, 1, [], [1], b""),
-            (1, OpKind.LAUNCH, 1, [], [2], b"")], 1)
-  launch = ex0.next(2.0)
-  assert ex1.next(2.0).kind == OpKind.LAUNCH
+  launch, other = _spanning(d, (ex0, ex1), 1, [1, 2])
+  assert other.kind == OpKind.LAUNCH
   ex0.complete(launch.seq, 15, "aborted: a connection broke", b"")
   time.sleep(0.2)
   assert _poll_all(d, 1, timeout=0.2) == []  # island 1 has not answered
@@ -189,9 +195,7 @@ def test_a_broken_link_is_held_for_the_loss_that_names_the_worker():
   # broke comes before the controller reads the end of the killed one's
   # connection. The gang waits for that loss, whose words name the worker.
   d, (ex0, ex1) = _islands(2)
-  d.submit([(0, OpKind.LAUNCH, 1, [], [1], b""),
-            (1, OpKind.LAUNCH, 1, [], [2], b"")], 1)
-  launch, other = ex0.next(2.0), ex1.next(2.0)
+  launch, other = _spanning(d, (ex0, ex1), 1, [1, 2])
   ex1.complete(other.seq, 0, "", b"")
   ex0.complete(launch.seq, 15, f"{_core.BROKEN_LINK} (Gloo: closed)", b"")
   assert _poll_all(d, 1, timeout=0.5) == []  # held
@@ -206,9 +210,7 @@ def test_a_broken_link_is_held_for_the_loss_that_names_the_worker():
 
 def test_a_broken_link_with_no_loss_behind_it_fails_in_its_own_words():
   d, (ex0, ex1) = _islands(2)
-  d.submit([(0, OpKind.LAUNCH, 1, [], [1], b""),
-            (1, OpKind.LAUNCH, 1, [], [2], b"")], 1)
-  launch, other = ex0.next(2.0), ex1.next(2.0)
+  launch, other = _spanning(d, (ex0, ex1), 1, [1, 2])
   ex1.complete(other.seq, 0, "", b"")
   words = f"{_core.BROKEN_LINK} (Gloo: closed)"
   held_at = time.monotonic()
@@ -221,16 +223,14 @@ def test_a_broken_link_with_no_loss_behind_it_fails_in_its_own_words():
   d.submit([(0, OpKind.LAUNCH, 1, [], [3], b"")], 2)
   ex0.complete(ex0.next(2.0).seq, 15, words, b"")
   assert _poll_all(d, 1, timeout=1.0) == [(2, 15, words, [b""])]
-  d.submit([(0, OpKind.LAUNCH, 1, [], [4], b""),
-            (1, OpKind.LAUNCH, 1, [], [5], b"")], 3)
-  ex0.complete(ex0.next(2.0).seq, 13, "INTERNAL: no", b"")
-  ex1.complete(ex1.next(2.0).seq, 0, "", b"")
+  launch, other = _spanning(d, (ex0, ex1), 3, [4, 5])
+  ex0.complete(launch.seq, 13, "INTERNAL: no", b"")
+  ex1.complete(other.seq, 0, "", b"")
   assert _poll_all(d, 1, timeout=1.0) == [(3, 13, "INTERNAL: no", [b"", b""])]
   # Shutting down ends a held gang too.
-  d.submit([(0, OpKind.LAUNCH, 1, [], [6], b""),
-            (1, OpKind.LAUNCH, 1, [], [7], b"")], 4)
-  ex0.complete(ex0.next(2.0).seq, 15, words, b"")
-  ex1.complete(ex1.next(2.0).seq, 0, "", b"")
+  launch, other = _spanning(d, (ex0, ex1), 4, [6, 7])
+  ex0.complete(launch.seq, 15, words, b"")
+  ex1.complete(other.seq, 0, "", b"")
   time.sleep(0.2)
   d.shutdown()
   assert d.state(6)[0] == "failed"
