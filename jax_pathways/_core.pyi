@@ -153,7 +153,10 @@ class Executor:
   def next_batch(self, timeout_s: float, max_ops: int) -> list[Op]:
     """The ops that have arrived, in order (at most max_ops): one wake-up
     for a burst; [] after timeout_s without one."""
-  def complete(self, seq: int, code: int, message: str, payload: bytes) -> None: ...
+  def complete(self, seq: int, code: int, message: str, payload: bytes) -> None:
+    """Reports op `seq`. A payload of at most 64 KiB is copied and sent
+    without waiting, the GIL held; a larger one releases the GIL until the
+    socket has taken it."""
   def backlog(self) -> int: ...
   def pending_losses(self) -> list[int]: ...
   @property
