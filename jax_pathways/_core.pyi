@@ -144,6 +144,9 @@ class FastPath:
   def set_fetch_payload(self, fetch: bytes) -> None:
     """The payload of a dense row-major FETCH."""
   def stats(self) -> dict[str, int]: ...
+  def owed(self, stream: int) -> int:
+    """Replies owed to `stream` that come later (CheckValueReady,
+    CopyToHostBuffer): a stream its client closed ends once none is."""
 
 class Executor:
   """A worker's end of the controller channel: ops in gang order."""

@@ -248,7 +248,8 @@ void RegisterFastPath(py::module_& m) {
         d["upload_waits"] = s.upload_waits;
         d["declined"] = s.declined;
         return d;
-      });
+      })
+      .def("owed", &FastPath::Owed, py::arg("stream"));
 }
 
 }  // namespace jax_pathways

@@ -268,6 +268,7 @@ int FastPath::Handle(uint64_t stream, std::string_view request,
   // In request order: this thread handles the stream's requests one by
   // one, and Python submitted what it handled before settling it.
   if (r.kind == IfrtRequest::kCopyToHostBuffer) {
+    Owe(stream);
     dispatcher_->Submit(
         std::move(gangs[0]),
         [this, stream, host_session, op_id = r.op_id,
@@ -318,9 +319,10 @@ int FastPath::Handle(uint64_t stream, std::string_view request,
             ifrt_wire::HandlesBody(1, r.results));
       break;
     default:  // CheckValueReady: once the buffers are
+      Owe(stream);
       dispatcher_->WhenReady(buffers, [this, stream,
                                         op_id = r.op_id](const Status& s) {
-        Reply(stream, op_id, ifrt_wire::kCheckValueReadyField, s);
+        ReplyOwed(stream, op_id, ifrt_wire::kCheckValueReadyField, s);
       });
       break;
   }
@@ -629,20 +631,41 @@ void FastPath::Fetched(uint64_t stream, uint64_t host_session,
     // Stored before the reply: the client looks it up only afterwards.
     auto* bytes = new Bytes(std::move(done.payloads[0]));
     char error[512] = "";
-    int code;
+    int code = 0;
     {
       std::lock_guard<std::mutex> lock(sink_mu_);
-      if (sink_.store == nullptr) {  // the frontend is gone
+      if (sink_.store == nullptr) {  // the frontend is gone (the reply too)
         delete bytes;
-        return;
+        code = static_cast<int>(Code::kUnavailable);
+      } else {
+        code = sink_.store(sink_.server, host_session, host_buffer,
+                           bytes->data(), bytes->size(), &ReleaseBytes, bytes,
+                           error, sizeof error);
       }
-      code = sink_.store(sink_.server, host_session, host_buffer,
-                         bytes->data(), bytes->size(), &ReleaseBytes, bytes,
-                         error, sizeof error);
     }
     if (code != 0) status = Status(static_cast<Code>(code), error);
   }
-  Reply(stream, op_id, ifrt_wire::kCopyToHostBufferField, status);
+  ReplyOwed(stream, op_id, ifrt_wire::kCopyToHostBufferField, status);
+}
+
+void FastPath::Owe(uint64_t stream) {
+  std::lock_guard<std::mutex> lock(owed_mu_);
+  ++owed_[stream];
+}
+
+void FastPath::ReplyOwed(uint64_t stream, uint64_t op_id, uint32_t field,
+                         const Status& status) {
+  // Queued before it stops being owed: the stream's end waits for it then.
+  Reply(stream, op_id, field, status);
+  std::lock_guard<std::mutex> lock(owed_mu_);
+  auto it = owed_.find(stream);
+  if (it != owed_.end() && --it->second == 0) owed_.erase(it);
+}
+
+size_t FastPath::Owed(uint64_t stream) {
+  std::lock_guard<std::mutex> lock(owed_mu_);
+  auto it = owed_.find(stream);
+  return it == owed_.end() ? 0 : it->second;
 }
 
 void FastPath::Reply(uint64_t stream, uint64_t op_id, uint32_t field,

@@ -211,6 +211,10 @@ class FastPath {
   // this declined, which Python answered), for those alike.
   void RegisterUpload(uint64_t stream, uint64_t array, UploadPlan plan);
   FastPathStats stats();
+  // Replies owed to `stream` that come later, from the dispatcher's threads
+  // (CheckValueReady, CopyToHostBuffer): Python ends a stream its client
+  // closed only once there are none.
+  size_t Owed(uint64_t stream);
 
   // The hook (common/request_hook.h): 1 if it took the request, 0 if
   // Python is to, JP_WAIT_FOR_UPLOAD to offer it again once the upload
@@ -275,6 +279,10 @@ class FastPath {
                uint64_t host_buffer, Completion done);
   void Reply(uint64_t stream, uint64_t op_id, uint32_t field,
              const Status& status, const std::string& body = "");
+  // A reply to `stream` will come later (ReplyOwed).
+  void Owe(uint64_t stream);
+  void ReplyOwed(uint64_t stream, uint64_t op_id, uint32_t field,
+                 const Status& status);
 
   Dispatcher* const dispatcher_;
   const uint64_t wait_max_bytes_;
@@ -282,6 +290,8 @@ class FastPath {
   std::unordered_map<uint64_t, Session> sessions_;
   FastPathStats stats_;
   Bytes fetch_payload_;  // guarded by mu_; empty: reads go to Python
+  std::mutex owed_mu_;  // guards owed_ (a leaf)
+  std::unordered_map<uint64_t, size_t> owed_;
   std::mutex sink_mu_;  // guards sink_ (replies may come from any thread)
   JpReplySink sink_{3, nullptr, nullptr, nullptr, nullptr};
 };

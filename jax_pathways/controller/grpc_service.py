@@ -58,6 +58,9 @@ REFUSED = ("jax_pathways: wrong or missing cluster token. Connect through "
            "jax_pathways.initialize(address, token=...)")
 # How long a refused stream may stay open waiting for its InitRequest.
 REFUSED_TIMEOUT_S = 10.0
+# How often a stream its client closed looks again whether the fast path
+# still owes it replies (only while one does).
+CLOSING_POLL_S = 0.01
 
 Event = _frontend.EventKind
 
@@ -76,6 +79,8 @@ class GrpcService:
     self.sessions: dict[int, Session] = {}  # by stream id
     self._parked: dict[int, Session] = {}  # sessions whose request waits
     self._refused: dict[int, float] = {}  # stream -> deadline (wrong token)
+    # Closed by their clients, answered by Python, to end (_end_closed).
+    self._closing: dict[int, Session] = {}
     self._numbers = itertools.count(1)
     self._stopping = False
     self._thread: threading.Thread | None = None
@@ -126,6 +131,7 @@ class GrpcService:
             self._answer_failed(kind, call, e)
         self._resume(woken=any(e[0] == Event.WAKE for e in events))
         self._expire_refused()
+        self._end_closed()
 
   @contextlib.contextmanager
   def _corked(self) -> Iterator[None]:
@@ -146,8 +152,9 @@ class GrpcService:
       self._server.finish(call, int(status.code), status.message)
 
   def _poll_timeout(self) -> float:
-    """Until the earliest parked deadline, at most 0.5 s."""
-    timeout = 0.5
+    """Until the earliest parked deadline, at most 0.5 s (10 ms while a
+    closed stream waits for the fast path's last replies)."""
+    timeout = CLOSING_POLL_S if self._closing else 0.5
     now = time.monotonic()
     deadlines = [s.deadline for s in self._parked.values()
                  if s.deadline is not None] + list(self._refused.values())
@@ -257,15 +264,30 @@ class GrpcService:
       return
     session.end()  # what waits fails now (_resume)
 
-    def end() -> None:
+    def answered() -> None:  # on any thread
       with self._lock:
+        self._closing[stream] = session
+      self._server.wake()
+
+    session.when_answered(answered)
+
+  def _end_closed(self) -> None:
+    """Ends the streams whose clients closed them and that have every
+    reply: Python's, and the fast path's, which come later from the
+    dispatcher's threads (a stream ended before them loses them)."""
+    fast = self.services.fast_path
+    with self._lock:
+      closing = [(stream, session) for stream, session in
+                 self._closing.items()
+                 if fast is None or not fast.owed(stream)]
+      for stream, _ in closing:
+        del self._closing[stream]
         self.sessions.pop(stream, None)
+    for stream, session in closing:
       self._server.finish(stream, 0, "")
       session.close()
       self.host_buffers.close_session(session.id)
       logging.info("client %d closed its session", session.number)
-
-    session.when_answered(end)
 
   def _token_ok(self, meta: Any) -> bool:
     if not self._token:

@@ -2,6 +2,8 @@
 CheckValueReady, DestructArray and the reads of a training loop are
 answered without Python, with the same results and errors as Python's
 handlers, and leave nothing behind."""
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -654,3 +656,30 @@ def test_sharded_uploads_python_answers_over_the_wire(pathways, raw_session):
   assert r.response_metadata.status.code == 3, r
   assert "2 specs for 1 array handles" in r.response_metadata.status.message
   assert uploads() == before + 2
+
+
+def test_a_closed_stream_ends_after_the_replies_it_is_owed(pathways,
+                                                          raw_session):
+  """CheckValueReady of an array still being made is answered by the fast
+  path once the array is ready; a client that half-closes right after
+  asking still gets that reply before its stream ends (the stream used to
+  end first, and the reply was lost)."""
+  session = raw_session()
+  session.store(1, np.arange(4, dtype=np.float32).tobytes())
+  session.wait(session.send_make_array(1, 1, 4))
+  session.store(3, np.arange(4, dtype=np.float32).tobytes())
+  ready_checks = _stats(pathways)["ready_checks"]
+  worker = pathways.workers[0].pid  # island 0: the arrays' (device 0)
+  os.kill(worker, signal.SIGSTOP)  # well within the worker timeout
+  try:
+    made = session.send_make_array(3, 3, 4)
+    check = session.send(check_value_ready_request=lambda b:
+                         b.value_handles.append(3))
+    session.half_close()
+    time.sleep(1.0)
+  finally:
+    os.kill(worker, signal.SIGCONT)
+  assert session.ended(30)
+  assert session.error is None, session.error
+  assert {made, check} <= session.answered()
+  assert _stats(pathways)["ready_checks"] == ready_checks + 1
