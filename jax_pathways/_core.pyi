@@ -144,9 +144,10 @@ class FastPath:
   def set_fetch_payload(self, fetch: bytes) -> None:
     """The payload of a dense row-major FETCH."""
   def stats(self) -> dict[str, int]: ...
-  def owed(self, stream: int) -> int:
-    """Replies owed to `stream` that come later (CheckValueReady,
-    CopyToHostBuffer): a stream its client closed ends once none is."""
+  def paid(self, stream: int) -> bool:
+    """Whether `stream` is owed no reply that comes later (CheckValueReady,
+    CopyToHostBuffer); if one is, the frontend's loop is woken once the
+    last is sent. A stream its client closed ends once paid."""
 
 class Executor:
   """A worker's end of the controller channel: ops in gang order."""

@@ -14,7 +14,7 @@ extern "C" {
 
 // The frontend's way to answer a session stream, from any thread.
 struct JpReplySink {
-  uint32_t version;  // 4
+  uint32_t version;  // 5
   void* server;
   // Queues one IfrtResponse on stream `stream`; 0 if the stream is gone.
   int (*send)(void* server, uint64_t stream, const char* data, size_t size);
@@ -40,6 +40,8 @@ struct JpReplySink {
                             size_t size, void (*release)(void* owner),
                             void* owner),
               void* ctx, size_t* missing);
+  // Wakes the frontend's Python loop (its WAKE event).
+  void (*wake)(void* server);
 };
 
 // The fast path, called on the frontend's completion-queue thread with each
@@ -82,7 +84,7 @@ struct JpUploadStream {
 
 }  // extern "C"
 
-inline constexpr char kReplySinkCapsule[] = "jax_pathways.JpReplySink.v4";
+inline constexpr char kReplySinkCapsule[] = "jax_pathways.JpReplySink.v5";
 inline constexpr char kRequestHookCapsule[] =
     "jax_pathways.JpRequestHook.v2";
 inline constexpr char kUploadStreamCapsule[] =

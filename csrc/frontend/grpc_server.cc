@@ -851,7 +851,7 @@ void GrpcServer::SetRequestHook(const JpRequestHook& hook) {
 
 JpReplySink GrpcServer::reply_sink() {
   JpReplySink sink;
-  sink.version = 4;
+  sink.version = 5;
   sink.server = this;
   sink.send = [](void* server, uint64_t stream, const char* data,
                  size_t size) -> int {
@@ -892,6 +892,7 @@ JpReplySink GrpcServer::reply_sink() {
     }
     return 1;
   };
+  sink.wake = [](void* server) { static_cast<GrpcServer*>(server)->Wake(); };
   return sink;
 }
 

@@ -249,7 +249,7 @@ void RegisterFastPath(py::module_& m) {
         d["declined"] = s.declined;
         return d;
       })
-      .def("owed", &FastPath::Owed, py::arg("stream"));
+      .def("paid", &FastPath::Paid, py::arg("stream"));
 }
 
 }  // namespace jax_pathways

@@ -44,7 +44,7 @@ void FastPath::Attach(const JpReplySink& sink) {
 
 void FastPath::Detach() {
   std::lock_guard<std::mutex> lock(sink_mu_);
-  sink_ = JpReplySink{4, nullptr, nullptr, nullptr, nullptr};
+  sink_ = JpReplySink{};
 }
 
 JpRequestHook FastPath::hook() { return JpRequestHook{2, this, &HandleHook}; }
@@ -657,15 +657,25 @@ void FastPath::ReplyOwed(uint64_t stream, uint64_t op_id, uint32_t field,
                          const Status& status) {
   // Queued before it stops being owed: the stream's end waits for it then.
   Reply(stream, op_id, field, status);
-  std::lock_guard<std::mutex> lock(owed_mu_);
-  auto it = owed_.find(stream);
-  if (it != owed_.end() && --it->second == 0) owed_.erase(it);
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(owed_mu_);
+    auto it = owed_.find(stream);
+    if (it != owed_.end() && --it->second == 0) {
+      owed_.erase(it);
+      wake = awaited_.erase(stream) > 0;
+    }
+  }
+  if (!wake) return;
+  std::lock_guard<std::mutex> lock(sink_mu_);
+  if (sink_.wake != nullptr) sink_.wake(sink_.server);
 }
 
-size_t FastPath::Owed(uint64_t stream) {
+bool FastPath::Paid(uint64_t stream) {
   std::lock_guard<std::mutex> lock(owed_mu_);
-  auto it = owed_.find(stream);
-  return it == owed_.end() ? 0 : it->second;
+  if (!owed_.count(stream)) return true;
+  awaited_.insert(stream);
+  return false;
 }
 
 void FastPath::Reply(uint64_t stream, uint64_t op_id, uint32_t field,

@@ -37,6 +37,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -211,10 +212,11 @@ class FastPath {
   // this declined, which Python answered), for those alike.
   void RegisterUpload(uint64_t stream, uint64_t array, UploadPlan plan);
   FastPathStats stats();
-  // Replies owed to `stream` that come later, from the dispatcher's threads
-  // (CheckValueReady, CopyToHostBuffer): Python ends a stream its client
-  // closed only once there are none.
-  size_t Owed(uint64_t stream);
+  // Whether `stream` is owed no reply that comes later, from the
+  // dispatcher's threads (CheckValueReady, CopyToHostBuffer); if one is
+  // owed, the frontend is woken (the sink's wake) once the last is queued.
+  // Python ends a stream its client closed only once it is paid.
+  bool Paid(uint64_t stream);
 
   // The hook (common/request_hook.h): 1 if it took the request, 0 if
   // Python is to, JP_WAIT_FOR_UPLOAD to offer it again once the upload
@@ -290,10 +292,11 @@ class FastPath {
   std::unordered_map<uint64_t, Session> sessions_;
   FastPathStats stats_;
   Bytes fetch_payload_;  // guarded by mu_; empty: reads go to Python
-  std::mutex owed_mu_;  // guards owed_ (a leaf)
+  std::mutex owed_mu_;  // guards owed_ and awaited_ (a leaf)
   std::unordered_map<uint64_t, size_t> owed_;
+  std::unordered_set<uint64_t> awaited_;  // owed, and Paid() was asked
   std::mutex sink_mu_;  // guards sink_ (replies may come from any thread)
-  JpReplySink sink_{3, nullptr, nullptr, nullptr, nullptr};
+  JpReplySink sink_{};  // version 0: none attached
 };
 
 }  // namespace jax_pathways

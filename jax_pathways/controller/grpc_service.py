@@ -58,9 +58,6 @@ REFUSED = ("jax_pathways: wrong or missing cluster token. Connect through "
            "jax_pathways.initialize(address, token=...)")
 # How long a refused stream may stay open waiting for its InitRequest.
 REFUSED_TIMEOUT_S = 10.0
-# How often a stream its client closed looks again whether the fast path
-# still owes it replies (only while one does).
-CLOSING_POLL_S = 0.01
 
 Event = _frontend.EventKind
 
@@ -152,9 +149,8 @@ class GrpcService:
       self._server.finish(call, int(status.code), status.message)
 
   def _poll_timeout(self) -> float:
-    """Until the earliest parked deadline, at most 0.5 s (10 ms while a
-    closed stream waits for the fast path's last replies)."""
-    timeout = CLOSING_POLL_S if self._closing else 0.5
+    """Until the earliest parked deadline, at most 0.5 s."""
+    timeout = 0.5
     now = time.monotonic()
     deadlines = [s.deadline for s in self._parked.values()
                  if s.deadline is not None] + list(self._refused.values())
@@ -274,12 +270,15 @@ class GrpcService:
   def _end_closed(self) -> None:
     """Ends the streams whose clients closed them and that have every
     reply: Python's, and the fast path's, which come later from the
-    dispatcher's threads (a stream ended before them loses them)."""
+    dispatcher's threads (a stream ended before them loses them; the fast
+    path wakes this loop once it has sent them)."""
+    if not self._closing:  # read without the lock: answered() wakes us
+      return
     fast = self.services.fast_path
     with self._lock:
       closing = [(stream, session) for stream, session in
                  self._closing.items()
-                 if fast is None or not fast.owed(stream)]
+                 if fast is None or fast.paid(stream)]
       for stream, _ in closing:
         del self._closing[stream]
         self.sessions.pop(stream, None)
