@@ -23,7 +23,8 @@ ratio. Target (issue 2): Chained through jax_pathways costs no more per
 computation than in-process OpByOp.
 
 Then the CPU each chained call costs, per process and thread (from
-/proc/PID/task/TID/schedstat over --profile-calls calls): what the project
+/proc/PID/task/TID/schedstat over --profile-calls calls), and each op-by-op
+call (a quarter as many: a round trip's CPU): what the project
 owns is the controller's threads and the worker's own (its op loop, the
 main thread, and the jp-* threads); the worker's other threads are XLA's
 (tf_XLAEigen: the devices' compute; unnamed ones: jaxlib's). Issue 21's
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Callable
 
 from harness import (CPU_US, WAKEUPS, add_platform_args, emit,  # pylint: disable=g-bad-import-order
                      interleaved, log, per_call, setup, thread_cpu_ns,  # pylint: disable=g-bad-import-order
@@ -149,7 +151,11 @@ def main() -> None:
       log(f"target: Chained through jax_pathways ({us['pathways']:.1f} us) <= "
           f"in-process OpByOp ({target:.1f} us): {'met' if met else 'missed'}")
   calls = args.profile_calls // n * n
-  profile(chained("pathways"), calls, xla_launch_us(*state["jax"][::2], calls))
+  xla_launch = xla_launch_us(*state["jax"][::2], calls)
+  profile("chained", chained("pathways"), calls, xla_launch)
+  # Op by op, each call is a round trip: where its latency's CPU goes.
+  profile("op-by-op", opbyop("pathways"), max(n, calls // 4 // n * n),
+          xla_launch)
 
 
 def owned_by_project(process: str, thread: str) -> bool:
@@ -184,36 +190,40 @@ def xla_launch_us(step, x, calls: int) -> float:
   return (thread_cpu_ns(os.getpid())[main] - before) / 1e3 / calls
 
 
-def profile(run_chain, calls: int, xla_launch: float) -> None:
-  """CPU and wake-ups per chained call by process and thread, and the
-  project's share of the CPU (with and without XLA's launch inside the
-  worker's op loop)."""
+def profile(case: str, run: Callable[[], float], calls: int,
+            xla_launch: float) -> None:
+  """CPU and wake-ups per call of `case` (`run` makes programs.chain calls)
+  by process and thread, and the project's share of the CPU (with and
+  without XLA's launch inside the worker's op loop); the target is the
+  chained call's."""
   cluster = jax_pathways.local_cluster()
   pids = {"client": os.getpid(), "controller": cluster.controller.pid,
           "worker": cluster.workers[0].pid}
   n = programs.chain
   per_thread, wakeups = per_call(
-      pids, lambda: [run_chain() for _ in range(calls // n)], calls,
+      pids, lambda: [run() for _ in range(calls // n)], calls,
       [CPU_US, WAKEUPS])
   totals = {p: round(sum(t.values()), 1) for p, t in per_thread.items()}
   owned = round(sum(us for p in ("controller", "worker")
                     for t, us in per_thread[p].items()
                     if owned_by_project(p, t)), 1)
   less_xla = round(owned - xla_launch, 1)
-  emit("B1 dispatch", "cpu per chained call", calls=calls, owned_us=owned,
+  target = {"target_us": 60, "met": less_xla <= 60} if case == "chained" else {}
+  emit("B1 dispatch", f"cpu per {case} call", calls=calls, owned_us=owned,
        xla_launch_us=round(xla_launch, 1), owned_less_xla_launch_us=less_xla,
-       target_us=60, met=less_xla <= 60, process_us=totals,
-       thread_us=per_thread, thread_wakeups=wakeups)
-  log(f"CPU per chained call over {calls} calls (us): owned by jax_pathways "
+       **target, process_us=totals, thread_us=per_thread,
+       thread_wakeups=wakeups)
+  verdict = (f"; target <= 60: {'met' if target['met'] else 'missed'}"
+             if target else "")
+  log(f"CPU per {case} call over {calls} calls (us): owned by jax_pathways "
       f"{owned} with XLA's launch in the op loop, {less_xla} without it "
-      f"(XLA's launch in process: {xla_launch:.1f}; target <= 60: "
-      f"{'met' if less_xla <= 60 else 'missed'}); per process {totals}")
+      f"(XLA's launch in process: {xla_launch:.1f}{verdict}); per process "
+      f"{totals}")
   for p, threads in per_thread.items():
     log(f"  {p:10s} " + ", ".join(f"{t} {us}" for t, us in threads.items()))
-  log("Wake-ups per chained call (voluntary context switches):")
+  log(f"Wake-ups per {case} call (voluntary context switches):")
   for p, threads in wakeups.items():
     log(f"  {p:10s} " + ", ".join(f"{t} {w}" for t, w in threads.items()))
-
 
 if __name__ == "__main__":
   main()
