@@ -667,7 +667,7 @@ void Dispatcher::HeartbeatLoop() {
                             [this] { return shut_down_; });
     if (held_failures_.empty()) continue;
     std::vector<Completion> done;
-    EndHeld(nullptr, Status::Ok(), &done);
+    EndHeldExpired(&done);
     lock.unlock();
     Publish(std::move(done));
     lock.lock();
@@ -768,24 +768,33 @@ void Dispatcher::Finish(Gang& g, std::vector<Completion>* done) {
   if (g.tag) done->push_back(Completion{g.tag, g.status, std::move(g.payloads)});
 }
 
-void Dispatcher::EndHeld(const Island* island, const Status& why,
-                         std::vector<Completion>* done) {
-  const auto now = std::chrono::steady_clock::now();
-  auto ends = [&](const HeldFailure& h) {
-    if (island == nullptr) return h.until <= now;
-    const std::vector<IslandId>& on = h.gang->islands;
-    return std::find(on.begin(), on.end(), island->id) != on.end();
-  };
-  std::vector<HeldFailure> kept;
-  for (HeldFailure& h : held_failures_) {
-    if (!ends(h)) {
-      kept.push_back(std::move(h));
-      continue;
-    }
-    if (island != nullptr) h.gang->status = why;
+void Dispatcher::EndHeldOn(const Island& island, const Status& why,
+                           std::vector<Completion>* done) {
+  for (HeldFailure& h : TakeHeld([&](const HeldFailure& h) {
+         const std::vector<IslandId>& on = h.gang->islands;
+         return std::find(on.begin(), on.end(), island.id) != on.end();
+       })) {
+    h.gang->status = why;
     Finish(*h.gang, done);
   }
+}
+
+void Dispatcher::EndHeldExpired(std::vector<Completion>* done) {
+  const auto now = std::chrono::steady_clock::now();
+  for (HeldFailure& h :
+       TakeHeld([&](const HeldFailure& h) { return h.until <= now; })) {
+    Finish(*h.gang, done);
+  }
+}
+
+std::vector<Dispatcher::HeldFailure> Dispatcher::TakeHeld(
+    const std::function<bool(const HeldFailure&)>& which) {
+  std::vector<HeldFailure> taken, kept;
+  for (HeldFailure& h : held_failures_) {
+    (which(h) ? taken : kept).push_back(std::move(h));
+  }
   held_failures_ = std::move(kept);
+  return taken;
 }
 
 void Dispatcher::KillLocked(Island* island, const Status& why,
@@ -821,7 +830,7 @@ void Dispatcher::KillLocked(Island* island, const Status& why,
     }
     FinishSlot(slot, why, {}, done);
   }
-  EndHeld(island, why, done);
+  EndHeldOn(*island, why, done);
   // What it held is gone, whoever holds the rest of an array; so are views
   // of it (shards, assembled arrays), which a new worker for the island
   // would not know.
@@ -976,8 +985,9 @@ void Dispatcher::Shutdown() {
   std::vector<Completion> done;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (HeldFailure& h : held_failures_) Finish(*h.gang, &done);
-    held_failures_.clear();
+    for (HeldFailure& h : TakeHeld([](const HeldFailure&) { return true; })) {
+      Finish(*h.gang, &done);
+    }
   }
   Publish(std::move(done));
   completions_.Close();

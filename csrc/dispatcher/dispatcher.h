@@ -243,6 +243,11 @@ class Dispatcher {
     std::vector<IslandOp> ops;
     std::chrono::steady_clock::time_point since;  // submitted
   };
+  // A gang held failed (held_failures_).
+  struct HeldFailure {
+    std::shared_ptr<Gang> gang;
+    std::chrono::steady_clock::time_point until;
+  };
 
   void ReadLoop(Island* island);
   // Requires mu_. Moves ops the window admitted to the outbox; ops that
@@ -257,10 +262,16 @@ class Dispatcher {
                   Bytes payload, std::vector<Completion>* done);
   // Requires mu_. Finishes a gang all of whose ops have reported.
   void Finish(Gang& g, std::vector<Completion>* done);
-  // Requires mu_. Finishes the held gangs that spanned `island` (lost:
-  // `why`), or, with none, those held past their time.
-  void EndHeld(const Island* island, const Status& why,
-               std::vector<Completion>* done);
+  // Requires mu_. Finishes the held gangs that spanned `island`, lost:
+  // they failed for `why`, whose words name its worker.
+  void EndHeldOn(const Island& island, const Status& why,
+                 std::vector<Completion>* done);
+  // Requires mu_. Finishes the held gangs past their time, with their own
+  // failure: no loss came.
+  void EndHeldExpired(std::vector<Completion>* done);
+  // Requires mu_. Takes the held gangs `which` picks out of held_failures_.
+  std::vector<HeldFailure> TakeHeld(
+      const std::function<bool(const HeldFailure&)>& which);
   // Requires mu_. Numbers and sends the held gangs whose turn it is; fails
   // those that only their own client could make room for.
   void AdmitHeld(Outbox* outbox, std::vector<Completion>* done);
@@ -314,10 +325,6 @@ class Dispatcher {
   // names the worker, may not be known yet (a killed worker's peers see
   // their link break while the controller still reads what it sent before
   // it died). Held until an island of theirs is lost or until `until`.
-  struct HeldFailure {
-    std::shared_ptr<Gang> gang;
-    std::chrono::steady_clock::time_point until;
-  };
   std::vector<HeldFailure> held_failures_;
   bool shut_down_ = false;
   std::condition_variable shutting_down_;  // with mu_: wakes the heartbeat
