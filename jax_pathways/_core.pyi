@@ -56,9 +56,12 @@ class Dispatcher:
                  memory_bytes: int = 0) -> None: ...
   def submit(self, gang: Sequence[IslandOp], tag: int, client: int = 0,
              result_bytes: Sequence[Sequence[int]] = (),
-             stages: Sequence[int] = ()) -> None:
+             stages: Sequence[int] = (),
+             fails_with: Sequence[int] = ()) -> None:
     """result_bytes[i][k]: device memory of op i's result k on its island;
-    stages[i]: the stage op i (a PUT) may take its tails from (0: none)."""
+    stages[i]: the stage op i (a PUT) may take its tails from (0: none);
+    fails_with[i]: a buffer op i needs but does not take (a receive's
+    source), failed by the time op i is numbered, fails it too (0: none)."""
   def new_stage(self) -> int: ...
   def stream_upload(self, stage: int,
                     dests: Sequence[tuple[int, int, int]]) -> Any:

@@ -153,7 +153,7 @@ void Dispatcher::Submit(std::vector<IslandOp> gang, uint64_t tag,
         refusal = InvalidArgument("gang names island " +
                                   std::to_string(io.island) + " twice");
       } else {
-        refusal = buffers_.FirstFailure(io.op.args);
+        refusal = InputFailure(io);
       }
       if (refusal.ok() && it != islands_.end() && it->second->capacity > 0) {
         int64_t need = 0;
@@ -181,6 +181,14 @@ void Dispatcher::Submit(std::vector<IslandOp> gang, uint64_t tag,
     }
   }
   Flush(std::move(outbox), std::move(done));
+}
+
+Status Dispatcher::InputFailure(const IslandOp& io) const {
+  Status failed = buffers_.FirstFailure(io.op.args);
+  if (failed.ok() && io.fails_with != 0) {
+    failed = buffers_.FirstFailure({io.fails_with});
+  }
+  return failed;
 }
 
 bool Dispatcher::Fits(const Held& held) const {
@@ -317,7 +325,7 @@ void Dispatcher::AdmitHeld(Outbox* outbox, std::vector<Completion>* done) {
         break;
       }
       // An input that failed while this waited (e.g. refused for memory).
-      refusal = buffers_.FirstFailure(io.op.args);
+      refusal = InputFailure(io);
       if (!refusal.ok()) break;
     }
     if (!refusal.ok()) {

@@ -53,6 +53,10 @@ struct IslandOp {
   Op op;  // `seq` is assigned by the Dispatcher
   // Device memory each of op.results takes on this island (empty: none).
   std::vector<int64_t> result_bytes;
+  // A buffer the op needs but does not take (a receive's source, sent by
+  // another op): failed by the time the op is numbered, it fails the op
+  // too, which would wait for bytes that never come. 0: none.
+  BufferId fails_with = 0;
 };
 
 struct IslandStats {
@@ -275,6 +279,9 @@ class Dispatcher {
   // Requires mu_. Numbers and sends the held gangs whose turn it is; fails
   // those that only their own client could make room for.
   void AdmitHeld(Outbox* outbox, std::vector<Completion>* done);
+  // Requires mu_. The failure of an input of `io` (its args, fails_with), or
+  // OK.
+  Status InputFailure(const IslandOp& io) const;
   bool Fits(const Held& held) const;
   // The island whose memory `held` does not fit in, or nullptr.
   const Island* ShortOfMemory(const Held& held) const;

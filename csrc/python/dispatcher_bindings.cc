@@ -50,7 +50,8 @@ void RegisterDispatcher(py::module_& m) {
           [](Dispatcher& d, const std::vector<PyIslandOp>& gang,
              uint64_t tag, ClientId client,
              const std::vector<std::vector<int64_t>>& result_bytes,
-             const std::vector<uint64_t>& stages) {
+             const std::vector<uint64_t>& stages,
+             const std::vector<BufferId>& fails_with) {
             std::vector<IslandOp> ops;
             ops.reserve(gang.size());
             for (const auto& [island, kind, program, args, results, payload] :
@@ -87,6 +88,9 @@ void RegisterDispatcher(py::module_& m) {
                 io.result_bytes = result_bytes[ops.size()];
               }
               if (ops.size() < stages.size()) io.op.stage = stages[ops.size()];
+              if (ops.size() < fails_with.size()) {
+                io.fails_with = fails_with[ops.size()];
+              }
               ops.push_back(std::move(io));
             }
             py::gil_scoped_release nogil;
@@ -94,7 +98,8 @@ void RegisterDispatcher(py::module_& m) {
           },
           py::arg("gang"), py::arg("tag"), py::arg("client") = 0,
           py::arg("result_bytes") = std::vector<std::vector<int64_t>>(),
-          py::arg("stages") = std::vector<uint64_t>())
+          py::arg("stages") = std::vector<uint64_t>(),
+          py::arg("fails_with") = std::vector<BufferId>())
       .def(
           "stream_upload",
           [](Dispatcher& d, uint64_t stage,

@@ -28,7 +28,7 @@ using PyUploadArray = std::tuple<
 
 // controller/schedule.py's Schedule.for_fast_path(): (id, temps, move
 // sources, gangs), each op (island, kind, program, args, results, payload,
-// move, source_if_failed, result_bytes), each buffer (space, index).
+// move, fails_with_source, result_bytes), each buffer (space, index).
 using PyRef = std::pair<int, uint32_t>;
 using PyStepOp =
     std::tuple<IslandId, int, uint64_t, std::vector<PyRef>, std::vector<PyRef>,
@@ -58,7 +58,7 @@ Schedule ToSchedule(const PySchedule& py_schedule, size_t args,
   for (const auto& py_gang : gangs) {
     std::vector<StepOp>& gang = out.gangs.emplace_back();
     for (const auto& [island, kind, program, op_args, op_results, payload,
-                      move, source_if_failed, bytes] : py_gang) {
+                      move, fails_with_source, bytes] : py_gang) {
       if (kind < static_cast<int>(OpKind::kCompile) ||
           kind > static_cast<int>(OpKind::kShutdown)) {
         throw py::value_error("a schedule's op kind is not one there is");
@@ -74,7 +74,7 @@ Schedule ToSchedule(const PySchedule& py_schedule, size_t args,
       for (const PyRef& r : op_results) op.results.push_back(ref(r));
       op.payload = SharedOrCopy(payload);
       op.move = move;
-      op.source_if_failed = source_if_failed;
+      op.fails_with_source = fails_with_source;
       op.result_bytes = bytes;
     }
   }

@@ -210,7 +210,6 @@ int FastPath::Handle(uint64_t stream, std::string_view request,
   IfrtRequest r = ifrt_wire::Read(request);
   if (r.kind == IfrtRequest::kOther) return 0;
   Gangs gangs;
-  IfFailed if_failed;
   std::vector<BufferId> buffers;
   ClientId client = 0;
   uint64_t host_session = 0;
@@ -223,7 +222,7 @@ int FastPath::Handle(uint64_t stream, std::string_view request,
       client = s.client;
       switch (r.kind) {
         case IfrtRequest::kExecute:
-          taken = Execute(s, r, &gangs, &if_failed, &buffers);
+          taken = Execute(s, r, &gangs, &buffers);
           stats_.executes += taken;
           break;
         case IfrtRequest::kDestructArray:
@@ -281,16 +280,8 @@ int FastPath::Handle(uint64_t stream, std::string_view request,
   // A launch of many gangs (an MPMD step) reaches each worker in one write.
   const bool cork = gangs.size() > 1;
   if (cork) dispatcher_->Cork();
-  for (size_t g = 0; g < gangs.size(); ++g) {
-    if (g < if_failed.size()) {
-      for (const auto& [k, buffer] : if_failed[g]) {
-        Status why;
-        if (dispatcher_->State(buffer, &why) == BufferState::kFailed) {
-          gangs[g][k].op.args = {buffer};
-        }
-      }
-    }
-    dispatcher_->Submit(std::move(gangs[g]), 0, client);
+  for (std::vector<IslandOp>& gang : gangs) {
+    dispatcher_->Submit(std::move(gang), 0, client);
   }
   if (cork) dispatcher_->Uncork();
   switch (r.kind) {
@@ -330,7 +321,7 @@ int FastPath::Handle(uint64_t stream, std::string_view request,
 }
 
 bool FastPath::Execute(Session& s, const IfrtRequest& r, Gangs* gangs,
-                       IfFailed* if_failed, std::vector<BufferId>* temps) {
+                       std::vector<BufferId>* temps) {
   // The first call's results are handles the controller mints, and a
   // status to fill is a future Python keeps: both Python's.
   if (r.fill_status || r.results.empty()) return false;
@@ -386,8 +377,6 @@ bool FastPath::Execute(Session& s, const IfrtRequest& r, Gangs* gangs,
       dispatcher_->NewTransfers(schedule.move_sources.size());
   for (const std::vector<StepOp>& planned : schedule.gangs) {
     std::vector<IslandOp>& gang = gangs->emplace_back(planned.size());
-    std::vector<std::pair<size_t, BufferId>>& maybe =
-        if_failed->emplace_back();
     for (size_t k = 0; k < planned.size(); ++k) {
       const StepOp& p = planned[k];
       IslandOp& op = gang[k];
@@ -399,8 +388,8 @@ bool FastPath::Execute(Session& s, const IfrtRequest& r, Gangs* gangs,
       op.op.payload = p.payload;
       if (p.move >= 0) {
         op.op.program = transfers[p.move];
-        if (p.source_if_failed) {
-          maybe.emplace_back(k, buffer(schedule.move_sources[p.move]));
+        if (p.fails_with_source) {
+          op.fails_with = buffer(schedule.move_sources[p.move]);
         }
       }
       op.result_bytes = p.result_bytes;

@@ -99,9 +99,10 @@ struct StepOp {
   // Which move between islands of the launch: its transfer id (fresh per
   // launch) is the op's program. -1: none.
   int64_t move = -1;
-  // A move's op that does not take its source (a receive) names it only
-  // if the source has failed when the op is submitted, to fail at once.
-  bool source_if_failed = false;
+  // A move's op that does not take its source (a receive): it fails with
+  // the source if that has failed by the time the op is numbered
+  // (IslandOp::fails_with).
+  bool fails_with_source = false;
   std::vector<int64_t> result_bytes;
 };
 
@@ -246,9 +247,6 @@ class FastPath {
     size_t waited_upload = 0;
   };
   using Gangs = std::vector<std::vector<IslandOp>>;
-  // Per gang of Gangs (fewer: none for the rest), ops that name a buffer
-  // only if it has failed by the time the gang is submitted: (op, buffer).
-  using IfFailed = std::vector<std::vector<std::pair<size_t, BufferId>>>;
 
   // Requires mu_. The session of `stream`, or nullptr.
   Session* FindLocked(uint64_t stream);
@@ -256,7 +254,7 @@ class FastPath {
   // work to submit (outside mu_) goes to `gangs`.
   // `temps`: the launch's temporaries, to forget once submitted.
   bool Execute(Session& s, const IfrtRequest& r, Gangs* gangs,
-               IfFailed* if_failed, std::vector<BufferId>* temps);
+               std::vector<BufferId>* temps);
   bool Destruct(Session& s, const IfrtRequest& r, Gangs* gangs,
                 std::vector<BufferId>* forget);
   bool ReadyBuffers(Session& s, const IfrtRequest& r,

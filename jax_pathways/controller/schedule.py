@@ -38,10 +38,10 @@ class StepOp(NamedTuple):
   # Which move between islands of the launch (its transfer id is the op's
   # program); -1: none.
   move: int = -1
-  # A move's op that does not take its source (a receive) names it only
-  # if the source has failed when the op is submitted: it fails at once
-  # too, instead of waiting for bytes that never come.
-  source_if_failed: bool = False
+  # A move's op that does not take its source (a receive): it fails with
+  # the source if that has failed by the time the op is numbered
+  # (IslandOp.fails_with), instead of waiting for bytes that never come.
+  fails_with_source: bool = False
   result_bytes: tuple[int, ...] = ()
 
 
@@ -69,17 +69,17 @@ class Schedule:
     for n, gang in enumerate(self.gangs):
       ops = []
       for op in gang:
-        op_args = [spaces[s][i] for s, i in op.args]
-        program = op.program
+        program, fails_with = op.program, 0
         if op.move >= 0:
           program = transfers[op.move]
-          if op.source_if_failed:
+          if op.fails_with_source:
             space, i = self.move_sources[op.move]
-            if dispatcher.state(spaces[space][i])[0] == "failed":
-              op_args = [spaces[space][i]]
-        ops.append(IslandOp(op.island, op.kind, program, op_args,
+            fails_with = spaces[space][i]
+        ops.append(IslandOp(op.island, op.kind, program,
+                            [spaces[s][i] for s, i in op.args],
                             [spaces[s][i] for s, i in op.results],
-                            payload=op.payload, result_bytes=op.result_bytes))
+                            payload=op.payload, result_bytes=op.result_bytes,
+                            fails_with=fails_with))
       dispatcher.submit(ops, on_done if n == self.done else None)
     if temps:
       dispatcher.forget(temps)
@@ -101,7 +101,7 @@ class Schedule:
                   args=(source,) if p.takes_source else (),
                   results=(dest,) if receive else (), payload=p.payload,
                   move=move if p.exchange else -1,
-                  source_if_failed=p.exchange and not p.takes_source,
+                  fails_with_source=p.exchange and not p.takes_source,
                   result_bytes=tuple(p.result_bytes))
       (later if p.later else sends).append(op)
     return sends, later
@@ -110,7 +110,7 @@ class Schedule:
     """The schedule as FastPath.register takes it."""
     def op(o: StepOp) -> tuple[Any, ...]:
       return (o.island, int(o.kind), o.program, list(o.args),
-              list(o.results), o.payload, o.move, o.source_if_failed,
+              list(o.results), o.payload, o.move, o.fails_with_source,
               list(o.result_bytes))
     return (self.id, self.temps, list(self.move_sources),
             [[op(o) for o in gang] for gang in self.gangs])

@@ -46,6 +46,10 @@ class IslandOp(NamedTuple):
   result_bytes: Sequence[int] = ()
   # A PUT: the stage its uploads were streamed to (stream_upload), 0: none.
   stage: int = 0
+  # A buffer the op needs but does not take (a receive's source, sent by
+  # another op): failed by the time the op is numbered, it fails the op too,
+  # which would wait for bytes that never come. 0: none.
+  fails_with: int = 0
 
 
 class StageDest(NamedTuple):
@@ -119,7 +123,8 @@ class Dispatcher:
     self._core.submit([(op.island, op.kind, op.program, list(op.args),
                         list(op.results), op.payload) for op in gang], tag,
                       client, [list(op.result_bytes) for op in gang],
-                      [op.stage for op in gang])
+                      [op.stage for op in gang],
+                      [op.fails_with for op in gang])
 
   def new_stage(self) -> int:
     """A fresh stage id: a PUT's tails, staged on its workers while the

@@ -141,6 +141,29 @@ def _spanning(d, executors, tag, results):
   return [ex.next(2.0) for ex in executors]
 
 
+def test_a_receive_fails_with_its_source_failed_while_it_waited():
+  """A receive names its source (fails_with) without taking it: the send
+  carries the bytes. When the source fails while both wait for the window,
+  the dispatcher refuses the send, and must refuse the receive too, which
+  would otherwise wait on its worker for bytes that never come."""
+  d, (ex0, ex1) = _islands(2, window=1)
+  d.submit([(0, OpKind.LAUNCH, 1, [], [100], b"")], 1)
+  d.submit([(0, OpKind.LAUNCH, 1, [100], [200], b"")], 2)  # held: window
+  d.submit([(0, OpKind.SEND, 9, [200], [], b"")], 3)
+  d.submit([(1, OpKind.RECEIVE, 9, [], [300], b"")], 4, fails_with=[200])
+  d.submit([(1, OpKind.RECEIVE, 9, [], [400], b"")], 5, fails_with=[0])
+  first = ex0.next(2.0)
+  ex0.complete(first.seq, 13, "the launch broke", b"")
+  done = sorted(_poll_all(d, 4))
+  assert [c[:3] for c in done] == [(t, 13, "the launch broke")
+                                   for t in (1, 2, 3, 4)]
+  assert d.state(300) == ("failed", (13, "the launch broke"))
+  # Only the receive without a source to fail with reaches its worker.
+  op = ex1.next(2.0)
+  assert (op.kind, list(op.results)) == (OpKind.RECEIVE, [400])
+  assert ex1.next(0.2) is None and ex0.next(0.2) is None
+
+
 def test_a_lost_island_fails_its_gangs_everywhere_at_once():
   d, (ex0, ex1) = _islands(2)
   d.submit([(1, OpKind.PUT, 0, [], [7], b"")], 0, 0, [[64]])
