@@ -85,7 +85,31 @@ void BufferFutures::Forget(const std::vector<BufferId>& ids,
                  "the array was deleted while a request waited for it"),
           {}});
     }
-    entries_.erase(it);
+    if (it->second.holds > 0) {
+      it->second.waiters.clear();
+      it->second.forgotten = true;
+    } else {
+      entries_.erase(it);
+    }
+  }
+}
+
+void BufferFutures::Hold(std::vector<BufferId>* ids) {
+  size_t kept = 0;
+  for (BufferId id : *ids) {
+    auto it = entries_.find(id);
+    if (it == entries_.end()) continue;
+    ++it->second.holds;
+    (*ids)[kept++] = id;
+  }
+  ids->resize(kept);
+}
+
+void BufferFutures::Release(const std::vector<BufferId>& ids) {
+  for (BufferId id : ids) {
+    auto it = entries_.find(id);
+    if (it == entries_.end() || it->second.holds == 0) continue;
+    if (--it->second.holds == 0 && it->second.forgotten) entries_.erase(it);
   }
 }
 

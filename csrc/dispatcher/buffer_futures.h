@@ -36,8 +36,15 @@ class BufferFutures {
   Status FirstFailure(const std::vector<BufferId>& ids) const;
   // Drops `ids`; their unfinished waiters fail (appended to `out`): a
   // request waiting for an array the client then deleted still gets its
-  // answer.
+  // answer. One a held gang needs (Hold) stays until released.
   void Forget(const std::vector<BufferId>& ids, std::vector<Completion>* out);
+  // Keeps `ids` known, once forgotten too, until released: a gang waiting
+  // for its turn that names them must read how they end (a gang refused
+  // before it fails its results, which a launch's temporaries, forgotten
+  // once submitted, would otherwise hide from it). Unknown ids are dropped
+  // from `ids`; Release() takes what Hold() left.
+  void Hold(std::vector<BufferId>* ids);
+  void Release(const std::vector<BufferId>& ids);
 
   BufferState State(BufferId id, Status* failure) const;
   size_t size() const { return entries_.size(); }
@@ -52,6 +59,8 @@ class BufferFutures {
     BufferState state = BufferState::kPending;
     Status failure;
     std::vector<std::shared_ptr<Waiter>> waiters;
+    int holds = 0;           // gangs waiting that name it (Hold)
+    bool forgotten = false;  // dropped once no gang holds it
   };
   std::unordered_map<BufferId, Entry> entries_;
 };

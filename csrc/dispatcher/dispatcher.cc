@@ -175,8 +175,15 @@ void Dispatcher::Submit(std::vector<IslandOp> gang, uint64_t tag,
       buffers_.Resolve(g->results, refusal, &done);
       if (tag) done.push_back(Completion{tag, refusal, g->payloads});
     } else {
+      std::vector<BufferId> inputs;
+      for (const IslandOp& io : gang) {
+        inputs.insert(inputs.end(), io.op.args.begin(), io.op.args.end());
+        if (io.fails_with != 0) inputs.push_back(io.fails_with);
+      }
+      buffers_.Hold(&inputs);
       fair_.Push(client, Held{std::move(g), std::move(gang),
-                              std::chrono::steady_clock::now()});
+                              std::chrono::steady_clock::now(),
+                              std::move(inputs)});
       AdmitHeld(&outbox, &done);
     }
   }
@@ -234,7 +241,7 @@ void Dispatcher::ExpireMemoryWaits(double max_wait_s) {
           std::chrono::duration<double>(now - held.since).count();
       const Island* island = ShortOfMemory(held);
       if (island == nullptr || waited <= max_wait_s) return false;
-      Refuse(*held.gang,
+      Refuse(held,
              Status(Code::kResourceExhausted,
                     "out of device memory on island " +
                         std::to_string(island->id) + " (" + island->name +
@@ -300,9 +307,11 @@ void Dispatcher::CountMemory(Island* island, ClientId client,
   }
 }
 
-void Dispatcher::Refuse(const Gang& gang, const Status& why,
+void Dispatcher::Refuse(const Held& held, const Status& why,
                         std::vector<Completion>* done) {
+  const Gang& gang = *held.gang;
   buffers_.Resolve(gang.results, why, done);
+  buffers_.Release(held.inputs);
   if (gang.tag) done->push_back(Completion{gang.tag, why, gang.payloads});
 }
 
@@ -311,7 +320,7 @@ void Dispatcher::AdmitHeld(Outbox* outbox, std::vector<Completion>* done) {
     if (Fits(held)) return false;
     Status why = Hopeless(client, held);
     if (why.ok()) return false;
-    Refuse(*held.gang, why, done);
+    Refuse(held, why, done);
     return true;
   });
   while (auto next = fair_.Next([this](const Held& h) { return Fits(h); })) {
@@ -329,7 +338,7 @@ void Dispatcher::AdmitHeld(Outbox* outbox, std::vector<Completion>* done) {
       if (!refusal.ok()) break;
     }
     if (!refusal.ok()) {
-      Refuse(*held.gang, refusal, done);
+      Refuse(held, refusal, done);
       fair_.DropIfDone(client);
       continue;
     }
@@ -346,6 +355,7 @@ void Dispatcher::AdmitHeld(Outbox* outbox, std::vector<Completion>* done) {
       ++island->submitted;
       Admitted(island, std::move(ready), outbox, done);
     }
+    buffers_.Release(held.inputs);
     fair_.DropIfDone(client);
   }
 }

@@ -246,6 +246,9 @@ class Dispatcher {
     std::shared_ptr<Gang> gang;
     std::vector<IslandOp> ops;
     std::chrono::steady_clock::time_point since;  // submitted
+    // Its ops' inputs (args, fails_with), kept known while it waits
+    // (BufferFutures::Hold), even when forgotten meanwhile.
+    std::vector<BufferId> inputs;
   };
   // A gang held failed (held_failures_).
   struct HeldFailure {
@@ -291,7 +294,7 @@ class Dispatcher {
   // Requires mu_. Counts the memory of an op being numbered.
   void CountMemory(Island* island, ClientId client, const IslandOp& io);
   // Requires mu_. Fails a gang that will not be numbered.
-  void Refuse(const Gang& gang, const Status& why,
+  void Refuse(const Held& held, const Status& why,
               std::vector<Completion>* done);
   // Requires mu_. Marks `island` dead, fails everything it held and every
   // gang it was part of, and tells the other islands.

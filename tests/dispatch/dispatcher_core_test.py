@@ -164,6 +164,27 @@ def test_a_receive_fails_with_its_source_failed_while_it_waited():
   assert ex1.next(0.2) is None and ex0.next(0.2) is None
 
 
+def test_a_forgotten_input_refused_while_it_waited_fails_its_users():
+  """A launch's temporaries are forgotten as soon as its gangs are
+  submitted; a gang still waiting for the window that uses one must read
+  its failure when the gang making it is refused (not find it unknown and
+  go to a worker that never had it)."""
+  d, ex = _pair(window=1)
+  d.submit([(0, OpKind.LAUNCH, 1, [], [100], b"")], 1)
+  d.submit([(0, OpKind.LAUNCH, 1, [100], [200], b"")], 2)  # held: window
+  d.submit([(0, OpKind.LAUNCH, 1, [200], [300], b"")], 3)
+  d.forget([200])
+  first = ex.next(2.0)
+  ex.complete(first.seq, 13, "the launch broke", b"")
+  done = sorted(_poll_all(d, 3))
+  assert [c[:3] for c in done] == [(t, 13, "the launch broke")
+                                   for t in (1, 2, 3)]
+  assert ex.next(0.2) is None
+  assert d.state(300) == ("failed", (13, "the launch broke"))
+  # Dropped once nothing waits on it.
+  assert d.state(200) == ("failed", (5, "buffer 200 is unknown"))
+
+
 def test_a_lost_island_fails_its_gangs_everywhere_at_once():
   d, (ex0, ex1) = _islands(2)
   d.submit([(1, OpKind.PUT, 0, [], [7], b"")], 0, 0, [[64]])
