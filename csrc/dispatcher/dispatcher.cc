@@ -191,6 +191,9 @@ void Dispatcher::Submit(std::vector<IslandOp> gang, uint64_t tag,
 }
 
 Status Dispatcher::InputFailure(const IslandOp& io) const {
+  // A DELETE frees what it names however it was made: refused, it would
+  // leave the good buffers beside a failed one on the worker for good.
+  if (io.op.kind == OpKind::kDelete) return Status::Ok();
   Status failed = buffers_.FirstFailure(io.op.args);
   if (failed.ok() && io.fails_with != 0) {
     failed = buffers_.FirstFailure({io.fails_with});

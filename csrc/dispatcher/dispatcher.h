@@ -283,7 +283,7 @@ class Dispatcher {
   // those that only their own client could make room for.
   void AdmitHeld(Outbox* outbox, std::vector<Completion>* done);
   // Requires mu_. The failure of an input of `io` (its args, fails_with), or
-  // OK.
+  // OK; never for a DELETE.
   Status InputFailure(const IslandOp& io) const;
   bool Fits(const Held& held) const;
   // The island whose memory `held` does not fit in, or nullptr.

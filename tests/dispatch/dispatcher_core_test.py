@@ -99,6 +99,25 @@ def test_failure_poisons_results_and_later_users():
   assert _poll_all(d, 1) == [(3, 3, "bad shape", [])]
 
 
+def test_a_delete_frees_good_buffers_beside_failed_ones():
+  """A DELETE whose buffers include a failed one still reaches the worker
+  (which holds the others, and the failed one's Status) and gives their
+  memory back: refusing it, as a launch on a failed input is, would leak
+  them for good."""
+  d, ex = _pair(window=4, memory=1000)
+  d.submit([(0, OpKind.PUT, 0, [], [1], b"")], 1, result_bytes=[[600]])
+  d.submit([(0, OpKind.LAUNCH, 1, [], [2], b"")], 2, result_bytes=[[100]])
+  put, launch = ex.next(2.0), ex.next(2.0)
+  ex.complete(put.seq, 0, "", b"")
+  ex.complete(launch.seq, 13, "the launch broke", b"")
+  assert sorted(c[:2] for c in _poll_all(d, 2)) == [(1, 0), (2, 13)]
+  d.submit([(0, OpKind.DELETE, 0, [1, 2], [], b"")], 0)
+  d.forget([1, 2])
+  op = ex.next(2.0)
+  assert (op.kind, list(op.args)) == (OpKind.DELETE, [1, 2])
+  assert d.stats()[0]["memory_used"] == 0
+
+
 def test_when_ready_waits_for_pending_buffers():
   d, ex = _pair()
   d.submit([(0, OpKind.PUT, 0, [], [5], b"")], 0)
