@@ -1,6 +1,7 @@
 // Channel over a TCP (or Unix) stream socket.
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -35,9 +36,23 @@ Status Errno(const char* what, int err) {
 // Receive()'s read buffer: a burst of small frames in one recv().
 constexpr size_t kReadBufferBytes = 4 << 10;
 
+// recv() that waits for data in poll(), not in recv(): a thread blocked in
+// recv() is also woken each time the peer reads what this socket sent (the
+// kernel's write-space wake-up shares the socket's wait queue, unfiltered),
+// a wake-up for nothing per frame each way; poll() for POLLIN is woken for
+// data, the peer's close or an error only.
+ssize_t Recv(int fd, char* p, size_t n) {
+  while (true) {
+    ssize_t got = ::recv(fd, p, n, MSG_DONTWAIT);
+    if (got >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) return got;
+    pollfd readable{fd, POLLIN, 0};
+    if (::poll(&readable, 1, -1) < 0 && errno != EINTR) return -1;
+  }
+}
+
 Status ReadFull(int fd, char* p, size_t n) {
   while (n > 0) {
-    ssize_t got = ::recv(fd, p, n, 0);
+    ssize_t got = Recv(fd, p, n);
     if (got == 0) return Unavailable("connection closed by peer");
     if (got < 0) {
       if (errno == EINTR) continue;
@@ -241,8 +256,8 @@ Status Channel::Receive(FrameKind* kind, Bytes* body,
     read_start_ = 0;
   }
   while (read_end_ - read_start_ < sizeof(Header)) {
-    ssize_t got = ::recv(fd_, read_buffer_.get() + read_end_,
-                         kReadBufferBytes - read_end_, 0);
+    ssize_t got = Recv(fd_, read_buffer_.get() + read_end_,
+                       kReadBufferBytes - read_end_);
     if (got == 0) return Unavailable("connection closed by peer");
     if (got < 0) {
       if (errno == EINTR) continue;
