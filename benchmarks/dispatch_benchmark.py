@@ -225,5 +225,6 @@ def profile(case: str, run: Callable[[], float], calls: int,
   for p, threads in wakeups.items():
     log(f"  {p:10s} " + ", ".join(f"{t} {w}" for t, w in threads.items()))
 
+
 if __name__ == "__main__":
   main()
