@@ -147,7 +147,7 @@ class FastPath:
   def set_fetch_payload(self, fetch: bytes) -> None:
     """The payload of a dense row-major FETCH."""
   def stats(self) -> dict[str, int]: ...
-  def paid(self, stream: int) -> bool:
+  def paid_or_wake(self, stream: int) -> bool:
     """Whether `stream` is owed no reply that comes later (CheckValueReady,
     CopyToHostBuffer); if one is, the frontend's loop is woken once the
     last is sent. A stream its client closed ends once paid."""

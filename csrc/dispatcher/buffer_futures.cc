@@ -94,15 +94,11 @@ void BufferFutures::Forget(const std::vector<BufferId>& ids,
   }
 }
 
-void BufferFutures::Hold(std::vector<BufferId>* ids) {
-  size_t kept = 0;
-  for (BufferId id : *ids) {
+void BufferFutures::Hold(const std::vector<BufferId>& ids) {
+  for (BufferId id : ids) {
     auto it = entries_.find(id);
-    if (it == entries_.end()) continue;
-    ++it->second.holds;
-    (*ids)[kept++] = id;
+    if (it != entries_.end()) ++it->second.holds;
   }
-  ids->resize(kept);
 }
 
 void BufferFutures::Release(const std::vector<BufferId>& ids) {

@@ -41,9 +41,9 @@ class BufferFutures {
   // Keeps `ids` known, once forgotten too, until released: a gang waiting
   // for its turn that names them must read how they end (a gang refused
   // before it fails its results, which a launch's temporaries, forgotten
-  // once submitted, would otherwise hide from it). Unknown ids are dropped
-  // from `ids`; Release() takes what Hold() left.
-  void Hold(std::vector<BufferId>* ids);
+  // once submitted, would otherwise hide from it). Unknown ids (forgotten
+  // already; ids are never reused) are skipped, here and by Release().
+  void Hold(const std::vector<BufferId>& ids);
   void Release(const std::vector<BufferId>& ids);
 
   BufferState State(BufferId id, Status* failure) const;

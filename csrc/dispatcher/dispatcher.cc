@@ -175,16 +175,20 @@ void Dispatcher::Submit(std::vector<IslandOp> gang, uint64_t tag,
       buffers_.Resolve(g->results, refusal, &done);
       if (tag) done.push_back(Completion{tag, refusal, g->payloads});
     } else {
-      std::vector<BufferId> inputs;
-      for (const IslandOp& io : gang) {
-        inputs.insert(inputs.end(), io.op.args.begin(), io.op.args.end());
-        if (io.fails_with != 0) inputs.push_back(io.fails_with);
-      }
-      buffers_.Hold(&inputs);
-      fair_.Push(client, Held{std::move(g), std::move(gang),
-                              std::chrono::steady_clock::now(),
-                              std::move(inputs)});
+      fair_.Push(client, Held{g, std::move(gang),
+                              std::chrono::steady_clock::now(), {}});
       AdmitHeld(&outbox, &done);
+      // Most gangs are numbered at once; one that still waits keeps its
+      // inputs known until it is (the caller may forget them next).
+      Held* waiting = fair_.LastWaiting(client);
+      if (waiting != nullptr && waiting->gang == g) {
+        for (const IslandOp& io : waiting->ops) {
+          waiting->inputs.insert(waiting->inputs.end(), io.op.args.begin(),
+                                 io.op.args.end());
+          if (io.fails_with != 0) waiting->inputs.push_back(io.fails_with);
+        }
+        buffers_.Hold(waiting->inputs);
+      }
     }
   }
   Flush(std::move(outbox), std::move(done));

@@ -247,7 +247,8 @@ class Dispatcher {
     std::vector<IslandOp> ops;
     std::chrono::steady_clock::time_point since;  // submitted
     // Its ops' inputs (args, fails_with), kept known while it waits
-    // (BufferFutures::Hold), even when forgotten meanwhile.
+    // (BufferFutures::Hold), even when forgotten meanwhile; filled only if
+    // Submit could not number it at once.
     std::vector<BufferId> inputs;
   };
   // A gang held failed (held_failures_).

@@ -48,6 +48,13 @@ class FairShare {
     client.waiting.push_back(std::move(item));
   }
 
+  // The last item `c` pushed, if it still waits; else null.
+  T* LastWaiting(ClientId c) {
+    auto it = clients_.find(c);
+    if (it == clients_.end() || it->second.waiting.empty()) return nullptr;
+    return &it->second.waiting.back();
+  }
+
   // Takes the next gang of the least-served client whose next gang `fits`.
   template <typename Fits>
   std::optional<std::pair<ClientId, T>> Next(Fits fits) {

@@ -249,7 +249,7 @@ void RegisterFastPath(py::module_& m) {
         d["declined"] = s.declined;
         return d;
       })
-      .def("paid", &FastPath::Paid, py::arg("stream"));
+      .def("paid_or_wake", &FastPath::PaidOrWake, py::arg("stream"));
 }
 
 }  // namespace jax_pathways

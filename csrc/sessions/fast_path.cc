@@ -660,7 +660,7 @@ void FastPath::ReplyOwed(uint64_t stream, uint64_t op_id, uint32_t field,
   if (sink_.wake != nullptr) sink_.wake(sink_.server);
 }
 
-bool FastPath::Paid(uint64_t stream) {
+bool FastPath::PaidOrWake(uint64_t stream) {
   std::lock_guard<std::mutex> lock(owed_mu_);
   if (!owed_.count(stream)) return true;
   awaited_.insert(stream);

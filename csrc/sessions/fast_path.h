@@ -217,7 +217,7 @@ class FastPath {
   // dispatcher's threads (CheckValueReady, CopyToHostBuffer); if one is
   // owed, the frontend is woken (the sink's wake) once the last is queued.
   // Python ends a stream its client closed only once it is paid.
-  bool Paid(uint64_t stream);
+  bool PaidOrWake(uint64_t stream);
 
   // The hook (common/request_hook.h): 1 if it took the request, 0 if
   // Python is to, JP_WAIT_FOR_UPLOAD to offer it again once the upload
@@ -292,7 +292,7 @@ class FastPath {
   Bytes fetch_payload_;  // guarded by mu_; empty: reads go to Python
   std::mutex owed_mu_;  // guards owed_ and awaited_ (a leaf)
   std::unordered_map<uint64_t, size_t> owed_;
-  std::unordered_set<uint64_t> awaited_;  // owed, and Paid() was asked
+  std::unordered_set<uint64_t> awaited_;  // owed, and PaidOrWake() was asked
   std::mutex sink_mu_;  // guards sink_ (replies may come from any thread)
   JpReplySink sink_{};  // version 0: none attached
 };

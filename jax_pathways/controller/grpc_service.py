@@ -278,7 +278,7 @@ class GrpcService:
     with self._lock:
       closing = [(stream, session) for stream, session in
                  self._closing.items()
-                 if fast is None or fast.paid(stream)]
+                 if fast is None or fast.paid_or_wake(stream)]
       for stream, _ in closing:
         del self._closing[stream]
         self.sessions.pop(stream, None)
