@@ -422,9 +422,7 @@ void Dispatcher::SendNow(Outbox outbox) {
     std::shared_ptr<Channel> channel = outbox[i].channel;
     auto ops = std::make_shared<std::vector<Op>>();
     std::vector<Channel::Frame> frames;
-    bool only_deletes = true;
     for (; i < outbox.size() && outbox[i].channel == channel; ++i) {
-      only_deletes = only_deletes && outbox[i].op.kind == OpKind::kDelete;
       const Outgoing::Tails how = outbox[i].tails;
       const Op& op = ops->emplace_back(std::move(outbox[i].op));
       WireWriter stage;
@@ -451,17 +449,9 @@ void Dispatcher::SendNow(Outbox outbox) {
       frames.push_back(Channel::Frame{FrameKind::kOp, EncodeOpHead(op),
                                       op.payload.view(), std::move(tails)});
     }
-    // Nothing waits for a DELETE: it goes with the island's next frames
-    // (its next op's, a heartbeat's at the latest), so that freeing the
-    // last call's arrays costs the worker no wake-up of its own (one per
-    // op-by-op call: the client destructs the previous result after each
-    // Execute). A failed write closes the channel: its reader thread sees
-    // the broken connection and fails the island's ops.
-    if (only_deletes) {
-      channel->Defer(std::move(frames), std::move(ops));
-    } else {
-      channel->SendMany(std::move(frames), std::move(ops));
-    }
+    // A failed write closes the channel: its reader thread sees the broken
+    // connection and fails the island's ops.
+    channel->SendMany(std::move(frames), std::move(ops));
   }
 }
 

@@ -109,11 +109,6 @@ class Channel {
   };
   Status SendMany(std::vector<Frame> frames,
                   std::shared_ptr<const void> owner, bool now = true);
-  // Frames no one waits for (a DELETE's): kept, and sent in front of the
-  // next frames sent, so the peer is not woken for them alone. The caller
-  // sends something within a bound it chooses (the dispatcher's heartbeat,
-  // every kHeartbeatInterval). Fails only if the channel is closed.
-  Status Defer(std::vector<Frame> frames, std::shared_ptr<const void> owner);
   // Bytes accepted by SendMany()/Send() and not yet taken by the kernel.
   size_t backlog_bytes();
   // Where the body of a frame of `kind` goes past its first `head` bytes
@@ -149,11 +144,8 @@ class Channel {
   // Require mu_. Makes later sends fail with `why` and shuts the socket down
   // (waking the reader and a blocked writer).
   void CloseLocked(const Status& why);
-  // Empties the queue (and what was deferred), for the caller to destroy
-  // without mu_.
+  // Empties the queue, for the caller to destroy without mu_.
   std::deque<std::unique_ptr<Batch>> DropQueueLocked();
-  // Requires mu_. `batch` behind the deferred frames, as one batch.
-  std::unique_ptr<Batch> AfterDeferredLocked(std::unique_ptr<Batch> batch);
 
   const int fd_;
   std::mutex mu_;
@@ -165,8 +157,6 @@ class Channel {
   uint64_t queued_ = 0;    // tickets handed out (batches ever queued)
   uint64_t finished_ = 0;  // batches written, in ticket order
   std::thread writer_;     // started when a batch is first queued
-  std::vector<Frame> deferred_;  // Defer()'s, not yet sent or queued
-  std::vector<std::shared_ptr<const void>> deferred_owners_;
   // Receive()'s: bytes read past the frame it returned, at
   // [read_start_, read_end_) of read_buffer_ (allocated at first use).
   std::unique_ptr<char[]> read_buffer_;

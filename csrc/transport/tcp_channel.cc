@@ -136,8 +136,8 @@ Status Channel::Send(FrameKind kind, std::string_view head,
   std::vector<Frame> frames;
   frames.push_back(Frame{kind, std::string(head), body});
   std::unique_lock<std::mutex> lock(mu_);
-  StatusOr<uint64_t> ticket = WriteOrQueue(AfterDeferredLocked(
-      std::make_unique<Batch>(std::move(frames), nullptr)));
+  StatusOr<uint64_t> ticket =
+      WriteOrQueue(std::make_unique<Batch>(std::move(frames), nullptr));
   if (!ticket.ok() || ticket.value() == 0) return ticket.status();
   // `body` is the caller's: wait until it is written or no longer touched.
   uint64_t t = ticket.value();
@@ -151,30 +151,7 @@ Status Channel::SendMany(std::vector<Frame> frames,
                          std::shared_ptr<const void> owner, bool now) {
   auto batch = std::make_unique<Batch>(std::move(frames), std::move(owner));
   std::lock_guard<std::mutex> lock(mu_);
-  return WriteOrQueue(AfterDeferredLocked(std::move(batch)), now).status();
-}
-
-Status Channel::Defer(std::vector<Frame> frames,
-                      std::shared_ptr<const void> owner) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!closed_.ok()) return closed_;
-  for (Frame& frame : frames) deferred_.push_back(std::move(frame));
-  if (owner != nullptr) deferred_owners_.push_back(std::move(owner));
-  return Status::Ok();
-}
-
-std::unique_ptr<Channel::Batch> Channel::AfterDeferredLocked(
-    std::unique_ptr<Batch> batch) {
-  if (deferred_.empty()) return batch;
-  std::vector<Frame> frames;
-  frames.swap(deferred_);
-  for (Frame& frame : batch->frames) frames.push_back(std::move(frame));
-  if (batch->owner != nullptr) {
-    deferred_owners_.push_back(std::move(batch->owner));
-  }
-  auto owners = std::make_shared<std::vector<std::shared_ptr<const void>>>();
-  owners->swap(deferred_owners_);
-  return std::make_unique<Batch>(std::move(frames), std::move(owners));
+  return WriteOrQueue(std::move(batch), now).status();
 }
 
 StatusOr<uint64_t> Channel::WriteOrQueue(std::unique_ptr<Batch> batch,
@@ -253,13 +230,6 @@ std::deque<std::unique_ptr<Channel::Batch>> Channel::DropQueueLocked() {
   std::deque<std::unique_ptr<Batch>> dropped;
   dropped.swap(queue_);
   for (const auto& b : dropped) backlog_ -= b->left;
-  if (!deferred_.empty() || !deferred_owners_.empty()) {
-    auto owners = std::make_shared<std::vector<std::shared_ptr<const void>>>();
-    owners->swap(deferred_owners_);
-    dropped.push_back(
-        std::make_unique<Batch>(std::move(deferred_), std::move(owners)));
-    deferred_.clear();
-  }
   return dropped;
 }
 

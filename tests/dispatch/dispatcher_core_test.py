@@ -118,27 +118,6 @@ def test_a_delete_frees_good_buffers_beside_failed_ones():
   assert d.stats()[0]["memory_used"] == 0
 
 
-def test_a_delete_goes_with_the_next_op_or_the_heartbeat():
-  """Nothing waits for a DELETE, so it is not sent alone (a wake-up of the
-  worker for each op-by-op call's Destruct): it goes in front of the
-  island's next op, in order, or with the next heartbeat when none
-  comes."""
-  d, ex = _pair(window=4)
-  d.submit([(0, OpKind.DELETE, 0, [1], [], b"")], 0)
-  d.submit([(0, OpKind.DELETE, 0, [2], [], b"")], 0)
-  assert ex.next(0.3) is None
-  d.submit([(0, OpKind.LAUNCH, 7, [], [3], b"")], 1)
-  ops = [ex.next(2.0) for _ in range(3)]
-  assert [(op.seq, op.kind, list(op.args)) for op in ops] == [
-      (1, OpKind.DELETE, [1]), (2, OpKind.DELETE, [2]),
-      (3, OpKind.LAUNCH, [])]
-  d.submit([(0, OpKind.DELETE, 0, [3], [], b"")], 0)
-  start = time.monotonic()
-  op = ex.next(5.0)
-  assert (op.seq, op.kind) == (4, OpKind.DELETE)
-  assert time.monotonic() - start < 3.0  # the heartbeat's: every 1 s
-
-
 def test_when_ready_waits_for_pending_buffers():
   d, ex = _pair()
   d.submit([(0, OpKind.PUT, 0, [], [5], b"")], 0)
@@ -455,10 +434,10 @@ def test_executor_sees_the_end_behind_ops_before_handing_them_out():
   d = _core.Dispatcher(8)
   d.add_island(0, a.detach(), "w0")
   ex = _core.Executor(b.detach())
-  d.submit([(0, OpKind.FETCH, 0, [], [], b"")], 0)
+  d.submit([(0, OpKind.DELETE, 0, [0], [], b"")], 0)
   assert ex.next(2.0).seq == 1  # the read probe before it is answered
   for i in range(3):
-    d.submit([(0, OpKind.FETCH, 0, [], [], b"")], 0)
+    d.submit([(0, OpKind.DELETE, 0, [i], [], b"")], 0)
   d.shutdown()
   time.sleep(0.2)  # all of it in the socket before the op loop reads
   ops = ex.next_batch(2.0, 64)
