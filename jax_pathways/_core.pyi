@@ -165,7 +165,9 @@ class Executor:
     without waiting, the GIL held; a larger one releases the GIL until the
     socket has taken it."""
   def backlog(self) -> int: ...
-  def pending_losses(self) -> list[int]: ...
+  def pending_losses(self) -> list[tuple[int, int, str]]:
+    """PEER_LOST notices not handed out yet: (island, upto, why); upto is
+    the last op numbered for this island before the loss."""
   @property
   def staged_puts(self) -> tuple[int, int]:
     """PUTs that took their stage, and those that read their tails."""
@@ -180,4 +182,6 @@ class PeerLinks:
   def send(self, link: int, transfer_id: int, code: int, message: str,
            data: bytes) -> None: ...
   def receive(self, link: int, transfer_id: int, timeout_s: float) -> np.ndarray: ...
+  def close(self, link: int, why: str) -> None:
+    """The peer is lost: the link's sends and receives fail now."""
   def shutdown(self) -> None: ...

@@ -42,13 +42,16 @@ def start(env: dict[str, str], islands: int, procs: list[subprocess.Popen],
 
 
 def line(proc: subprocess.Popen, timeout: float) -> Any:
-  """The next JSON line `proc` prints, within `timeout` seconds."""
+  """The next JSON line `proc` prints, within `timeout` seconds (other lines,
+  such as Shardy's C++ log lines, are skipped)."""
   deadline = time.monotonic() + timeout
   while time.monotonic() < deadline:
     if select.select([proc.stdout], [], [], 0.2)[0]:
       text = proc.stdout.readline()
-      if text:
+      if text.startswith("{"):
         return json.loads(text)
+      if text:
+        continue
     if proc.poll() is not None:
       break
   raise AssertionError(f"no line within {timeout} s; stderr ends:\n"

@@ -868,6 +868,7 @@ void Dispatcher::KillLocked(Island* island, const Status& why,
     if (!other->alive) continue;
     Op notice;
     notice.kind = OpKind::kPeerLost;
+    notice.seq = order_.Last(other->id);  // its ops numbered before the loss
     notice.program = static_cast<uint64_t>(island->id);
     notice.payload = Bytes::Copy(why.message());
     outbox->push_back(Outgoing{other->channel, std::move(notice)});

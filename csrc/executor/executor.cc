@@ -438,11 +438,14 @@ size_t Executor::backlog() {
   return reorder_.size();
 }
 
-std::vector<uint64_t> Executor::PendingLosses() {
+std::vector<Executor::Loss> Executor::PendingLosses() {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<uint64_t> islands;
-  for (const Op& notice : notices_) islands.push_back(notice.program);
-  return islands;
+  std::vector<Loss> losses;
+  for (const Op& notice : notices_) {
+    losses.push_back(Loss{notice.program, notice.seq,
+                          std::string(notice.payload.view())});
+  }
+  return losses;
 }
 
 Status Executor::closed() {

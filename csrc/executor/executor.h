@@ -62,10 +62,15 @@ class Executor {
   // Ops received but not yet handed out (including ones waiting for an
   // earlier sequence number).
   size_t backlog();
-  // The islands whose loss (PEER_LOST) has arrived but is not handed out
-  // yet: an op waiting for a global client being built with one of them
-  // gives up instead of waiting for it.
-  std::vector<uint64_t> PendingLosses();
+  // A loss (PEER_LOST) that has arrived but is not handed out yet: an op
+  // waiting for a global client being built with the island, or for bytes
+  // from its lost worker, gives up instead of waiting for it.
+  struct Loss {
+    uint64_t island = 0;
+    uint64_t upto = 0;  // the notice's seq: see OpKind::kPeerLost
+    std::string why;
+  };
+  std::vector<Loss> PendingLosses();
   // Why no more ops will come (the controller is gone or silent); OK while
   // connected. Does not wait.
   Status closed();

@@ -59,7 +59,14 @@ void RegisterExecutor(py::module_& m) {
           py::arg("seq"), py::arg("code"), py::arg("message"),
           py::arg("payload"))
       .def("backlog", &Executor::backlog)
-      .def("pending_losses", &Executor::PendingLosses)
+      .def("pending_losses",
+           [](Executor& e) {
+             py::list out;
+             for (const Executor::Loss& l : e.PendingLosses()) {
+               out.append(py::make_tuple(l.island, l.upto, l.why));
+             }
+             return out;
+           })
       // (taken from their stage, read instead): PUTs that named a stage.
       .def_property_readonly("staged_puts",
                              [](Executor& e) {
@@ -102,6 +109,8 @@ void RegisterPeerLinks(py::module_& m) {
             return ToNumpy(ValueOrThrow(std::move(got)));
           },
           py::arg("link"), py::arg("transfer_id"), py::arg("timeout_s"))
+      .def("close", &PeerLinks::Close, py::arg("link"), py::arg("why"),
+           py::call_guard<py::gil_scoped_release>())
       .def("shutdown", &PeerLinks::Shutdown,
            py::call_guard<py::gil_scoped_release>());
 }

@@ -45,9 +45,12 @@ enum class OpKind : uint32_t {
   kCopy = 8,      // on-island copy/reshard of `args` into `results`
   kShutdown = 9,  // worker exits after finishing earlier ops
   kTrace = 10,    // start/stop recording op timings; the event carries them
-  // Out of gang order (seq 0), handed out before any op and never answered:
-  // island `program` is lost (payload: why). Work on the islands' global
-  // client can no longer finish, so the worker fails it instead of waiting.
+  // Out of gang order, handed out before any op and never answered: island
+  // `program` is lost (payload: why); `seq`: the last op numbered for this
+  // island before the loss (its moves from `program` come from the lost
+  // worker, later ones from its replacement). Work on the islands' global
+  // client can no longer finish, so the worker fails it instead of waiting,
+  // and moves from the lost worker too.
   kPeerLost = 11,
   // Build the islands' global client anew (payload: its coordination
   // service, generation and island count), after a lost island rejoined;

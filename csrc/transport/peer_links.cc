@@ -63,8 +63,10 @@ void PeerLinks::ReadLoop(Link* link) {
     }
     std::lock_guard<std::mutex> lock(mu_);
     if (!s.ok()) {
-      link->dead =
-          Unavailable("link to worker " + link->name + " lost: " + s.message());
+      if (link->dead.ok()) {  // else Close() said why
+        link->dead = Unavailable("link to worker " + link->name +
+                                 " lost: " + s.message());
+      }
       cv_.notify_all();
       return;
     }
@@ -131,13 +133,22 @@ Status PeerLinks::Send(int link_id, uint64_t transfer_id, const Status& status,
     channel = link->channel;
     local = link->local_reads;
   }
+  Status sent;
   if (local && status.ok() && data.size() >= kLocalTransferMin) {
     StatusOr<bool> copied = SendLocal(link, transfer_id, data);
-    if (!copied.ok()) return copied.status();
-    if (copied.value()) return Status::Ok();
+    if (copied.ok() && copied.value()) return Status::Ok();
+    sent = copied.status();
   }
-  return channel->Send(FrameKind::kTransfer,
-                       EncodeEventHead(transfer_id, status, data.size()), data);
+  if (sent.ok()) {
+    sent = channel->Send(FrameKind::kTransfer,
+                         EncodeEventHead(transfer_id, status, data.size()),
+                         data);
+  }
+  if (!sent.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!link->dead.ok()) return link->dead;  // Close() says why
+  }
+  return sent;
 }
 
 StatusOr<Bytes> PeerLinks::Receive(int link_id, uint64_t transfer_id,
@@ -159,6 +170,20 @@ StatusOr<Bytes> PeerLinks::Receive(int link_id, uint64_t transfer_id,
   StatusOr<Bytes> out = std::move(it->second);
   link->arrived.erase(it);
   return out;
+}
+
+void PeerLinks::Close(int link_id, const std::string& why) {
+  std::shared_ptr<Channel> channel;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Link* link = Find(link_id);
+    if (link == nullptr || !link->dead.ok()) return;
+    link->dead = Unavailable("link to worker " + link->name + " closed: " +
+                             why);
+    channel = link->channel;
+    cv_.notify_all();
+  }
+  channel->Shutdown();  // a blocked Send returns; the reader ends
 }
 
 void PeerLinks::Shutdown() {

@@ -47,6 +47,10 @@ class PeerLinks {
               std::string_view data);
   // Waits up to `timeout_s` for transfer `transfer_id` to arrive on `link`.
   StatusOr<Bytes> Receive(int link, uint64_t transfer_id, double timeout_s);
+  // The peer is lost (the controller says so): sends and receives on the
+  // link, waiting or later, fail with `why` now, not when (if ever) its
+  // socket ends: a stopped peer keeps it open and reads nothing.
+  void Close(int link, const std::string& why);
   void Shutdown();
 
  private:

@@ -34,9 +34,11 @@ from absl import logging
 from jax_pathways import _core, threads
 from jax_pathways.status import Code, Status, StatusError
 
-# gloo's transport failing: a peer worker went away.
-_GLOO_BROKE = re.compile(r"^(Error dispatching computation: )*Gloo .*"
-                         r"gloo/transport/", re.DOTALL)
+# gloo's transport failing, or a pull's connection to the sender's transfer
+# server closing: a peer worker went away (or was cut off: Transfers.cut).
+_LINK_BROKE = re.compile(r"^(Error dispatching computation: )*(Gloo .*"
+                         r"gloo/transport/|SocketServer: Connection closed)",
+                         re.DOTALL)
 
 
 # How often the watchdog looks for waits past their deadline, and after
@@ -60,14 +62,14 @@ def error_status(e: BaseException) -> Status:
   prefix = text.split(":", 1)[0].strip()
   if prefix in Code.__members__ and prefix != "OK":
     message = text.split(":", 1)[1].strip()
-    if _GLOO_BROKE.search(message):
+    if _LINK_BROKE.search(message):
       # Only programs spanning islands use gloo, and its transport fails
       # when another island's worker went away: XLA says UNKNOWN (INTERNAL,
       # behind one "Error dispatching computation:" per program, in the
-      # programs that took the failed arrays as arguments); the user (and
-      # pathwaysutils, which retries on DATA_LOSS) must read the loss. The
-      # dispatcher holds a gang failed so for the loss, whose words name
-      # the worker.
+      # programs that took the failed arrays as arguments); a pulled array
+      # says INTERNAL. The user (and pathwaysutils, which retries on
+      # DATA_LOSS) must read the loss. The dispatcher holds a gang failed so
+      # for the loss, whose words name the worker.
       return Status(Code.DATA_LOSS, f"{_core.BROKEN_LINK} ({message})")
     return Status(Code[prefix], message)
   if isinstance(e, (ValueError, TypeError)):

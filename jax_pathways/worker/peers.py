@@ -28,6 +28,8 @@ class Peers:
     self._mu = threading.Condition()
     self._outgoing: dict[int, int] = {}  # peer island -> link id
     self._incoming: dict[int, int] = {}
+    # island -> [(upto, why)]: its workers lost, after this island's op upto.
+    self._losses: dict[int, list[tuple[int, str]]] = {}
     self._closed = False
     self._listener = addresses.listen(listen)
     self.address = addresses.bound(self._listener)
@@ -64,12 +66,27 @@ class Peers:
         raise ConnectionError("worker is shutting down")
       return self._incoming[island]
 
-  def forget(self, island: int) -> None:
-    """`island`'s worker is lost: its links are dead, and a worker that
-    takes its place connects (and is connected to) anew."""
+  def lost(self, island: int, upto: int, why: str) -> None:
+    """`island`'s worker is lost (PEER_LOST): its links are dead, and a
+    worker that takes its place connects (and is connected to) anew. Moves
+    from it in this island's ops up to `upto` (numbered before the loss)
+    will never come: see loss()."""
     with self._mu:
-      self._outgoing.pop(island, None)
-      self._incoming.pop(island, None)
+      links = [self._outgoing.pop(island, None),
+               self._incoming.pop(island, None)]
+      self._losses.setdefault(island, []).append((upto, why))
+    for link in links:
+      if link is not None:
+        self.links.close(link, why)  # a stopped peer would hold them
+
+  def loss(self, island: int, seq: int) -> str | None:
+    """Why the bytes op `seq` expects from `island` will never come (the
+    worker it was numbered for is lost); None while they may."""
+    with self._mu:
+      for upto, why in self._losses.get(island, ()):
+        if seq <= upto:
+          return why
+    return None
 
   def close(self) -> None:
     with self._mu:

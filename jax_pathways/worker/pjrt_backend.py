@@ -171,9 +171,9 @@ class Join(NamedTuple):
   generation: int
   future: concurrent.futures.Future  # -> GlobalGeneration
   members: tuple[int, ...]
-  # The islands whose loss has arrived but is not handled yet (the worker's
-  # op channel says): a wait for the build gives up on one of `members`.
-  pending_losses: Callable[[], Sequence[int]]
+  # Losses arrived but not handled yet (Executor.pending_losses: (island,
+  # upto, why)): a wait for the build gives up on one of `members`.
+  pending_losses: Callable[[], Sequence[tuple[int, int, str]]]
 
 
 class GlobalGeneration(NamedTuple):
@@ -294,7 +294,7 @@ class PjrtBackend:
 
   def start_join(self, members: Sequence[int], coordinator: str,
                  generation: int,
-                 pending_losses: Callable[[], Sequence[int]]
+                 pending_losses: Callable[[], Sequence[tuple[int, int, str]]]
                  ) -> concurrent.futures.Future:
     """Builds generation `generation` of the global client on a thread of
     its own (every island's worker does at once); the first op that needs
@@ -401,7 +401,7 @@ class PjrtBackend:
       except concurrent.futures.TimeoutError:
         if time.monotonic() >= deadline:
           raise
-      lost = [i for i in join.pending_losses() if i in join.members]
+      lost = [i for i, _, _ in join.pending_losses() if i in join.members]
       if lost:
         raise StatusError(Code.DATA_LOSS,
                           f"island {lost[0]} was lost while it was built")

@@ -8,7 +8,11 @@ arrived. A launch on it is enqueued before the data exists, so a pipeline
 stage's next fragment starts when its input lands, with no Python on either
 side in between (docs/benchmarks.md, B4). A failed source is offered as an
 error array: the puller's array, and every launch on it, fail with its
-message. A sender that dies fails the pull within about a second.
+message. A sender that dies fails the pull within about a second; one that
+is stopped would hold it for ever (and this device: CPU launches run in
+order, the one on the pulled array first), so once the controller declares
+that worker lost, cut() ends this worker's connections to it, and its pulls
+fail at once.
 
 What to wait on for a pull is `arrival(pulled)`, not the pulled array:
 the fragment enqueued on it usually donates it, and a donated array reads
@@ -17,8 +21,12 @@ a pull that never comes would escape the watchdog).
 """
 from __future__ import annotations
 
+import os
+import socket
 import threading
 from typing import Any
+
+from absl import logging
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +58,7 @@ class Transfers:
     self.address: str = self._server.address()
     self._mu = threading.Lock()
     self._connections: dict[str, Any] = {}
+    self._addresses: dict[int, str] = {}  # island -> its transfer server
 
   def offer(self, transfer_id: int, source: jax.Array | Status,
             aval: jax.ShapeDtypeStruct) -> None:
@@ -58,15 +67,69 @@ class Transfers:
       source = transfer.make_error_array(aval, str(source))
     self._server.await_pull(transfer_id, [source])
 
-  def pull(self, transfer_id: int, address: str, aval: jax.ShapeDtypeStruct
-           ) -> jax.Array:
-    """The array offered at `address` as `transfer_id`, still arriving.
-    Nothing bounds the wait for an offer that never comes (jaxlib 0.10.2
-    ignores pull's timeout): whoever waits on it must bound it."""
+  def pull(self, transfer_id: int, island: int, address: str,
+           aval: jax.ShapeDtypeStruct) -> jax.Array:
+    """The array `island`'s worker offers at `address` as `transfer_id`,
+    still arriving. Nothing bounds the wait for an offer that never comes
+    (jaxlib 0.10.2 ignores pull's timeout): whoever waits on it must bound
+    it, and cut() ends it once that worker is lost."""
     with self._mu:
       connection = self._connections.get(address)
       if connection is None:
         connection = self._server.connect(address)
         self._connections[address] = connection
+        self._addresses[island] = address
     array, = connection.pull(transfer_id, [aval])
     return array
+
+  def cut(self, island: int) -> None:
+    """`island`'s worker is lost: pulls from it fail now ("Connection
+    closed"), not when (if ever) its process ends. jaxlib has no call for
+    it, so this shuts down the sockets to its server (shutdown, not close:
+    the transfer server still owns them and closes them itself)."""
+    with self._mu:
+      address = self._addresses.pop(island, None)
+      if address is None or self._connections.pop(address, None) is None:
+        return
+    host, port = address.rsplit(":", 1)
+    try:
+      peers = {(info[4][0], int(port)) for info in socket.getaddrinfo(
+          host.strip("[]"), int(port), type=socket.SOCK_STREAM)}
+    except (OSError, ValueError) as e:
+      logging.warning("transfers: cannot cut %s: %s", address, e)
+      return
+    cut = _shut_down_sockets_to(peers)
+    logging.info("transfers: cut %d connection(s) to island %d's worker at "
+                 "%s", cut, island, address)
+
+
+def _shut_down_sockets_to(peers: set[tuple[str, int]]) -> int:
+  """Shuts down this process's TCP sockets connected to any of `peers`
+  ((ip, port)); returns how many."""
+  count = 0
+  try:
+    names = os.listdir("/proc/self/fd")
+  except OSError as e:  # not Linux: pulls end when the process does
+    logging.warning("transfers: cannot list this process's sockets: %s", e)
+    return 0
+  for name in names:
+    try:
+      if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+        continue
+      fd = os.dup(int(name))  # stays valid if the owner closes its own
+    except (OSError, ValueError):
+      continue  # closed meanwhile
+    try:
+      sock = socket.socket(fileno=fd)
+    except OSError:
+      os.close(fd)
+      continue
+    with sock:
+      try:
+        if (sock.type == socket.SOCK_STREAM and
+            sock.getpeername()[:2] in peers):
+          sock.shutdown(socket.SHUT_RDWR)
+          count += 1
+      except OSError:
+        pass  # not connected (a listener), or already shut
+  return count

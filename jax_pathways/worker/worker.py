@@ -59,6 +59,9 @@ from jax_pathways.worker.pjrt_backend import (JOIN_WAIT_S,
 OpKind = _core.OpKind
 # How long a RECEIVE waits for its peer's bytes before failing the op.
 RECEIVE_TIMEOUT_S = 300.0
+# How often a RECEIVE waiting for pushed bytes asks whether their sender
+# was lost meanwhile (the notice waits behind the op).
+LOSS_POLL_S = 0.1
 # Moves the controller lets pull (pipeline steps) do so up to this size;
 # larger arrays are pushed: the one-copy path between workers of one host
 # has ~6x the bandwidth of the transfer server's (docs/benchmarks.md).
@@ -159,9 +162,12 @@ class Worker:
     why = bytes(op.payload).decode(errors="replace")
     status = Status(Code.DATA_LOSS, f"aborted: the program spans islands and "
                     f"{why}")
-    logging.error("island %d is lost (%s); failing work that spans islands",
-                  op.program, why)
-    self._peers.forget(op.program)  # a new worker may take its place
+    logging.error("island %d is lost (%s); failing moves from it and work "
+                  "that spans islands", op.program, why)
+    # Its moves to ops numbered so far fail; a new worker may take its place.
+    self._peers.lost(op.program, op.seq, why)
+    if self._transfers:
+      self._transfers.cut(op.program)
     if not self._backend.in_global(op.program):
       return  # the global client has gone on without it already
     self._backend.abandon_join(op.program, why)
@@ -380,10 +386,14 @@ class Worker:
         source = e.status
     pulled_as = self._pulled_as(header, receive)
     if pulled_as is not None:
-      self._pull_exchange(op, pulled_as, header["pull_from"], source, receive)
+      self._pull_exchange(op, pulled_as, min(header["source_islands"]),
+                          header["pull_from"], source, receive)
       return
     if header["send_to"]:
-      self._push(source, source_spec, shape, base, header["send_to"],
+      # Not to a worker lost since this op was numbered: its part failed.
+      send_to = [d for d in header["send_to"]
+                 if self._peers.loss(d["island"], op.seq) is None]
+      self._push(source, source_spec, shape, base, send_to,
                  op.seq if not receive else None)
     if not receive:
       return
@@ -400,8 +410,7 @@ class Worker:
         continue
       ref = source_spec["devices"][pos]  # the first device holding piece k
       island = ref[0] if isinstance(ref, list) else header["source_islands"][0]
-      link = self._peers.incoming(island, timeout=RECEIVE_TIMEOUT_S)
-      data = self._peers.links.receive(link, base + k, RECEIVE_TIMEOUT_S)
+      data = self._received(op.seq, island, base + k)
       size = [b - a for a, b in src_index[pos]]
       pieces[k] = np.frombuffer(data, dtype).reshape(size)
     by_index = {src_index[pos]: pieces[k] for k, pos in enumerate(positions)}
@@ -448,9 +457,46 @@ class Worker:
     self._pull_kinds[id(header)] = (header, aval)
     return aval
 
+  def _received(self, seq: int, island: int, transfer_id: int) -> np.ndarray:
+    """The bytes `island`'s worker pushes to op `seq` as `transfer_id`.
+    Waited for in slices: once the worker that op was numbered for is lost
+    (its notice handled, or still waiting behind this op) they will never
+    come, and the op fails then, not after RECEIVE_TIMEOUT_S with this op
+    loop (and every program on this island) held meanwhile."""
+    deadline = time.monotonic() + RECEIVE_TIMEOUT_S
+    link = None
+    while True:
+      step = min(LOSS_POLL_S, max(0.0, deadline - time.monotonic()))
+      try:
+        if link is None:
+          link = self._peers.incoming(island, timeout=step)
+        return self._peers.links.receive(link, transfer_id, step)
+      except TimeoutError:
+        if time.monotonic() >= deadline:
+          raise TimeoutError(
+              f"worker of island {island} did not connect to send data "
+              f"within {RECEIVE_TIMEOUT_S:.0f} s") from None
+      except _core.JaxPathwaysError as e:
+        if e.code != int(Code.DEADLINE_EXCEEDED) or (
+            time.monotonic() >= deadline):
+          raise
+      why = self._lost_source(island, seq)
+      if why is not None:
+        raise StatusError(Code.DATA_LOSS, f"{_core.BROKEN_LINK} ({why})")
+
+  def _lost_source(self, island: int, seq: int) -> str | None:
+    """Why the worker of `island` that op `seq` was numbered for is lost;
+    None if it is not (as far as this worker has heard)."""
+    why = self._peers.loss(island, seq)
+    if why is None:
+      why = next((words for lost, upto, words in
+                  self._executor.pending_losses()
+                  if lost == island and seq <= upto), None)
+    return why
+
   def _pull_exchange(self, op: Any, aval: jax.ShapeDtypeStruct,
-                     pull_from: str, source: jax.Array | Status | None,
-                     receive: bool) -> None:
+                     sender: int, pull_from: str,
+                     source: jax.Array | Status | None, receive: bool) -> None:
     """The sender offers the array (or its error) and is done once it is
     ready; the receiver pulls it and goes on at once: the launches after it
     are enqueued before its bytes arrive (worker/transfers.py)."""
@@ -465,7 +511,10 @@ class Worker:
         raise StatusError(source.code, source.message)
       self._completions.add(op.seq, [source])
       return
-    output = self._transfers.pull(op.program, pull_from, aval)
+    why = self._peers.loss(sender, op.seq)
+    if why is not None:  # its server is cut, or gone: the pull would hang
+      raise StatusError(Code.DATA_LOSS, f"{_core.BROKEN_LINK} ({why})")
+    output = self._transfers.pull(op.program, sender, pull_from, aval)
     landed = arrival(output)
     self._tracer.rename(op.seq, "pull")
     self._store(op, [output])

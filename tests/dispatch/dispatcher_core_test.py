@@ -225,6 +225,9 @@ def test_a_lost_island_fails_its_gangs_everywhere_at_once():
   # Island 0 is told, before anything else it runs.
   notice = ex0.next(2.0)
   assert notice.kind == OpKind.PEER_LOST and notice.program == 1
+  # Island 0's ops up to here were numbered before the loss: their moves
+  # from island 1 come from the lost worker.
+  assert notice.seq == launch.seq
   assert "w1 is lost" in bytes(notice.payload).decode()
   # Its late report changes nothing; its window is free again.
   ex0.complete(launch.seq, 15, "aborted", b"")

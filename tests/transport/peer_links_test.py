@@ -2,6 +2,7 @@
 out of the sender's memory (process_vm_readv) that a refusal cannot break."""
 import socket
 import struct
+import threading
 
 import numpy as np
 import pytest
@@ -69,4 +70,40 @@ def test_a_refused_local_copy_is_acknowledged_as_failed():
       receiver.receive(into, 9, 0.2)
   finally:
     receiver.shutdown()
+    raw.close()
+
+
+@pytest.mark.parametrize("pair", ["unix", "tcp"])
+def test_a_closed_link_fails_its_waits_at_once(pair):
+  """A stopped peer keeps its socket open and reads nothing: once it is
+  declared lost, close() ends a send blocked on it (a full socket, or a
+  local copy's ack that never comes) and a receive waiting for its bytes."""
+  a, b = socket.socketpair() if pair == "unix" else tcp_pair()
+  raw = b  # the "peer": never reads
+  sender = _core.PeerLinks()
+  out = sender.add(a.detach(), "island 1")
+  data = np.zeros(64 << 20, np.uint8)  # more than the socket takes
+  failed = []
+
+  def send():
+    try:
+      sender.send(out, 7, 0, "", data)
+    except Exception as e:  # pylint: disable=broad-except
+      failed.append(str(e))
+
+  try:
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    thread.join(0.5)
+    assert thread.is_alive()  # blocked on the peer
+    sender.close(out, "island 1 is lost")
+    thread.join(10)
+    assert not thread.is_alive()
+    assert failed and "closed: island 1 is lost" in failed[0], failed
+    with pytest.raises(Exception, match="closed: island 1 is lost"):
+      sender.receive(out, 8, 10.0)  # at once, not after 10 s
+    with pytest.raises(Exception, match="closed: island 1 is lost"):
+      sender.send(out, 9, 0, "", b"x")
+  finally:
+    sender.shutdown()
     raw.close()
