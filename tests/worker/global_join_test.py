@@ -13,7 +13,8 @@ from jax_pathways.worker.pjrt_backend import Join, PjrtBackend
 
 def _building(members, losses):
   """A backend building a generation of `members` that never finishes;
-  `losses` holds the islands whose loss notice has arrived."""
+  `losses` holds the loss notices that have arrived, as
+  Executor.pending_losses gives them: (island, upto, why)."""
   backend = PjrtBackend.__new__(PjrtBackend)  # no devices needed
   backend._join_lock = threading.Lock()
   backend._joining = Join(0, concurrent.futures.Future(), tuple(members),
@@ -24,7 +25,7 @@ def _building(members, losses):
 def test_a_wait_for_the_build_ends_when_a_member_is_lost():
   losses = []
   backend = _building((0, 1), losses)
-  threading.Timer(0.3, losses.append, (1,)).start()
+  threading.Timer(0.3, losses.append, ((1, 7, "w1 is lost"),)).start()
   started = time.monotonic()
   with pytest.raises(StatusError, match=r"could not build the islands' "
                      r"global client \(generation 0\): island 1 was lost "
@@ -41,7 +42,7 @@ def test_a_wait_for_the_build_ends_when_a_member_is_lost():
 
 
 def test_the_loss_of_an_island_outside_the_build_is_not_waited_on():
-  backend = _building((0, 1), [2])
+  backend = _building((0, 1), [(2, 7, "w2 is lost")])
   backend.abandon_join(2, "w2 is lost")
   future = backend._joining.future
   threading.Timer(0.3, future.set_exception,
