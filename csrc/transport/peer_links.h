@@ -14,7 +14,8 @@
 // sending the bytes if the copy is refused (e.g. ptrace restrictions).
 //
 // Thread safety: all methods may be called from any thread; Send(),
-// Receive() and Shutdown() block and must be called without the GIL.
+// Receive(), Close() and Shutdown() block and must be called without the
+// GIL.
 #ifndef JAX_PATHWAYS_CSRC_TRANSPORT_PEER_LINKS_H_
 #define JAX_PATHWAYS_CSRC_TRANSPORT_PEER_LINKS_H_
 
