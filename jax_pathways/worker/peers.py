@@ -8,6 +8,7 @@ without the GIL.
 """
 from __future__ import annotations
 
+import socket
 import threading
 
 from absl import logging
@@ -30,22 +31,40 @@ class Peers:
     self._incoming: dict[int, int] = {}
     # island -> [(upto, why)]: its workers lost, after this island's op upto.
     self._losses: dict[int, list[tuple[int, str]]] = {}
+    # Sockets still in their handshake, per island: lost() shuts them.
+    self._connecting: dict[int, set[socket.socket]] = {}
     self._closed = False
     self._listener = addresses.listen(listen)
     self.address = addresses.bound(self._listener)
     self._accepter = threads.start(self._accept_loop, "jp-peer-accept")
 
   def outgoing(self, island: int, address: str, timeout: float) -> int:
-    """The link for sending to `island`, connecting on first use."""
+    """The link for sending to `island`, connecting on first use. A stopped
+    peer accepts the connection (its kernel does) but never answers the
+    handshake: lost() ends that wait."""
     with self._mu:
       link = self._outgoing.get(island)
+      losses = len(self._losses.get(island, ()))
     if link is not None:
       return link
     sock = addresses.connect(address, timeout)
-    handshake.connect(sock, self._token, {"role": "peer",
-                                          "island": self.island}, timeout)
+    with self._mu:
+      self._connecting.setdefault(island, set()).add(sock)
+    try:
+      handshake.connect(sock, self._token, {"role": "peer",
+                                            "island": self.island}, timeout)
+    except Exception:
+      sock.close()
+      raise
+    finally:
+      with self._mu:
+        self._connecting.get(island, set()).discard(sock)
     sock.settimeout(None)
     with self._mu:
+      if len(self._losses.get(island, ())) != losses:
+        sock.close()  # the worker it reached was lost meanwhile
+        raise ConnectionError(f"worker of island {island} was lost while "
+                              "this worker connected to it")
       link = self._outgoing.get(island)
       if link is None:
         link = self.links.add(sock.detach(), f"island {island} ({address})")
@@ -75,6 +94,12 @@ class Peers:
       links = [self._outgoing.pop(island, None),
                self._incoming.pop(island, None)]
       self._losses.setdefault(island, []).append((upto, why))
+      connecting = self._connecting.pop(island, set())
+    for sock in connecting:
+      try:
+        sock.shutdown(socket.SHUT_RDWR)  # its handshake fails now
+      except OSError:
+        pass
     for link in links:
       if link is not None:
         self.links.close(link, why)  # a stopped peer would hold them

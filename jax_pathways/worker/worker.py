@@ -525,12 +525,13 @@ class Worker:
             seq: int | None) -> None:
     """Pushes this island's first-held pieces to every destination, bytes or
     the source's error, so no receiver waits for a piece that will not
-    come. Runs on the sends thread, after the source is ready; `seq` (for a
-    send-only op) is reported there."""
-    links = [self._peers.outgoing(d["island"], d["address"], timeout=30.0)
-             for d in send_to]
+    come. Runs on the sends thread, after the source is ready, connecting
+    there on first use (a stopped peer would hold the op loop in the
+    handshake); `seq` (for a send-only op) is reported there."""
 
     def push() -> bytes:
+      links = [self._peers.outgoing(d["island"], d["address"], timeout=30.0)
+               for d in send_to]
       failure: StatusError | None = None
       try:
         if isinstance(source, Status):
