@@ -33,6 +33,14 @@ def _host_port(address: str) -> tuple[str, int]:
   return host.strip("[]"), int(port)
 
 
+def endpoints(address: str) -> set[tuple[str, int]]:
+  """The (ip, port) pairs TCP `address` resolves to: what getpeername()
+  says of a socket connected to it."""
+  host, port = _host_port(address)
+  return {(info[4][0], port) for info in socket.getaddrinfo(
+      host, port, type=socket.SOCK_STREAM)}
+
+
 def listen(address: str) -> socket.socket:
   if is_unix(address):
     path = address[len(UNIX):]

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import transfer
 
+from jax_pathways.cluster import addresses
 from jax_pathways.status import Status
 
 
@@ -91,10 +92,8 @@ class Transfers:
       address = self._addresses.pop(island, None)
       if address is None or self._connections.pop(address, None) is None:
         return
-    host, port = address.rsplit(":", 1)
     try:
-      peers = {(info[4][0], int(port)) for info in socket.getaddrinfo(
-          host.strip("[]"), int(port), type=socket.SOCK_STREAM)}
+      peers = addresses.endpoints(address)
     except (OSError, ValueError) as e:
       logging.warning("transfers: cannot cut %s: %s", address, e)
       return

@@ -482,7 +482,7 @@ class Worker:
           raise
       why = self._lost_source(island, seq)
       if why is not None:
-        raise StatusError(Code.DATA_LOSS, f"{_core.BROKEN_LINK} ({why})")
+        raise _lost_move(why)
 
   def _lost_source(self, island: int, seq: int) -> str | None:
     """Why the worker of `island` that op `seq` was numbered for is lost;
@@ -511,9 +511,10 @@ class Worker:
         raise StatusError(source.code, source.message)
       self._completions.add(op.seq, [source])
       return
+    # Notices handled only: one still waiting cuts this pull when handled.
     why = self._peers.loss(sender, op.seq)
     if why is not None:  # its server is cut, or gone: the pull would hang
-      raise StatusError(Code.DATA_LOSS, f"{_core.BROKEN_LINK} ({why})")
+      raise _lost_move(why)
     output = self._transfers.pull(op.program, sender, pull_from, aval)
     landed = arrival(output)
     self._tracer.rename(op.seq, "pull")
@@ -555,6 +556,12 @@ class Worker:
 
     arrays = [source] if isinstance(source, jax.Array) else []
     self._completions.add_send(seq, arrays, push)
+
+
+def _lost_move(why: str) -> StatusError:
+  """A move whose sender's worker is lost (`why`: the loss's words), as the
+  broken link it is (DATA_LOSS)."""
+  return StatusError(Code.DATA_LOSS, f"{_core.BROKEN_LINK} ({why})")
 
 
 def _first_held(spec: dict[str, Any], shape: list[int],
