@@ -133,6 +133,9 @@ void Dispatcher::Submit(std::vector<IslandOp> gang, uint64_t tag,
       g->results.insert(g->results.end(), io.op.results.begin(),
                         io.op.results.end());
       g->islands.push_back(io.island);
+      if (io.op.kind == OpKind::kDelete) continue;
+      g->inputs.insert(g->inputs.end(), io.op.args.begin(), io.op.args.end());
+      if (io.fails_with != 0) g->inputs.push_back(io.fails_with);
     }
     buffers_.AddPending(g->results);
 
@@ -727,6 +730,7 @@ void Dispatcher::HandleEvent(Island* island, Event event) {
                        slot->estimate);
       }
       FinishSlot(*slot, event.status, std::move(event.payload), &done);
+      EndHeldByInputs(&done);
       Admitted(island, std::move(ready), &outbox, &done);
       AdmitHeld(&outbox, &done);
     }
@@ -779,12 +783,29 @@ void Dispatcher::FinishSlot(const GangSlot& slot, const Status& status,
   g.payloads[slot.index] = std::move(payload);
   if (!status.ok() && g.status.ok()) g.status = status;
   if (g.remaining > 0) return;
-  if (BrokeLink(g.status) && g.islands.size() > 1) {
+  Status cause;
+  if (BrokeLink(g.status) && AwaitsCause(g, &cause)) {
+    buffers_.Hold(g.inputs);  // their failure must outlive the client's view
     held_failures_.push_back(HeldFailure{
         slot.gang, std::chrono::steady_clock::now() + kLossNoticeWait});
     return;
   }
+  if (BrokeLink(g.status)) g.status = cause;
   Finish(g, done);
+}
+
+bool Dispatcher::AwaitsCause(const Gang& g, Status* cause) const {
+  Status unused;
+  for (BufferId id : g.inputs) {
+    if (buffers_.State(id, &unused) == BufferState::kPending) return true;
+  }
+  Status failed = buffers_.FirstFailure(g.inputs);
+  if (!failed.ok() && !BrokeLink(failed)) {
+    *cause = failed;
+    return false;
+  }
+  *cause = g.status;
+  return g.islands.size() > 1;
 }
 
 void Dispatcher::Finish(Gang& g, std::vector<Completion>* done) {
@@ -800,16 +821,38 @@ void Dispatcher::EndHeldOn(const Island& island, const Status& why,
          return std::find(on.begin(), on.end(), island.id) != on.end();
        })) {
     h.gang->status = why;
-    Finish(*h.gang, done);
+    EndHeld(h, done);
   }
+  EndHeldByInputs(done);
 }
 
 void Dispatcher::EndHeldExpired(std::vector<Completion>* done) {
   const auto now = std::chrono::steady_clock::now();
   for (HeldFailure& h :
        TakeHeld([&](const HeldFailure& h) { return h.until <= now; })) {
-    Finish(*h.gang, done);
+    EndHeld(h, done);
   }
+  EndHeldByInputs(done);
+}
+
+void Dispatcher::EndHeldByInputs(std::vector<Completion>* done) {
+  for (size_t i = 0; i < held_failures_.size();) {
+    Status cause;
+    if (AwaitsCause(*held_failures_[i].gang, &cause)) {
+      ++i;
+      continue;
+    }
+    HeldFailure h = std::move(held_failures_[i]);
+    held_failures_.erase(held_failures_.begin() + i);
+    h.gang->status = cause;
+    EndHeld(h, done);
+    i = 0;  // its results may be the inputs an earlier one waits for
+  }
+}
+
+void Dispatcher::EndHeld(HeldFailure& h, std::vector<Completion>* done) {
+  buffers_.Release(h.gang->inputs);
+  Finish(*h.gang, done);
 }
 
 std::vector<Dispatcher::HeldFailure> Dispatcher::TakeHeld(
@@ -1012,7 +1055,7 @@ void Dispatcher::Shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (HeldFailure& h : TakeHeld([](const HeldFailure&) { return true; })) {
-      Finish(*h.gang, &done);
+      EndHeld(h, &done);
     }
   }
   Publish(std::move(done));

@@ -264,10 +264,16 @@ class Dispatcher {
                 std::vector<Completion>* done);
   void HandleEvent(Island* island, Event event);
   // Requires mu_. Records that one op of `slot`'s gang finished; a gang
-  // spanning islands whose only failure is a broken link (kBrokenLinkWords)
-  // is held for kLossNoticeWait instead of finished.
+  // whose only failure is a broken link (kBrokenLinkWords) is held, for
+  // kLossNoticeWait at most, while it awaits its cause (AwaitsCause).
   void FinishSlot(const GangSlot& slot, const Status& status,
                   Bytes payload, std::vector<Completion>* done);
+  // Requires mu_. Whether `g`, failed by a broken link, still awaits the
+  // failure behind it: an input still pending (its producer may be held
+  // for its own broken link: a worker passes that failure on to the ops
+  // after it), or, spanning islands, the loss of one. If not, `cause` is
+  // what it fails with: an input's failure, else its own.
+  bool AwaitsCause(const Gang& g, Status* cause) const;
   // Requires mu_. Finishes a gang all of whose ops have reported.
   void Finish(Gang& g, std::vector<Completion>* done);
   // Requires mu_. Finishes the held gangs that spanned `island`, lost:
@@ -277,6 +283,10 @@ class Dispatcher {
   // Requires mu_. Finishes the held gangs past their time, with their own
   // failure: no loss came.
   void EndHeldExpired(std::vector<Completion>* done);
+  // Requires mu_. Finishes the held gangs whose inputs settled their cause.
+  void EndHeldByInputs(std::vector<Completion>* done);
+  // Requires mu_. Finishes `h`, taken from held_failures_.
+  void EndHeld(HeldFailure& h, std::vector<Completion>* done);
   // Requires mu_. Takes the held gangs `which` picks out of held_failures_.
   std::vector<HeldFailure> TakeHeld(
       const std::function<bool(const HeldFailure&)>& which);
@@ -335,7 +345,9 @@ class Dispatcher {
   // link between workers: one of them was likely lost, and its loss, which
   // names the worker, may not be known yet (a killed worker's peers see
   // their link break while the controller still reads what it sent before
-  // it died). Held until an island of theirs is lost or until `until`.
+  // it died); and gangs that failed because such a gang's results did.
+  // Held until an island of theirs is lost, their inputs settle, or
+  // `until`.
   std::vector<HeldFailure> held_failures_;
   bool shut_down_ = false;
   std::condition_variable shutting_down_;  // with mu_: wakes the heartbeat

@@ -33,6 +33,9 @@ struct Gang {
   std::vector<Bytes> payloads;  // per island, in gang order
   std::vector<BufferId> results;      // of every island's op
   std::vector<IslandId> islands;      // one per op, in gang order
+  // Every op's args and fails_with: where a broken link the gang reports
+  // may have come from (Dispatcher::AwaitsCause).
+  std::vector<BufferId> inputs;
 };
 
 // Where an op's Event goes, and whose launch it was.

@@ -274,6 +274,39 @@ def test_a_broken_link_is_held_for_the_loss_that_names_the_worker():
   ex0.shutdown()
 
 
+def test_ops_failed_by_a_held_broken_link_take_the_loss_words_too():
+  """A worker fails the ops after a failed launch with its failure: here
+  a copy of its result and a fetch of the copy, on island 0 only, report
+  the broken link before the controller sees island 1 go. They wait for
+  the launch's cause rather than tell the user only that a link broke."""
+  d, (ex0, ex1) = _islands(2)
+  launch, other = _spanning(d, (ex0, ex1), 1, [1, 2])
+  d.submit([(0, OpKind.COPY, 0, [1], [10], b"")], 2)
+  d.submit([(0, OpKind.FETCH, 0, [10], [], b"")], 3)
+  words = f"{_core.BROKEN_LINK} (Gloo: closed)"
+  ex0.complete(launch.seq, 15, words, b"")
+  for _ in range(2):
+    ex0.complete(ex0.next(2.0).seq, 15, words, b"")
+  time.sleep(0.2)
+  d.forget([1, 10])  # the client let go of both: their failure still counts
+  assert _poll_all(d, 1, timeout=0.5) == []  # all held: island 1 is silent
+  ex1.shutdown()
+  done = sorted(_poll_all(d, 3))
+  assert [c[0] for c in done] == [1, 2, 3], done
+  for c in done:
+    assert c[1] == 15 and "w1 is lost" in c[2], c
+  assert ex0.next(2.0).kind == OpKind.PEER_LOST
+  # A later op failed by a broken link whose input is known good is its own
+  # failure: not held.
+  d.submit([(0, OpKind.LAUNCH, 1, [], [20], b"")], 4)
+  ex0.complete(ex0.next(2.0).seq, 0, "", b"")
+  d.submit([(0, OpKind.COPY, 0, [20], [21], b"")], 5)
+  ex0.complete(ex0.next(2.0).seq, 15, words, b"")
+  assert sorted(_poll_all(d, 2, timeout=1.0)) == [(4, 0, "", [b""]),
+                                                  (5, 15, words, [b""])]
+  ex0.shutdown()
+
+
 def test_a_broken_link_with_no_loss_behind_it_fails_in_its_own_words():
   d, (ex0, ex1) = _islands(2)
   launch, other = _spanning(d, (ex0, ex1), 1, [1, 2])
