@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Callable
 
 UNIX = "unix:"
 
@@ -61,14 +62,32 @@ def bound(sock: socket.socket) -> str:
   return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def connect(address: str, timeout: float) -> socket.socket:
+def connect(address: str, timeout: float,
+            made: Callable[[socket.socket], None] | None = None
+            ) -> socket.socket:
+  """A socket connected to `address`, each of its resolved addresses tried
+  for `timeout`. `made` sees every socket before it connects: a dead host
+  answers nothing, and only a shutdown() from another thread ends that
+  wait early."""
   if is_unix(address):
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
+    targets = [(socket.AF_UNIX, address[len(UNIX):])]
+  else:
+    targets = [(info[0], info[4]) for info in socket.getaddrinfo(
+        *_host_port(address), type=socket.SOCK_STREAM)]
+  error: OSError | None = None
+  for family, target in targets:
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-      sock.connect(address[len(UNIX):])
-    except OSError:
+      sock.settimeout(timeout)
+      if made is not None:
+        made(sock)
+    except BaseException:
       sock.close()
       raise
-    return sock
-  return socket.create_connection(_host_port(address), timeout=timeout)
+    try:
+      sock.connect(target)
+      return sock
+    except OSError as e:
+      sock.close()
+      error = e
+  raise error or OSError(f"{address!r} resolves to no address")

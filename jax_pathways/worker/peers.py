@@ -39,32 +39,41 @@ class Peers:
     self._accepter = threads.start(self._accept_loop, "jp-peer-accept")
 
   def outgoing(self, island: int, address: str, timeout: float) -> int:
-    """The link for sending to `island`, connecting on first use. A stopped
-    peer accepts the connection (its kernel does) but never answers the
-    handshake: lost() ends that wait."""
+    """The link for sending to `island`, connecting on first use. A dead
+    host answers no connect, and a stopped peer accepts the connection (its
+    kernel does) but never answers the handshake: lost() ends either
+    wait."""
     with self._mu:
       link = self._outgoing.get(island)
       losses = len(self._losses.get(island, ()))
     if link is not None:
       return link
-    sock = addresses.connect(address, timeout)
-    with self._mu:
-      self._connecting.setdefault(island, set()).add(sock)
+    mine: list[socket.socket] = []
+
+    def made(sock: socket.socket) -> None:
+      with self._mu:
+        self._check_not_lost(island, losses)
+        self._connecting.setdefault(island, set()).add(sock)
+      mine.append(sock)
+
     try:
-      handshake.connect(sock, self._token, {"role": "peer",
-                                            "island": self.island}, timeout)
-    except Exception:
-      sock.close()
-      raise
+      sock = addresses.connect(address, timeout, made)
+      try:
+        handshake.connect(sock, self._token, {"role": "peer",
+                                              "island": self.island}, timeout)
+      except Exception:
+        sock.close()
+        raise
     finally:
       with self._mu:
-        self._connecting.get(island, set()).discard(sock)
+        self._connecting.get(island, set()).difference_update(mine)
     sock.settimeout(None)
     with self._mu:
-      if len(self._losses.get(island, ())) != losses:
-        sock.close()  # the worker it reached was lost meanwhile
-        raise ConnectionError(f"worker of island {island} was lost while "
-                              "this worker connected to it")
+      try:
+        self._check_not_lost(island, losses)
+      except ConnectionError:
+        sock.close()
+        raise
       link = self._outgoing.get(island)
       if link is None:
         link = self.links.add(sock.detach(), f"island {island} ({address})")
@@ -72,6 +81,14 @@ class Peers:
       else:
         sock.close()
       return link
+
+  def _check_not_lost(self, island: int, losses: int) -> None:
+    """Requires _mu. Raises if `island`'s worker was lost since `losses`
+    were counted: what this worker reached was that worker, not the one
+    that takes its place."""
+    if len(self._losses.get(island, ())) != losses:
+      raise ConnectionError(f"worker of island {island} was lost while "
+                            "this worker connected to it")
 
   def incoming(self, island: int, timeout: float) -> int:
     """The link `island` opened to us; waits until it connects."""
