@@ -1,6 +1,7 @@
 """B8: elastic training through a lost worker: how long, and what is lost.
 
     python benchmarks/elastic_benchmark.py [--repeats 3] [--worker-timeout 5]
+        [--compilation-cache DIR]
 
 An MLP trains data parallel over a mesh of both islands (2 x 4 devices) with
 jax_pathways.elastic, committing every 10 steps. Mid-run island 1's worker
@@ -15,7 +16,8 @@ Per fault:
   restart    -> the island is up again (a new worker took its place)
   restore    -> the committed state is on the devices again
   recompile  -> the first step after it has finished (programs compiled
-             again for the new worker)
+             again for the new worker, or loaded from the compilation
+             cache with --compilation-cache)
   resumed    the fault -> training goes on (all of the above)
   steps lost committed steps lost (the final parameters are compared with
              an uninterrupted run of the same steps: equal means 0); steps
@@ -143,9 +145,15 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--worker-timeout", type=float, default=5.0)
+  parser.add_argument("--compilation-cache", default=None, metavar="DIR",
+                      help="JAX's compilation cache directory for the "
+                      "faults' runs: the workers keep compiled programs "
+                      "there, and a new worker loads them")
   parser.add_argument("--one", choices=("kill", "hang"),
                       help="(internal) one fault, its times as JSON")
   args = parser.parse_args()
+  if args.compilation_cache:  # read by the children's JAX (in_child)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = args.compilation_cache
   _, cpu_devices = harness.setup(islands=2, devices_per_island=4,
                                  worker_timeout=args.worker_timeout)
   if args.one:
@@ -159,6 +167,7 @@ def main() -> None:
             for _ in range(args.repeats)]
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     emit("B8", kind, worker_timeout_s=args.worker_timeout,
+         compilation_cache=bool(args.compilation_cache),
          plain_step_ms=round(step_s * 1e3, 3),
          resumed_in_plain_steps=round(med["resumed_s"] / step_s, 1),
          runs=[{k: round(v, 4) for k, v in r.items()} for r in runs],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
+import os
 import threading
 from typing import Sequence
 
@@ -154,7 +155,8 @@ def initialize(address: str | None = None, *, islands: int | None = None,
           worker_timeout_s=(worker_timeout if worker_timeout is not None
                             else cfg.worker_timeout),
           restart_workers=restart_workers is not False,
-          platform=platform or cfg.platform)
+          platform=platform or cfg.platform,
+          compilation_cache_dir=_compilation_cache_dir())
       cluster.start()
       _cluster = cluster
       address, token = cluster.address, cluster.token
@@ -185,26 +187,51 @@ def initialize(address: str | None = None, *, islands: int | None = None,
     if not _at_exit_registered:
       atexit.register(_at_exit)
       _at_exit_registered = True
-    _warn_if_compilation_cache()
+    if _cluster is None:
+      _warn_if_compilation_cache()
     logging.info("jax_pathways: JAX runs on the controller at %s", _address)
     return _address
 
 
-def _warn_if_compilation_cache() -> None:
-  """JAX skips its persistent cache, without a word, for a backend that
-  cannot serialize executables, as the proxy client cannot: say so once."""
-  global _cache_warned
+def _jax_compilation_cache() -> str | None:
+  """JAX's persistent cache directory, if it is set and on."""
   import jax  # pylint: disable=import-outside-toplevel
   cache_dir = jax.config.jax_compilation_cache_dir
-  if (_cache_warned or not cache_dir or
-      not jax.config.jax_enable_compilation_cache):
+  if not cache_dir or not jax.config.jax_enable_compilation_cache:
+    return None
+  return cache_dir
+
+
+def _compilation_cache_dir() -> str | None:
+  """Where an embedded cluster's workers keep compiled programs: beside
+  JAX's own persistent cache, which JAX skips through the proxy client (it
+  cannot serialize executables). A local directory only."""
+  cache_dir = _jax_compilation_cache()
+  if cache_dir is None:
+    return None
+  if "://" in cache_dir:
+    logging.warning("jax_pathways: JAX's compilation cache %s is not a "
+                    "local directory; the workers keep compiled programs "
+                    "for the controller's lifetime only", cache_dir)
+    return None
+  return os.path.join(cache_dir, "jax_pathways")
+
+
+def _warn_if_compilation_cache() -> None:
+  """JAX skips its persistent cache, without a word, for a backend that
+  cannot serialize executables, as the proxy client cannot: say so once
+  (a running cluster's workers keep their own, if they were told to)."""
+  global _cache_warned
+  cache_dir = _jax_compilation_cache()
+  if _cache_warned or cache_dir is None:
     return
   _cache_warned = True
   logging.warning(
       "jax_pathways: JAX's persistent compilation cache (%s) is off through "
       "jax_pathways: the proxy client cannot serialize executables; the "
-      "workers cache compiled programs for the controller's lifetime "
-      "instead", cache_dir)
+      "controller's workers keep compiled programs for its lifetime, or "
+      "on disk if started with `jax-pathways worker "
+      "--compilation-cache-dir`", cache_dir)
 
 
 def _slice_request(devices: int | str | Sequence[int] | None,

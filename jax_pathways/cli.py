@@ -176,6 +176,10 @@ def make_parser() -> argparse.ArgumentParser:
                  help="CPU cores the devices compute on, e.g. 0-3 or 0,2 "
                  "(Linux; default: any); the worker's other threads run "
                  "anywhere")
+  w.add_argument("--compilation-cache-dir", default=None,
+                 help="keep compiled programs in this directory (this "
+                 "user's alone), for the worker that takes this one's place "
+                 "and the next run (default: none)")
   w.add_argument("--simulate", type=int, default=None, metavar="N",
                  help="join as N simulated islands of --devices CPU devices "
                  "each, which acknowledge ops without computing (to measure "
@@ -426,7 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return worker_main.run(args.controller, args.island, args.devices,
                            cfg.token, args.data_listen, args.connect_timeout,
                            memory, device_cores, args.controller_timeout,
-                           args.platform)
+                           args.platform, args.compilation_cache_dir)
   if args.command == "connect":
     setup_logging(cfg.verbosity)
     return _connect(parser, args, cfg)

@@ -110,7 +110,7 @@ class LocalCluster:
                device_cores: list[list[int]] | None = None,
                tcp: bool = False, worker_timeout_s: float | None = None,
                restart_workers: bool = True, workers_over_tcp: bool = False,
-               platform: str = "cpu"):
+               platform: str = "cpu", compilation_cache_dir: str | None = None):
     if device_cores is not None and len(device_cores) != islands:
       raise ValueError(f"device_cores names {len(device_cores)} islands' "
                        f"cores for {islands} islands")
@@ -120,6 +120,7 @@ class LocalCluster:
       raise ValueError(f"device_cores pins emulated CPU devices; the "
                        f"{platform} islands' devices are their own")
     self.platform = platform
+    self.compilation_cache_dir = compilation_cache_dir
     self.islands = islands
     self.device_cores = device_cores
     self.devices_per_island = devices_per_island
@@ -220,7 +221,9 @@ class LocalCluster:
             "--platform", self.platform,
             "--data-listen", f"unix:{sockets}/data{i}.sock"] + (
                 ["--device-cores", cores.format_list(self.device_cores[i])]
-                if self.device_cores else []))
+                if self.device_cores else []) + (
+                    ["--compilation-cache-dir", self.compilation_cache_dir]
+                    if self.compilation_cache_dir else []))
         self.workers.append(self._spawn(f"worker{i}", self._worker_args[i],
                                         self._worker_env[i]))
       self._wait_complete(deadline)

@@ -44,24 +44,35 @@ PROBE_TIMEOUT_S = 2.0
 def run(controller: str, island: int | None, devices: int | None,
         token: str | None, data_listen: str, connect_timeout: float,
         device_memory: int = 0, device_cores: list[int] | None = None,
-        controller_timeout: float = 10.0, platform: str | None = None) -> int:
+        controller_timeout: float = 10.0, platform: str | None = None,
+        compilation_cache_dir: str | None = None) -> int:
   """Joins `controller` and serves until told to stop; returns an exit code.
   `devices`, `platform`: see pjrt_backend.island_client.
-  `device_cores`: the CPU cores the devices compute on (cluster/cores.py)."""
+  `device_cores`: the CPU cores the devices compute on (cluster/cores.py).
+  `compilation_cache_dir`: where compiled programs are kept across workers
+  (worker/compilation_cache.py); None: nowhere."""
   configure_jax(platform)
   # pylint: disable=import-outside-toplevel
   from jax_pathways import _core
   from jax_pathways.cluster import addresses
   from jax_pathways.cluster import cores
   from jax_pathways.cluster import handshake
+  from jax_pathways.worker.compilation_cache import CompilationCache
   from jax_pathways.worker.peers import Peers
   from jax_pathways.worker.pjrt_backend import PjrtBackend, PlatformError
   from jax_pathways.worker.transfers import Transfers
   from jax_pathways.worker.worker import Worker
 
+  compilation_cache = None
+  if compilation_cache_dir:
+    try:
+      compilation_cache = CompilationCache(compilation_cache_dir)
+    except OSError as e:  # a cache is worth less than a refused worker
+      logging.warning("jax-pathways worker: no compilation cache: %s", e)
   try:
     with cores.pinned(device_cores):
-      backend = PjrtBackend(devices, device_cores, platform)
+      backend = PjrtBackend(devices, device_cores, platform,
+                            compilation_cache)
   except ValueError as e:
     print(f"jax-pathways worker: --device-cores: {e}", file=sys.stderr)
     return 2

@@ -60,6 +60,7 @@ from jax_pathways import validation
 from jax_pathways.cluster import cores
 from jax_pathways.status import Code, StatusError
 from jax_pathways.worker import order_reductions
+from jax_pathways.worker.compilation_cache import CompilationCache
 from jax_pathways.worker import shards
 
 # Seconds a worker waits for every island to join the global client, and the
@@ -244,10 +245,12 @@ class PjrtBackend:
 
   def __init__(self, num_devices: int | None,
                device_cores: list[int] | None = None,
-               platform: str | None = "cpu"):
+               platform: str | None = "cpu",
+               compilation_cache: CompilationCache | None = None):
     """num_devices, platform: see island_client (raises PlatformError).
     device_cores: where the devices' threads run (cluster/cores.py);
-    the caller pins the island client's, global clients pin their own."""
+    the caller pins the island client's, global clients pin their own.
+    compilation_cache: compiled programs kept across workers, or None."""
     # Programs lowered by the client may call LAPACK kernels, whose function
     # pointers jaxlib fills in lazily in the process that lowers; this one
     # only runs them (as jax.export does for deserialized modules).
@@ -282,6 +285,7 @@ class PjrtBackend:
     # host would (order_reductions); off: gloo's ring order.
     self.rank_order_reductions = True
     self._cache: dict[str, Program] = {}  # compile key -> Program
+    self._compilation_cache = compilation_cache
     self._built_shardings: dict[Hashable, jax.sharding.Sharding] = {}
     self._ir_context = mlir.make_ir_context()
 
@@ -517,13 +521,9 @@ class PjrtBackend:
     # The client compiled for its own device ids; these are this worker's.
     compile_options.device_assignment = xc.DeviceAssignment.create(
         np.array([d.id for d in devices]).reshape(replicas, -1))
-    device_list = xc.DeviceList(devices)
-    if client is self.global_client and self.rank_order_reductions:
-      executable, runner = self._compile_rank_ordered(
-          program, device_list, compile_options, replicas)
-    else:
-      executable = runner = client.compile_and_load(program, device_list,
-                                                    compile_options)
+    executable, runner = self._compiled(
+        program, client, xc.DeviceList(devices), compile_options, replicas,
+        client is self.global_client and self.rank_order_reductions)
     outputs, parameters = self._signature(program)
     out_shardings = executable.get_output_shardings()
     handlers = []
@@ -552,6 +552,73 @@ class PjrtBackend:
                                executable.get_parameter_shardings()))
     self._cache[key] = prog
     return prog
+
+  def _compiled(self, program: bytes, client: Any, devices: Any,
+                options: Any, replicas: int, rank_ordered: bool
+                ) -> tuple[Any, Any]:
+    """(the program compiled as usual, what runs it: the same, or rank
+    ordered), loaded from the compilation cache or compiled (and kept)."""
+    key = self._cache_key(program, client, devices, options, rank_ordered)
+    loaded = self._load(key, client, devices, options)
+    if loaded is not None:
+      return loaded
+    if rank_ordered:
+      executable, runner = self._compile_rank_ordered(program, devices,
+                                                      _copy(options), replicas)
+    else:
+      executable = runner = client.compile_and_load(program, devices, options)
+    self._keep(key, client, executable, runner)
+    return executable, runner
+
+  def _cache_key(self, program: bytes, client: Any, devices: Any,
+                 options: Any, rank_ordered: bool) -> str | None:
+    """The program's compilation cache key; None without a cache."""
+    if self._compilation_cache is None:
+      return None
+    return self._compilation_cache.key(
+        jax.__version__.encode(), client.platform.encode(),
+        client.platform_version.encode(),
+        str(client.process_index()).encode(),  # whose part it loads
+        repr([(d.id, d.process_index, d.device_kind)
+              for d in devices]).encode(),
+        program, options.SerializeAsString(),
+        order_reductions.REWRITE if rank_ordered else b"")
+
+  def _load(self, key: str | None, client: Any, devices: Any, options: Any
+            ) -> tuple[Any, Any] | None:
+    """(executable, runner) kept under `key`, or None."""
+    cache = self._compilation_cache
+    blobs = cache.get(key) if cache is not None and key else None
+    if blobs is None:
+      return None
+    try:
+      executable = client.deserialize_executable(blobs[0], devices, options)
+      runner = executable if len(blobs) == 1 else (
+          client.deserialize_executable(
+              blobs[1], devices,
+              order_reductions.partitioned_options(_copy(options))))
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("compilation cache: entry %s not loaded (%s); "
+                      "compiling", key, e)
+      cache.drop(key)
+      return None
+    logging.info("%s: loaded from the compilation cache",
+                 executable.hlo_modules()[0].name)
+    return executable, runner
+
+  def _keep(self, key: str | None, client: Any, executable: Any,
+            runner: Any) -> None:
+    """Stores (executable, runner) under `key` in the compilation cache."""
+    cache = self._compilation_cache
+    if cache is None or not key:
+      return
+    try:
+      cache.put(key, [client.serialize_executable(e) for e in
+                      ((executable,) if runner is executable
+                       else (executable, runner))])
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("compilation cache: %s not kept (%s)",
+                      executable.hlo_modules()[0].name, e)
 
   def _compile_rank_ordered(self, program: bytes, devices: Any,
                             options: Any, replicas: int) -> tuple[Any, Any]:
@@ -883,6 +950,11 @@ def _aliases(executable: Any) -> list[Any]:
   module = protos.msg("xla.HloModuleProto").FromString(
       executable.hlo_modules()[0].as_serialized_hlo_module_proto())
   return list(module.input_output_alias.entries)
+
+
+def _copy(options: Any) -> Any:
+  """A copy of CompileOptions `options`, for a compile that changes it."""
+  return type(options).ParseFromString(options.SerializeAsString())
 
 
 def _donated(executable: Any) -> list[int]:

@@ -95,18 +95,39 @@ def test_a_dead_controller_still_shows():
   assert "insecure client credentials" not in out.stderr
 
 
+JOINED = """
+import sys
+import jax_pathways
+for _ in range(2):
+  jax_pathways.initialize(sys.argv[1])
+  import jax.numpy as jnp
+  print("SUM", float(jnp.ones(3).sum()))
+  jax_pathways.shutdown()
+"""
+
+
 @pytest.mark.integration
 def test_compilation_cache_warns_once(tmp_path):
-  """Once per process, initialize() after shutdown() included; shutdown()
-  ends the session quietly too."""
-  out = _run("""
+  """A client joining a running controller cannot know whether its workers
+  keep compiled programs (an embedded cluster's do, under JAX's cache
+  directory: tests/worker/compilation_cache_test.py): it says so once per
+  process, initialize() after shutdown() included; shutdown() ends the
+  session quietly too."""
+  joined = tmp_path / "joined.py"
+  joined.write_text(JOINED)
+  out = _run(f"""
+      import os, subprocess, sys
       import jax_pathways
-      for _ in range(2):
-        jax_pathways.initialize(islands=1, devices_per_island=2)
-        import jax.numpy as jnp
-        print("SUM", float(jnp.ones(3).sum()))
-        jax_pathways.shutdown()
-  """, JAX_COMPILATION_CACHE_DIR=str(tmp_path))
+      jax_pathways.initialize(islands=1, devices_per_island=2)
+      cluster = jax_pathways.local_cluster()
+      env = dict(os.environ, JAX_COMPILATION_CACHE_DIR={str(tmp_path)!r},
+                 JAX_PATHWAYS_TOKEN=cluster.token)
+      out = subprocess.run([sys.executable, {str(joined)!r}, cluster.address],
+                           env=env, capture_output=True, text=True,
+                           timeout=100)
+      print(out.stdout, end="")
+      print(out.stderr, end="", file=sys.stderr)
+  """)
   assert out.returncode == 0 and out.stdout.count("SUM 3.0") == 2, \
       out.stderr[-3000:]
   warned = [line for line in out.stderr.splitlines()

@@ -1,0 +1,93 @@
+"""Compiled programs kept on disk: an entry is loaded only whole and from a
+directory that is this user's alone; the embedded cluster keeps them under
+JAX's `jax_compilation_cache_dir`, and a later run's workers load them
+(bit-identical results, no compile)."""
+import glob
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from jax_pathways.worker.compilation_cache import CompilationCache
+
+
+def test_entries_come_back_whole_or_not_at_all(tmp_path):
+  cache = CompilationCache(str(tmp_path / "cache"))
+  assert os.stat(cache.directory).st_mode & 0o777 == 0o700
+  key = cache.key(b"program", b"options")
+  assert cache.key(b"program", b"options") == key
+  assert cache.key(b"programo", b"ptions") != key  # parts are delimited
+  assert cache.get(key) is None
+  cache.put(key, [b"executable", b"", b"runner" * 1000])
+  assert cache.get(key) == [b"executable", b"", b"runner" * 1000]
+  path = os.path.join(cache.directory, key)
+  data = open(path, "rb").read()
+  for damaged in (data[:-1], data[:10], data[:20] + b"x" + data[21:], b""):
+    with open(path, "wb") as f:
+      f.write(damaged)
+    assert cache.get(key) is None
+    assert not os.path.exists(path)  # dropped
+  assert glob.glob(os.path.join(cache.directory, ".tmp-*")) == []
+
+
+def test_a_directory_others_may_write_to_is_refused(tmp_path):
+  shared = tmp_path / "shared"
+  shared.mkdir()
+  os.chmod(shared, 0o777)
+  with pytest.raises(PermissionError, match="writable by no one else"):
+    CompilationCache(str(shared))
+
+
+CLIENT = """
+import os
+os.environ["JAX_PLATFORMS"] = "proxy,cpu"
+import jax_pathways
+jax_pathways.initialize(islands=2, devices_per_island=2)
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+jax.config.update("jax_num_cpu_devices", 4)
+
+
+def run(devices):
+  # One program across both islands (the global client, its float sums
+  # rank ordered: two compiles each) and one on island 0 alone.
+  mesh = Mesh(np.array(devices), ("i",))
+  x = jax.device_put(np.arange(64, dtype=np.float32).reshape(8, 8) / 7,
+                     NamedSharding(mesh, P("i")))
+  span = jax.jit(jax.shard_map(
+      lambda a: jax.numpy.tanh(a) + jax.lax.psum(a, "i") / 3, mesh=mesh,
+      in_specs=P("i"), out_specs=P("i")))
+  y = jax.device_put(np.ones((4, 4), np.float32) / 3, devices[0])
+  local = jax.jit(lambda a: jax.numpy.sin(a) @ a.T)
+  return np.asarray(span(x)).tobytes() + np.asarray(local(y)).tobytes()
+
+
+print("SAME", run(jax.devices("proxy")) == run(jax.devices("cpu")))
+"""
+
+
+@pytest.mark.integration
+def test_a_later_run_loads_what_the_first_compiled(tmp_path):
+  def run(logs):
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax"),
+               JAX_PATHWAYS_LOG_DIR=str(tmp_path / logs))
+    env.pop("JAX_PLATFORMS", None)
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(CLIENT)],
+                         env=env, capture_output=True, text=True,
+                         timeout=180, check=False)
+    assert out.returncode == 0 and "SAME True" in out.stdout, \
+        out.stderr[-3000:]
+    assert "compilation cache" not in out.stderr  # no warning: it is used
+    text = ""
+    for path in glob.glob(str(tmp_path / logs / "worker*.log")):
+      with open(path, encoding="utf-8") as f:
+        text += f.read()
+    return text.count("loaded from the compilation cache")
+
+  assert run("logs1") == 0
+  # The spanning program on each island's worker, the other on island 0's.
+  assert len(os.listdir(tmp_path / "jax" / "jax_pathways")) == 3
+  assert run("logs2") == 3
