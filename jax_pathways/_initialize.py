@@ -214,7 +214,9 @@ def _compilation_cache_dir() -> str | None:
                     "local directory; the workers keep compiled programs "
                     "for the controller's lifetime only", cache_dir)
     return None
-  return os.path.join(cache_dir, "jax_pathways")
+  # Absolute: the workers run in the cluster's log directory.
+  return os.path.abspath(os.path.join(os.path.expanduser(cache_dir),
+                                      "jax_pathways"))
 
 
 def _warn_if_compilation_cache() -> None:
