@@ -72,12 +72,13 @@ print("SAME", run(jax.devices("proxy")) == run(jax.devices("cpu")))
 @pytest.mark.integration
 def test_a_later_run_loads_what_the_first_compiled(tmp_path):
   def run(logs):
-    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax"),
+    # Relative, as users write it: the workers run elsewhere.
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR="jax",
                JAX_PATHWAYS_LOG_DIR=str(tmp_path / logs))
     env.pop("JAX_PLATFORMS", None)
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(CLIENT)],
-                         env=env, capture_output=True, text=True,
-                         timeout=180, check=False)
+                         env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=180, check=False)
     assert out.returncode == 0 and "SAME True" in out.stdout, \
         out.stderr[-3000:]
     assert "compilation cache" not in out.stderr  # no warning: it is used
