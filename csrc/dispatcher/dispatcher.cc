@@ -783,14 +783,16 @@ void Dispatcher::FinishSlot(const GangSlot& slot, const Status& status,
   g.payloads[slot.index] = std::move(payload);
   if (!status.ok() && g.status.ok()) g.status = status;
   if (g.remaining > 0) return;
-  Status cause;
-  if (BrokeLink(g.status) && AwaitsCause(g, &cause)) {
-    buffers_.Hold(g.inputs);  // their failure must outlive the client's view
-    held_failures_.push_back(HeldFailure{
-        slot.gang, std::chrono::steady_clock::now() + kLossNoticeWait});
-    return;
+  if (BrokeLink(g.status)) {
+    Status cause;
+    if (AwaitsCause(g, &cause)) {
+      buffers_.Hold(g.inputs);  // kept past the client's destructs
+      held_failures_.push_back(HeldFailure{
+          slot.gang, std::chrono::steady_clock::now() + kLossNoticeWait});
+      return;
+    }
+    g.status = cause;
   }
-  if (BrokeLink(g.status)) g.status = cause;
   Finish(g, done);
 }
 

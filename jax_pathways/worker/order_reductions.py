@@ -40,6 +40,7 @@ and are left to gloo, as are programs with several replicas.
 """
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import os
@@ -54,9 +55,6 @@ from jax._src.lib import _jax
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import hlo
 
-# What a rank-ordered program kept in the compilation cache depends on
-# besides its own bytes: this module's rewriting.
-REWRITE = hashlib.sha256(pathlib.Path(__file__).read_bytes()).digest()
 # The combines whose result depends on the order of the operands.
 _COMBINES = {"stablehlo.add": hlo.AddOp, "stablehlo.multiply": hlo.MulOp}
 _REDUCTIONS = ("stablehlo.all_reduce", "stablehlo.reduce_scatter")
@@ -67,6 +65,13 @@ _REDUCTIONS = ("stablehlo.all_reduce", "stablehlo.reduce_scatter")
 _DUMPED_PASSES = ("spmd-partitioning", "simplification",
                   "post_scatter_expansion_simplification")
 _NOT_AGAIN = _DUMPED_PASSES[1:]
+
+
+@functools.cache
+def rewrite_version() -> bytes:
+  """What a rank-ordered program kept in the compilation cache depends on
+  besides its own bytes: this module's rewriting."""
+  return hashlib.sha256(pathlib.Path(__file__).read_bytes()).digest()
 
 
 class NotRewritten(Exception):
@@ -81,7 +86,7 @@ def partitioned_module(client: Any, program: bytes, devices: Any,
   dump = tempfile.mkdtemp(prefix="jax_pathways_partitioned_")
   try:
     # A copy: dump options left on would, with no directory, dump to stdout.
-    options = type(options).ParseFromString(options.SerializeAsString())
+    options = _copy(options)
     debug = options.executable_build_options.debug_options
     debug.xla_dump_to = dump
     debug.xla_dump_hlo_pass_re = "^(%s)$" % "|".join(_DUMPED_PASSES)
@@ -127,7 +132,9 @@ def order_reductions(context: ir.Context, dumped: bytes, replicas: int = 1,
 
 
 def partitioned_options(options: Any) -> Any:
-  """`options` for a program that is already partitioned and simplified."""
+  """A copy of `options` for a program that is already partitioned and
+  simplified."""
+  options = _copy(options)
   build = options.executable_build_options
   build.use_spmd_partitioning = True
   build.use_shardy_partitioner = False  # it reads {manual} shardings
@@ -136,6 +143,11 @@ def partitioned_options(options: Any) -> Any:
       [p for p in debug.xla_disable_hlo_passes.split(",") if p] +
       list(_NOT_AGAIN))
   return options
+
+
+def _copy(options: Any) -> Any:
+  """A copy of CompileOptions `options`."""
+  return type(options).ParseFromString(options.SerializeAsString())
 
 
 def _hlo_module(hlo_proto: bytes) -> bytes:

@@ -564,7 +564,7 @@ class PjrtBackend:
       return loaded
     if rank_ordered:
       executable, runner = self._compile_rank_ordered(program, devices,
-                                                      _copy(options), replicas)
+                                                      options, replicas)
     else:
       executable = runner = client.compile_and_load(program, devices, options)
     self._keep(key, client, executable, runner)
@@ -582,7 +582,7 @@ class PjrtBackend:
         repr([(d.id, d.process_index, d.device_kind)
               for d in devices]).encode(),
         program, options.SerializeAsString(),
-        order_reductions.REWRITE if rank_ordered else b"")
+        order_reductions.rewrite_version() if rank_ordered else b"")
 
   def _load(self, key: str | None, client: Any, devices: Any, options: Any
             ) -> tuple[Any, Any] | None:
@@ -596,7 +596,7 @@ class PjrtBackend:
       runner = executable if len(blobs) == 1 else (
           client.deserialize_executable(
               blobs[1], devices,
-              order_reductions.partitioned_options(_copy(options))))
+              order_reductions.partitioned_options(options)))
     except Exception as e:  # pylint: disable=broad-except
       logging.warning("compilation cache: entry %s not loaded (%s); "
                       "compiling", key, e)
@@ -950,11 +950,6 @@ def _aliases(executable: Any) -> list[Any]:
   module = protos.msg("xla.HloModuleProto").FromString(
       executable.hlo_modules()[0].as_serialized_hlo_module_proto())
   return list(module.input_output_alias.entries)
-
-
-def _copy(options: Any) -> Any:
-  """A copy of CompileOptions `options`, for a compile that changes it."""
-  return type(options).ParseFromString(options.SerializeAsString())
 
 
 def _donated(executable: Any) -> list[int]:
