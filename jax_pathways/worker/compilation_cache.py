@@ -13,21 +13,27 @@ An entry is executable code: the directory must be this user's alone
 and an entry is loaded only whole (its digest checked). Entries are keyed
 by everything that shapes the compiled code: the program, its options and
 devices, jaxlib's version, the platform and the host's CPU (XLA:CPU
-compiles for the CPU it runs on). Nothing is evicted (JAX's cache keeps
+compiles for the CPU it runs on). A writer killed mid-entry leaves a
+temporary file, removed by the next worker after an hour. Nothing is evicted (JAX's cache keeps
 everything by default too); delete the directory to empty it.
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import struct
 import tempfile
+import time
 from typing import Sequence
 
 from absl import logging
 
 _MAGIC = b"JPXC1"
 _DIGEST = 32  # sha256
+_TMP = ".tmp-"  # an entry being written
+# A write unfinished for this long was abandoned (its writer killed).
+_ABANDONED_AFTER_S = 3600.0
 
 
 def _host_cpu() -> bytes:
@@ -55,6 +61,18 @@ class CompilationCache:
           f"(uid {os.getuid()}) and writable by no one else, since what it "
           "holds is executed")
     self._host = hashlib.sha256(_host_cpu()).digest()
+    self._drop_abandoned_writes()
+
+  def _drop_abandoned_writes(self) -> None:
+    """Removes what writers killed mid-put() left; not a live writer's
+    (another worker's on this host may be writing now)."""
+    cutoff = time.time() - _ABANDONED_AFTER_S
+    for path in glob.glob(os.path.join(self.directory, _TMP + "*")):
+      try:
+        if os.stat(path).st_mtime < cutoff:
+          os.unlink(path)
+      except OSError:
+        pass
 
   def key(self, *parts: bytes) -> str:
     """The key of a program compiled on this host from `parts`: its bytes,
@@ -87,7 +105,7 @@ class CompilationCache:
     """Stores `blobs` under `key`, whole or not at all (a full disk only
     loses the entry)."""
     try:
-      fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
+      fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=_TMP)
       try:
         with os.fdopen(fd, "wb") as f:
           f.write(_encode(blobs))

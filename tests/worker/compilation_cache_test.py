@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -30,6 +31,18 @@ def test_entries_come_back_whole_or_not_at_all(tmp_path):
     assert cache.get(key) is None
     assert not os.path.exists(path)  # dropped
   assert glob.glob(os.path.join(cache.directory, ".tmp-*")) == []
+
+
+def test_writes_abandoned_by_killed_writers_are_removed(tmp_path):
+  directory = tmp_path / "cache"
+  CompilationCache(str(directory))
+  old, live = directory / ".tmp-old", directory / ".tmp-live"
+  old.write_bytes(b"half an entry")
+  live.write_bytes(b"being written")
+  two_hours_ago = time.time() - 7200
+  os.utime(old, (two_hours_ago, two_hours_ago))
+  CompilationCache(str(directory))  # the next worker
+  assert not old.exists() and live.exists()
 
 
 def test_a_directory_others_may_write_to_is_refused(tmp_path):
