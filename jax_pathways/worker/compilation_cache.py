@@ -12,10 +12,10 @@ An entry is executable code: the directory must be this user's alone
 (created 0700; one others may write to is refused, the cache then off),
 and an entry is loaded only whole (its digest checked). Entries are keyed
 by everything that shapes the compiled code: the program, its options and
-devices, jaxlib's version, the platform and the host's CPU (XLA:CPU
-compiles for the CPU it runs on). A writer killed mid-entry leaves a
-temporary file, removed by the next worker after an hour. Nothing is evicted (JAX's cache keeps
-everything by default too); delete the directory to empty it.
+devices, jax's version, the platform and the host's CPU (XLA:CPU compiles
+for the CPU it runs on). A writer killed mid-entry leaves a temporary
+file, removed by the next worker after an hour. Nothing is evicted (JAX's
+cache keeps everything by default too); delete the directory to empty it.
 """
 from __future__ import annotations
 
