@@ -1,4 +1,4 @@
-"""DType: IFRT's DTypeProto kinds <-> numpy dtype names."""
+"""DType: IFRT's DTypeProto kinds and MLIR element types <-> numpy names."""
 from __future__ import annotations
 
 import functools
@@ -61,3 +61,37 @@ def itemsize(name: str) -> int:
     return 1
   import numpy as np  # pylint: disable=import-outside-toplevel
   return np.dtype(name).itemsize
+
+
+# MLIR element types, as programs write them -> numpy dtype names.
+_MLIR_NAMES = {
+    "i1": "bool", "i4": "int4", "i8": "int8", "i16": "int16", "i32": "int32",
+    "i64": "int64", "ui4": "uint4", "ui8": "uint8", "ui16": "uint16",
+    "ui32": "uint32", "ui64": "uint64", "f16": "float16", "f32": "float32",
+    "f64": "float64", "bf16": "bfloat16", "complex<f32>": "complex64",
+    "complex<f64>": "complex128", "f8E4M3FN": "float8_e4m3fn",
+    "f8E5M2": "float8_e5m2", "f8E4M3FNUZ": "float8_e4m3fnuz",
+    "f8E5M2FNUZ": "float8_e5m2fnuz", "f8E4M3B11FNUZ": "float8_e4m3b11fnuz",
+    "f8E3M4": "float8_e3m4", "f8E4M3": "float8_e4m3",
+    "f8E8M0FNU": "float8_e8m0fnu", "f4E2M1FN": "float4_e2m1fn",
+    "i2": "int2", "ui2": "uint2",
+}
+
+
+def from_mlir(element_type: Any) -> str | None:
+  """The numpy dtype name of an MLIR element type; None if not an array's."""
+  return _MLIR_NAMES.get(str(element_type))
+
+
+def tensor_type(t: Any) -> tuple[tuple[int, ...], str] | None:
+  """(shape, dtype name) of a statically shaped MLIR tensor type, else None
+  (a token, an unranked or dynamic tensor, an unknown element type)."""
+  from jaxlib.mlir import ir  # pylint: disable=import-outside-toplevel
+  try:
+    rt = ir.RankedTensorType(t)
+  except ValueError:
+    return None
+  name = from_mlir(rt.element_type)
+  if name is None or not rt.has_static_shape:
+    return None
+  return tuple(rt.shape), name

@@ -22,6 +22,9 @@ namespace {
 
 constexpr char kService[] = "/xla.ifrt.proxy.GrpcIfrtService/";
 constexpr char kAdminService[] = "/jax_pathways.Admin/";
+// A client's callbacks: a stream the controller asks it on and it answers
+// on (controller/callbacks.py), each message a request of its own.
+constexpr char kCallbacksStream[] = "/jax_pathways.Callbacks/Serve";
 constexpr char kStoreMetadata[] =
     "ifrt-proxy-grpc-host-buffer-store-metadata-bin";
 constexpr size_t kChunk = 1 << 20;  // as the reference server streams
@@ -47,7 +50,9 @@ constexpr auto kFirstMessageTimeout = std::chrono::seconds(10);
 // Python, which waits on, bounded, and words what comes of it.
 constexpr auto kUploadWait = std::chrono::seconds(1);
 
-enum class CallKind { kSession, kUnary, kStore, kLookup, kDelete, kRefused };
+enum class CallKind {
+  kSession, kStream, kUnary, kStore, kLookup, kDelete, kRefused
+};
 
 CallKind KindOf(const std::string& method) {
   std::string svc(kService);
@@ -61,6 +66,7 @@ CallKind KindOf(const std::string& method) {
     return CallKind::kRefused;
   }
   if (method.rfind(kAdminService, 0) == 0) return CallKind::kUnary;
+  if (method == kCallbacksStream) return CallKind::kStream;
   return CallKind::kRefused;
 }
 
@@ -246,7 +252,8 @@ void Call::OnEvent(TagKind kind, bool ok) {
         break;
       case kDone:
         done_ = true;
-        if (kind_ == CallKind::kSession && !closed_pushed_) {
+        if ((kind_ == CallKind::kSession || kind_ == CallKind::kStream) &&
+            !closed_pushed_) {
           Push(FrontendEvent::kClosed, "");
         }
         EndWait();
@@ -374,6 +381,7 @@ void Call::OnNew(bool ok) {
   kind_ = KindOf(ctx_.method());
   switch (kind_) {
     case CallKind::kSession:
+    case CallKind::kStream:
       Push(FrontendEvent::kOpen, "");
       StartRead();
       return;
@@ -464,6 +472,14 @@ void Call::OnRead(bool ok) {
         } else {
           PushClosed();
         }
+      }
+      return;
+    case CallKind::kStream:  // never the fast path's; nothing is owed
+      if (ok) {
+        Push(FrontendEvent::kRequest, Flatten(read_buf_));
+        StartRead();
+      } else if (!closed_pushed_) {
+        Push(FrontendEvent::kClosed, "");
       }
       return;
     case CallKind::kUnary:
@@ -708,7 +724,8 @@ void Call::Push(FrontendEvent::Kind kind, std::string data) {
 
 bool Call::Send(std::string data) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (kind_ != CallKind::kSession || finish_requested_ || broken_ || done_) {
+  if ((kind_ != CallKind::kSession && kind_ != CallKind::kStream) ||
+      finish_requested_ || broken_ || done_) {
     return false;
   }
   writes_.push_back(std::move(data));

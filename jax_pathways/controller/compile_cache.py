@@ -50,8 +50,13 @@ class CompiledProgram:
   def __init__(self, program_id: int, islands: tuple[Island, ...],
                devices: tuple[int, ...], metadata: dict[str, Any],
                compile_payload: Any = None,
-               global_generation: int | None = None):
+               global_generation: int | None = None,
+               key: str = "", route: int = 0):
     self.program_id = program_id
+    # Its compile cache key, and the route of its callbacks (0: none;
+    # controller/callbacks.py): a program with a route is its client's.
+    self.key = key
+    self.route = route
     # The COMPILE op's payload, sent again to an island's next worker.
     self._compile_payload = compile_payload
     # The global client's generation a program spanning islands was
@@ -203,9 +208,12 @@ class CompileCache:
     if not first:
       return
     program_id = next(self._ids)
-    payload = payloads.encode({"devices": list(program.device_refs),
-                               "replicas": program.replicas},
-                              program.program, program.options)
+    header: dict[str, Any] = {"devices": list(program.device_refs),
+                              "replicas": program.replicas}
+    if program.route:  # its callbacks, which the worker binds (callbacks.py)
+      header["callbacks"] = {"route": program.route,
+                             "count": program.callbacks.count}
+    payload = payloads.encode(header, program.program, program.options)
 
     def finished(status: Status, results: list[bytes]) -> None:
       compiled = None
@@ -214,7 +222,8 @@ class CompileCache:
           compiled = CompiledProgram(program_id, program.islands,
                                      program.devices,
                                      json.loads(bytes(results[0])),
-                                     payload, generation)
+                                     payload, generation, key,
+                                     program.route)
         except ValueError as e:
           status = Status(Code.INTERNAL, f"malformed compile result: {e}")
       with self._lock:
@@ -227,6 +236,12 @@ class CompileCache:
     self._dispatcher.submit(
         [IslandOp(island.id, OpKind.COMPILE, program_id, payload=payload)
          for island in program.islands], finished)
+
+  def forget(self, program: CompiledProgram) -> None:
+    """Drops a program no one can ask for again (its route released)."""
+    with self._lock:
+      if self._done.get(program.key) is program:
+        del self._done[program.key]
 
   def __len__(self) -> int:
     with self._lock:

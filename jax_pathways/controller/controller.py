@@ -15,6 +15,7 @@ import jax_pathways
 from jax_pathways import _core
 from jax_pathways import _frontend
 from jax_pathways.cluster import addresses
+from jax_pathways.controller.callbacks import CallbackRouter
 from jax_pathways.controller.compile_cache import CompileCache
 from jax_pathways.controller.handlers.array import STREAM_MIN_BYTES
 from jax_pathways.controller.coordination import GlobalClient
@@ -59,12 +60,14 @@ class Controller:
     server = _frontend.GrpcServer()
     self.host_buffers = server.host_buffers
     self.compile_cache = CompileCache(self.dispatcher, self.global_client)
+    self.callbacks = CallbackRouter(server.send, server.finish)
     self.services = Services(
         topology=self.topology, dispatcher=self.dispatcher,
         host_buffers=self.host_buffers, compile_cache=self.compile_cache,
         resources=ResourceManager(self.topology, self._lost_islands),
         platform_version=f"jax_pathways {jax_pathways.__version__}",
         global_client=self.global_client,
+        callbacks=self.callbacks,
         spmd_across_islands=self.global_client is not None,
         fast_path=(_core.FastPath(self.dispatcher.core, STREAM_MIN_BYTES)
                    if self.dispatcher.in_order else None))
@@ -73,7 +76,7 @@ class Controller:
     self.address = ""
     self._workers = WorkerListener(
         worker_listen, token, self.topology, self.dispatcher,
-        reduction_order, self._island_rejoined)
+        reduction_order, self._island_rejoined, self.callbacks.add_worker)
     self.worker_address = self._workers.address
 
   def _lost_islands(self) -> set[int]:
@@ -123,6 +126,7 @@ class Controller:
 
   def stop(self) -> None:
     self.service.stop()
+    self.callbacks.stop()
     self._workers.close()
     self.dispatcher.shutdown()
     if self.global_client is not None:
@@ -197,6 +201,8 @@ class Controller:
         "fast_path": (self.services.fast_path.stats()
                       if self.services.fast_path else None),
         "compiled_programs": len(self.compile_cache),
+        # Programs that call back into their clients, and those calls.
+        "callbacks": self.callbacks.stats(),
         "global_client": (self.global_client.describe()
                           if self.global_client else None),
         "host_buffer_bytes": self.host_buffers.total_bytes(),

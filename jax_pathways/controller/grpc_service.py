@@ -28,6 +28,7 @@ from jax_pathways import threads
 from jax_pathways.controller import op_payloads
 from jax_pathways.controller import tracing
 from jax_pathways.controller import versions
+from jax_pathways.controller.callbacks import ID_HEADER, STREAM_METHOD
 from jax_pathways.controller.handlers import HANDLERS, RESULT_HANDLES
 from jax_pathways.controller.session import Services, Session
 from jax_pathways.resources.virtual_slice import SliceRequest
@@ -45,6 +46,8 @@ TOKEN_KEY = "jax_pathways_token"
 DEVICES_KEY = "jax_pathways_devices"
 ISLAND_KEY = "jax_pathways_island"
 WEIGHT_KEY = "jax_pathways_weight"  # its share of saturated islands
+# The id under which the client serves its programs' callbacks.
+CALLBACKS_KEY = "jax_pathways_callbacks"
 ADMIN_TOKEN_HEADER = "jax-pathways-token"
 # What a session without the right token is told, as the status of its
 # InitRequest: the one answer JAX's client passes on (it cancels the stream
@@ -76,6 +79,8 @@ class GrpcService:
     self.sessions: dict[int, Session] = {}  # by stream id
     self._parked: dict[int, Session] = {}  # sessions whose request waits
     self._refused: dict[int, float] = {}  # stream -> deadline (wrong token)
+    # Clients' callbacks streams (controller/callbacks.py), by stream id.
+    self._callback_streams: set[int] = set()
     # Closed by their clients, answered by Python, to end (_end_closed).
     self._closing: dict[int, Session] = {}
     self._numbers = itertools.count(1)
@@ -173,6 +178,9 @@ class GrpcService:
   # --------------------------------------------------------------- sessions
   def _open(self, stream: int, data: bytes, method: str,
             metadata: dict[str, bytes], peer: str) -> None:
+    if method == STREAM_METHOD:
+      self._open_callbacks(stream, metadata)
+      return
     raw = metadata.get(SESSION_METADATA)
     if raw is None:
       self._server.finish(stream, Code.INVALID_ARGUMENT,
@@ -196,6 +204,7 @@ class GrpcService:
     try:
       request = SliceRequest.parse(_attribute(meta, DEVICES_KEY),
                                    _attribute(meta, ISLAND_KEY))
+      callbacks_client = _attribute(meta, CALLBACKS_KEY)
       weight = _weight(_attribute(meta, WEIGHT_KEY))
     except StatusError as e:
       self._server.finish(stream, e.status.code, e.status.message)
@@ -211,14 +220,31 @@ class GrpcService:
                       request=request, peer=peer,
                       number=next(self._numbers), weight=weight,
                       wake=server.wake, stream=stream,
-                      settle=lambda: server.settle(stream))
+                      settle=lambda: server.settle(stream),
+                      callbacks_client=callbacks_client or None)
     with self._lock:
       self.sessions[stream] = session
     logging.info("client %d opened a session (protocol %d, peer %s, asks "
                  "for %s, weight %g)", session.number, version, peer,
                  request.describe(), weight)
 
+  def _open_callbacks(self, stream: int, metadata: dict[str, bytes]) -> None:
+    try:
+      self._check_admin_token(metadata)
+      if self.services.callbacks is None:
+        raise StatusError(Code.UNIMPLEMENTED, "this controller serves no "
+                          "callbacks")
+    except StatusError as e:
+      self._server.finish(stream, int(e.status.code), e.status.message)
+      return
+    self._callback_streams.add(stream)
+    self.services.callbacks.open_client(
+        stream, metadata.get(ID_HEADER, b"").decode(errors="replace"))
+
   def _request(self, stream: int, data: bytes, *_: Any) -> None:
+    if stream in self._callback_streams:
+      self.services.callbacks.from_client(stream, data)
+      return
     if stream in self._refused:
       self._refuse(stream, data)
       return
@@ -252,6 +278,11 @@ class GrpcService:
 
   def _closed(self, stream: int, *_: Any) -> None:
     """No more requests: end the stream once every reply is out."""
+    if stream in self._callback_streams:
+      self._callback_streams.discard(stream)
+      self.services.callbacks.close_client(stream)
+      self._server.finish(stream, 0, "")
+      return
     if self._refused.pop(stream, None) is not None:
       self._server.finish(stream, Code.UNAUTHENTICATED, REFUSED)
       return

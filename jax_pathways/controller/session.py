@@ -27,6 +27,7 @@ from jax_pathways import protos, validation
 from jax_pathways.controller import moves
 from jax_pathways.controller.array_store import ArrayStore, Layouts
 from jax_pathways.controller.arrays import Array
+from jax_pathways.controller.callbacks import CallbackRouter
 from jax_pathways.controller.compile_cache import CompileCache
 from jax_pathways.controller.coordination import GlobalClient
 from jax_pathways.controller.handle_store import HandleStore, ServerHandles
@@ -53,6 +54,8 @@ class Services:
   spmd_across_islands: bool = False
   # Its generations: which workers programs spanning islands run on.
   global_client: GlobalClient | None = None
+  # Where programs' callbacks go: their clients (controller/callbacks.py).
+  callbacks: CallbackRouter | None = None
   wait_for_topology_s: float = 120.0
   upload_timeout_s: float = 600.0
   # Whose jax.profiler trace the islands record (shared by all sessions).
@@ -137,7 +140,8 @@ class Session:
                request: SliceRequest = SliceRequest(), peer: str = "",
                number: int = 0, weight: float = 1.0,
                wake: Callable[[], None] = lambda: None, stream: int = 0,
-               settle: Callable[[], None] = lambda: None):
+               settle: Callable[[], None] = lambda: None,
+               callbacks_client: str | None = None):
     # The id is a secret (it names the session's host buffers); `number`
     # is what others may see of this client.
     self.id = session_id
@@ -147,6 +151,9 @@ class Session:
     services = dataclasses.replace(
         services, dispatcher=services.dispatcher.for_client(number, weight))
     self.peer = peer
+    # The id under which the client serves its programs' callbacks
+    # (frontend/callbacks.py); None: it serves none.
+    self.callbacks_client = callbacks_client
     self.request = request  # the devices the client asked for
     self._slice: VirtualSlice | None = None
     self.protocol_version = protocol_version
@@ -426,7 +433,12 @@ class Session:
     for exe in self.executables.drain():
       if isinstance(exe, ProfileExecutable):  # perhaps still recording
         exe.abandon(self.services)
+      elif getattr(exe, "route", 0):  # its client's alone: never asked again
+        self.services.compile_cache.forget(exe)
     self.futures.drain()
     self.execute_results.drain()
     self.services.resources.release(self.id)
     self.services.dispatcher.forget_client(self.number)
+    if self.services.callbacks is not None:
+      self.services.callbacks.forget_session(self.callbacks_client,
+                                             self.number)

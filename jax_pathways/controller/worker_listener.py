@@ -13,7 +13,9 @@ threads stuck in the lost worker's collectives.
 
 A worker whose connection ended also connects here, as a "probe", to learn
 whether the controller is still up and why it dropped the worker (see
-worker/main.py): the answer decides the worker's exit code.
+worker/main.py): the answer decides the worker's exit code. A worker that
+runs programs with callbacks connects here once more, as "callbacks": that
+connection goes to the callback router (controller/callbacks.py).
 """
 from __future__ import annotations
 
@@ -38,11 +40,14 @@ class WorkerListener:
 
   def __init__(self, address: str, token: str | None, topology: Topology,
                dispatcher: Dispatcher, reduction_order: str = "rank",
-               on_rejoin: Callable[[], None] = lambda: None):
+               on_rejoin: Callable[[], None] = lambda: None,
+               on_callbacks: Callable[[socket.socket, int], None] | None = None):
     """on_rejoin: a new worker took a lost island's place (it is reachable
-    through the dispatcher, not yet connected in the topology)."""
+    through the dispatcher, not yet connected in the topology).
+    on_callbacks(sock, island): a worker's callbacks connection."""
     self._token = token
     self._on_rejoin = on_rejoin
+    self._on_callbacks = on_callbacks
     self._reduction_order = reduction_order
     self._topology = topology
     self._dispatcher = dispatcher
@@ -64,10 +69,14 @@ class WorkerListener:
 
   def _join(self, sock: socket.socket, addr: Any) -> None:
     admitted = []
+    callbacks = []
 
     def decide(hello: dict[str, Any]) -> dict[str, Any]:
       if hello.get("role") == "probe":
         return self._probe(hello)
+      if hello.get("role") == "callbacks":
+        callbacks.append(self._callbacks_of(hello))
+        return {}
       if hello.get("role") != "worker":
         raise handshake.HandshakeError("only workers connect here")
       if hello.get("wire_version") != _core.WIRE_VERSION:
@@ -91,6 +100,10 @@ class WorkerListener:
       sock.close()
       if admitted:  # registered, then the handshake broke: free its place
         self._topology.abandon(admitted[0])
+      return
+    if callbacks:
+      sock.settimeout(None)
+      self._on_callbacks(sock, callbacks[0])
       return
     if not admitted:  # a probe, answered
       sock.close()
@@ -116,6 +129,21 @@ class WorkerListener:
       logging.info("%s joined with %d devices", island.name,
                    island.num_devices)
     self._topology.connected(island.id)
+
+  def _callbacks_of(self, hello: dict[str, Any]) -> int:
+    """The island of a worker's callbacks connection: its current worker's."""
+    if self._on_callbacks is None:
+      raise handshake.HandshakeError("this controller serves no callbacks")
+    try:
+      island = self._topology.island(int(hello.get("island")))
+    except (TypeError, ValueError, StatusError) as e:
+      raise handshake.HandshakeError(
+          f"callbacks for island {hello.get('island')!r}: {e}") from None
+    if (island.worker_pid, island.worker_host) != (hello.get("pid"),
+                                                   hello.get("host")):
+      raise handshake.HandshakeError(
+          f"callbacks connection of a worker that is not {island.name}")
+    return int(island.id)
 
   def _probe(self, hello: dict[str, Any]) -> dict[str, Any]:
     """Answers a worker whose connection ended: why it is no longer its

@@ -15,6 +15,7 @@ import os
 import time
 from typing import Any
 
+from jax_pathways.frontend import callbacks
 from jax_pathways.frontend import flusher
 from jax_pathways.frontend import make_mesh
 from jax_pathways.frontend import stderr_filter
@@ -58,6 +59,7 @@ def close() -> None:
   """After jax_pathways.shutdown(): JAX must not reconnect."""
   global _closed
   _closed = True
+  callbacks.stop()
 
 
 def _target() -> str:
@@ -126,11 +128,14 @@ def _make_client() -> Any:
   data = {k: v.encode() for k, v in _slice.items()}
   if token:
     data[TOKEN_KEY] = token.encode()
-  if data:
-    options.initialization_data = data
+  # This process serves its programs' callbacks (frontend/callbacks.py).
+  client_id = callbacks.new_client_id()
+  data[callbacks.CLIENT_KEY] = client_id.encode()
+  options.initialization_data = data
   target = _target()
   _preflight(target, token)
   make_mesh.install()
+  callbacks.install()
 
   def connect() -> Any:
     # Each channel jaxlib makes warns that it was told to use plaintext.
@@ -138,6 +143,8 @@ def _make_client() -> Any:
       return ifrt_proxy.get_client(target, options)
 
   client = flusher.calm_new_threads(connect)
+  callbacks.adopt(client)
+  callbacks.start(target, token, client_id)
   if not connected:
     connected = True
     atexit.register(_quiet_session_end)

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 from jax_pathways import protos
 from jax_pathways import shardy_mpmd
 from jax_pathways import validation
+from jax_pathways.programs import custom_calls
 from jax_pathways.programs import xla_program
 from jax_pathways.programs.xla_program import PlacedProgram
 from jax_pathways.resources.topology import Topology
@@ -219,12 +220,21 @@ class _Reader:
       options_key = (ir.StringAttr(op.attributes["ifrt.compile_options_key"])
                      .value if "ifrt.compile_options_key" in op.attributes
                      else f"{module_name}_mesh_{mesh}")
+      label = f"Fragment {module_name} on mesh {mesh!r}"
+      content = custom_calls.read(nested[module_name])
+      if content.needs_client:
+        raise unimplemented(
+            f"{label} calls back into Python (jax.debug.print, callbacks, "
+            "inspect_array_sharding or custom_partitioning): jax_pathways "
+            "serves callbacks in SPMD programs, not yet inside MPMD "
+            "pipeline stages")
       self._fragments[key] = len(self._placed)
       self._placed.append(xla_program.placed(
           _standalone(nested[module_name], len(devices)),
           self._options(options_key, devices), self._topology,
           self._spmd_across_islands,
-          f"fragment {module_name} on mesh {mesh!r}", devices))
+          f"fragment {module_name} on mesh {mesh!r}", devices,
+          content=content, label=label))
       self._names.append(module_name)
     return Call(self._fragments[key], self._ids(op.operands),
                 self._new(op.results))

@@ -7,7 +7,10 @@ assignment rewritten (by the worker) into the devices it knows. The
 client's ids are those of its virtual slice; placing maps them to physical
 devices. A program
 within one island runs on that island's own client; one that spans islands
-runs as one SPMD program on every island's worker, gang-launched.
+runs as one SPMD program on every island's worker, gang-launched. Placing
+reads the program first: a program the controller cannot read, or whose
+custom calls the islands may not run, goes no further
+(programs/custom_calls.py).
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import hashlib
 from typing import Any, Sequence
 
 from jax_pathways import protos, validation
+from jax_pathways.programs import custom_calls
 from jax_pathways.resources.island import Island
 from jax_pathways.resources.topology import Topology
 from jax_pathways.resources.virtual_slice import VirtualSlice
@@ -36,14 +40,20 @@ class PlacedProgram:
   device_refs: tuple[Any, ...]   # the same, as workers name them
   replicas: int
   # SHA-256 of what makes `program` this program: equal for programs that
-  # compile to the same executable (see _without_locations).
+  # compile to the same executable (see _read).
   identity: bytes
+  # Its callbacks into the client's process (custom_calls.check), and the
+  # route the controller serves them by (controller/callbacks.py; 0: none).
+  callbacks: custom_calls.Callbacks = custom_calls.Callbacks(None, 0, False)
+  route: int = 0
 
   @property
   def key(self) -> str:
-    """Same program, options and devices -> same key: compile once."""
+    """Same program, options and devices -> same key: compile once. A
+    program with callbacks is its client's alone (its route)."""
     h = hashlib.sha256()
-    for part in (self.identity, self.options, repr(self.devices).encode()):
+    for part in (self.identity, self.options, repr(self.devices).encode(),
+                 str(self.route).encode()):
       h.update(len(part).to_bytes(8, "little"))
       h.update(part)
     return h.hexdigest()
@@ -78,9 +88,11 @@ def device_assignment(build_options: Any, available: int) -> list[int]:
 
 
 def place(program: Any, compile_options: Any, topology: Topology,
-          spmd_across_islands: bool, devices: VirtualSlice) -> PlacedProgram:
+          spmd_across_islands: bool, devices: VirtualSlice,
+          serves_callbacks: bool = False) -> PlacedProgram:
   """Places a CompileRequest's program (xla.ifrt.Serialized), compiled by
-  the client for the devices of its virtual slice."""
+  the client for the devices of its virtual slice. `serves_callbacks`: the
+  client runs callbacks in its process (custom_calls.check)."""
   if program.type_name != XLA_PROGRAM:
     raise unimplemented(f"program type {program.type_name!r} is not supported")
   if compile_options.type_name != XLA_COMPILE_OPTIONS:
@@ -102,41 +114,58 @@ def place(program: Any, compile_options: Any, topology: Topology,
       for c in range(da.computation_count):
         da.computation_devices[c].replica_device_ids[r] = physical[
             r * da.computation_count + c]
+  identity, content = _read(program.data)
   return placed(program.data, options, topology, spmd_across_islands,
                 "the program's device assignment", physical,
-                identity=_without_locations(program.data))
+                identity=identity, content=content,
+                serves_callbacks=serves_callbacks, label="The program")
 
 
-def _without_locations(program: bytes) -> bytes:
-  """`program` (a StableHLO portable artifact) as text without its source
-  locations. JAX records the whole Python call stack there, so the same
-  program traced again from another call site (pathwaysutils' slice health
-  check is traced anew each time it runs, from the caller's stack) differs
-  only in them, and compiles to the same executable. The bytes themselves
-  when they do not read as one (the worker then says why)."""
+def _read(program: bytes) -> tuple[bytes, custom_calls.Content]:
+  """(what identifies `program`, its custom calls). `program`: a StableHLO
+  portable artifact (what JAX's client sends), or MLIR bytecode or text
+  (what a worker also compiles), read with the dialects JAX writes; one
+  that reads as neither is refused, as nothing in it could be checked.
+
+  The identity is the program as bytecode without its source locations.
+  JAX records the whole Python call stack there, so the same program
+  traced again from another call site (pathwaysutils' slice health check
+  is traced anew each time it runs, from the caller's stack) differs only
+  in them, and compiles to the same executable."""
+  from jax._src.interpreters import mlir  # pylint: disable=import-outside-toplevel
   from jaxlib.mlir import ir  # pylint: disable=import-outside-toplevel
-  from jaxlib.mlir.dialects import sdy, stablehlo  # pylint: disable=import-outside-toplevel
+  from jaxlib.mlir.dialects import stablehlo  # pylint: disable=import-outside-toplevel
   # A context per program (~0.3 ms): a shared one would keep every
   # program's attributes, constants included, for the controller's life.
-  context = ir.Context()
-  stablehlo.register_dialect(context)
-  sdy.register_dialect(context)
+  context = mlir.make_ir_context()
   try:
-    module = stablehlo.deserialize_portable_artifact(context, program)
+    try:
+      module = stablehlo.deserialize_portable_artifact(context, program)
+    except Exception:  # pylint: disable=broad-except
+      with context:
+        module = ir.Module.parse(program)
     # Nothing elided: programs differing in a large constant must differ.
-    return module.operation.get_asm(binary=True, enable_debug_info=False,
-                                    large_elements_limit=None)
-  except Exception:  # pylint: disable=broad-except
-    return program
+    identity = module.operation.get_asm(binary=True, enable_debug_info=False,
+                                        large_elements_limit=None)
+    with context:
+      return identity, custom_calls.read(module)
+  except Exception as e:  # pylint: disable=broad-except
+    raise invalid_argument(
+        f"the program does not read as StableHLO ({str(e)[:300]}); send "
+        "what JAX lowers (a StableHLO portable artifact)") from None
 
 
 def placed(program: bytes, compile_options: Any, topology: Topology,
            spmd_across_islands: bool, what: str,
-           devices: Sequence[int], identity: bytes | None = None
-           ) -> PlacedProgram:
+           devices: Sequence[int], identity: bytes | None = None,
+           content: custom_calls.Content = custom_calls.Content(),
+           serves_callbacks: bool = False,
+           label: str = "The program") -> PlacedProgram:
   """`program` with its xla.CompileOptionsProto, placed on the islands that
   hold `devices` (physical ids, in the program's logical order). `identity`:
-  what the compile cache compares instead of `program`'s bytes."""
+  what the compile cache compares instead of `program`'s bytes. `content`:
+  its custom calls (custom_calls.read), checked against the islands' (as
+  `label` in errors)."""
   replicas = max(1, compile_options.executable_build_options.num_replicas)
   devices = list(devices)
   islands = topology.islands_of(devices, what)
@@ -144,6 +173,10 @@ def placed(program: bytes, compile_options: Any, topology: Topology,
     raise unimplemented(
         f"{what} spans islands {[i.id for i in islands]} (devices {devices}) "
         "but this cluster runs programs within one island only")
+  callbacks = custom_calls.check(
+      content, topology.custom_call_targets(islands), label,
+      serves_callbacks=serves_callbacks,
+      memory_bytes=sum(i.memory_bytes for i in islands))
   # Deterministic: the client's jaxlib writes the options' map fields (e.g.
   # debug_options' latency-estimator settings) in hash order, which differs
   # from one compile of the same program to the next; the compile cache's
@@ -153,4 +186,4 @@ def placed(program: bytes, compile_options: Any, topology: Topology,
                        tuple(devices), tuple(topology.device_refs(devices)),
                        replicas,
                        hashlib.sha256(program if identity is None
-                                      else identity).digest())
+                                      else identity).digest(), callbacks)

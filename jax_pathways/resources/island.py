@@ -28,6 +28,9 @@ class Island:
   # 0 for the island's first worker; each worker that takes the place of a
   # lost one adds 1. Nothing of an older generation is used again.
   generation: int = 0
+  # The custom call kernels its jaxlib registers (programs/custom_calls.py);
+  # None: not reported, the controller's own view of the platform.
+  custom_call_targets: frozenset[str] | None = None
 
   @property
   def name(self) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Iterable
 
+from jax_pathways.programs import custom_calls
 from jax_pathways.resources.island import DeviceId, Island, IslandId
 from jax_pathways.status import Code, StatusError, invalid_argument
 
@@ -85,6 +86,7 @@ class Topology:
         raise ValueError(f"worker reports {memory!r} bytes of memory")
       island.memory_bytes = memory
       island.transfer_address = str(hello.get("transfer_address") or "")
+      island.custom_call_targets = _targets(hello.get("custom_call_targets"))
       self._islands[island.id] = island
       self._device_islands = None
       if before is None and len(self._islands) == self.expected_islands:
@@ -191,6 +193,18 @@ class Topology:
           f"{list(devices)}) but must stay within one island")
     return islands[0]
 
+  @staticmethod
+  def custom_call_targets(islands: Iterable[Island]) -> frozenset[str]:
+    """The custom call targets programs on all of `islands` may name
+    (programs/custom_calls.py): the kernels every one of them registers."""
+    registered: frozenset[str] | None = None
+    for island in islands:
+      mine = (island.custom_call_targets
+              if island.custom_call_targets is not None
+              else custom_calls.registered(island.platform))
+      registered = mine if registered is None else registered & mine
+    return custom_calls.allowed(registered or ())
+
   def device_refs(self, devices: Iterable[int]) -> list[Any]:
     """How a worker names `devices`: island-local indices when they share
     one island, [island, local index] pairs when they span islands."""
@@ -199,3 +213,20 @@ class Topology:
     if len({o.id for o in owners}) == 1:
       return [o.local_index(d) for o, d in zip(owners, devices)]
     return [[int(o.id), o.local_index(d)] for o, d in zip(owners, devices)]
+
+
+# What a worker may report of its kernels: names, a bounded number.
+_MAX_TARGETS = 4096
+_MAX_TARGET_NAME = 256
+
+
+def _targets(reported: Any) -> frozenset[str] | None:
+  """A hello's custom_call_targets, checked; raises ValueError to refuse."""
+  if reported is None:
+    return None
+  if (not isinstance(reported, list) or len(reported) > _MAX_TARGETS or
+      not all(isinstance(t, str) and 0 < len(t) <= _MAX_TARGET_NAME
+              for t in reported)):
+    raise ValueError(f"worker reports custom call targets that are not up to "
+                     f"{_MAX_TARGETS} names")
+  return frozenset(reported)

@@ -57,6 +57,7 @@ def run(controller: str, island: int | None, devices: int | None,
   from jax_pathways.cluster import addresses
   from jax_pathways.cluster import cores
   from jax_pathways.cluster import handshake
+  from jax_pathways.worker import callbacks as worker_callbacks
   from jax_pathways.worker.compilation_cache import CompilationCache
   from jax_pathways.worker.peers import Peers
   from jax_pathways.worker.pjrt_backend import PjrtBackend, PlatformError
@@ -113,6 +114,11 @@ def run(controller: str, island: int | None, devices: int | None,
                backend.platform,
                f" on cores {cores.format_list(device_cores)}"
                if device_cores else "", peers.address)
+  # Programs with callbacks reach their clients through the controller,
+  # on a connection of their own, made when the first one needs it.
+  backend.callback_link = worker_callbacks.Link(
+      lambda: _callbacks_connection(controller, token, peers.island,
+                                    connect_timeout))
   # From here on the worker heartbeats and watches the controller's.
   executor = _core.Executor(sock.detach(), controller, controller_timeout)
   try:
@@ -147,6 +153,7 @@ def worker_hello(backend: Any, island: int | None, device_memory: int,
   device_kind)."""
   import jax  # pylint: disable=import-outside-toplevel
   from jax_pathways import _core  # pylint: disable=import-outside-toplevel
+  from jax_pathways.programs import custom_calls  # pylint: disable=import-outside-toplevel
   return {
       "role": "worker",
       "island": island,
@@ -163,7 +170,30 @@ def worker_hello(backend: Any, island: int | None, device_memory: int,
       "transfer_address": transfer_address,
       "wire_version": _core.WIRE_VERSION,
       "jax_version": jax.__version__,
+      # What programs on this island may call (programs/custom_calls.py).
+      "custom_call_targets": sorted(
+          custom_calls.registered(backend.platform)),
   }
+
+
+def _callbacks_connection(controller: str, token: str | None, island: int,
+                          timeout: float) -> socket.socket:
+  """A new connection for callbacks (worker/callbacks.py), authenticated as
+  island `island`'s worker."""
+  # pylint: disable=import-outside-toplevel
+  from jax_pathways.cluster import addresses
+  from jax_pathways.cluster import handshake
+  sock = addresses.connect(controller, timeout)
+  try:
+    handshake.connect(sock, token, {"role": "callbacks", "island": island,
+                                    "pid": os.getpid(),
+                                    "host": socket.gethostname()},
+                      timeout=timeout)
+  except BaseException:
+    sock.close()
+    raise
+  sock.settimeout(None)
+  return sock
 
 
 def _exit_code(ended: str, controller: str, token: str | None,

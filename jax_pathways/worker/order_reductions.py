@@ -48,7 +48,7 @@ import pathlib
 import re
 import shutil
 import tempfile
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from jax._src.lib import _jax
@@ -78,11 +78,11 @@ class NotRewritten(Exception):
   """The program could not be taken apart; it runs with gloo's order."""
 
 
-def partitioned_module(client: Any, program: bytes, devices: Any,
-                       options: Any) -> tuple[Any, str | None]:
-  """Compiles `program` as usual and returns (executable, the per-device
-  module as XLA dumped it after the last of `_DUMPED_PASSES` that changed
-  it, or None if it wrote none)."""
+def partitioned_module(compile_with: Callable[[Any], Any], options: Any
+                       ) -> tuple[Any, str | None]:
+  """Compiles the program as usual (`compile_with(options)`) and returns
+  (executable, the per-device module as XLA dumped it after the last of
+  `_DUMPED_PASSES` that changed it, or None if it wrote none)."""
   dump = tempfile.mkdtemp(prefix="jax_pathways_partitioned_")
   try:
     # A copy: dump options left on would, with no directory, dump to stdout.
@@ -92,7 +92,7 @@ def partitioned_module(client: Any, program: bytes, devices: Any,
     debug.xla_dump_hlo_pass_re = "^(%s)$" % "|".join(_DUMPED_PASSES)
     debug.xla_dump_hlo_as_proto = True
     debug.xla_dump_hlo_as_text = False
-    executable = client.compile_and_load(program, devices, options)
+    executable = compile_with(options)
     # module_N.name.SEQ.pipeline.after_PASS.before_NEXT.hlo.pb
     after = re.compile(r"\.(\d+)\.[^.]+\.after_(%s)\.before_" %
                        "|".join(_DUMPED_PASSES))

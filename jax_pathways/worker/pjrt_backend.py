@@ -54,11 +54,14 @@ from jax._src.lib.mlir.dialects import hlo
 from jax.extend import backend as jax_backend
 
 from jax_pathways import config
+from jax_pathways import dtypes
 from jax_pathways import protos
 from jax_pathways import threads
 from jax_pathways import validation
 from jax_pathways.cluster import cores
 from jax_pathways.status import Code, StatusError
+from jax_pathways.programs import custom_calls
+from jax_pathways.worker import callbacks as worker_callbacks
 from jax_pathways.worker import order_reductions
 from jax_pathways.worker.compilation_cache import CompilationCache
 from jax_pathways.worker import shards
@@ -128,9 +131,12 @@ class Program:
 
   def __init__(self, executable: Any, client: Any, devices: tuple[Any, ...],
                out_handlers: list[Any], metadata: dict[str, Any],
-               parameters: list[Parameter]):
+               parameters: list[Parameter],
+               callbacks: worker_callbacks.Binding | None = None):
     self.executable = executable
     self.client = client
+    # Its callbacks into its client's process (worker/callbacks.py).
+    self.callbacks = callbacks
     self.devices = devices
     self.out_handlers = out_handlers
     self.metadata = metadata
@@ -288,6 +294,11 @@ class PjrtBackend:
     self._compilation_cache = compilation_cache
     self._built_shardings: dict[Hashable, jax.sharding.Sharding] = {}
     self._ir_context = mlir.make_ir_context()
+    # What programs here may call (programs/custom_calls.py), and the
+    # connection their callbacks take to the controller (set by main).
+    self.allowed_custom_calls = custom_calls.allowed(
+        custom_calls.registered(self.platform))
+    self.callback_link: worker_callbacks.Link | None = None
 
   @property
   def spans_islands(self) -> bool:
@@ -508,10 +519,16 @@ class PjrtBackend:
 
   # ----------------------------------------------------------------- programs
   def compile(self, program: bytes, options: bytes, device_refs: list[DeviceRef],
-              replicas: int) -> Program:
+              replicas: int, callbacks: dict[str, Any] | None = None
+              ) -> Program:
+    """`callbacks`: {"route", "count"}, the route the controller serves the
+    program's callbacks by (worker/callbacks.py); None: it has none."""
     self._settle(device_refs)
+    route = int(callbacks["route"]) if callbacks else 0
+    # Programs of several clients may be the same bytes; their callbacks
+    # are not the same (route).
     key = hashlib.sha256(program + b"|" + options + b"|" +
-                         repr(device_refs).encode()).hexdigest()
+                         repr((device_refs, route)).encode()).hexdigest()
     cached = self._cache.get(key)
     if cached is not None:
       return cached
@@ -521,10 +538,13 @@ class PjrtBackend:
     # The client compiled for its own device ids; these are this worker's.
     compile_options.device_assignment = xc.DeviceAssignment.create(
         np.array([d.id for d in devices]).reshape(replicas, -1))
+    module = self._parse(program)
+    binding = self._bind(module, callbacks, len(devices))
     executable, runner = self._compiled(
         program, client, xc.DeviceList(devices), compile_options, replicas,
-        client is self.global_client and self.rank_order_reductions)
-    outputs, parameters = self._signature(program)
+        client is self.global_client and self.rank_order_reductions,
+        module if binding else None, binding)
+    outputs, parameters = self._signature(module)
     out_shardings = executable.get_output_shardings()
     handlers = []
     for i, (shape, dtype) in enumerate(outputs):
@@ -549,24 +569,67 @@ class PjrtBackend:
       metadata[field] = self._shardings(getattr(executable, f"get_{field}")())
     prog = Program(runner, client, devices, handlers, metadata,
                    _parameters(parameters, devices,
-                               executable.get_parameter_shardings()))
+                               executable.get_parameter_shardings()),
+                   binding)
     self._cache[key] = prog
     return prog
 
+  def _parse(self, program: bytes) -> Any:
+    """The program as an MLIR module of this worker's context."""
+    with self._ir_context:
+      try:
+        return _jax.mlir.deserialize_portable_artifact(program,
+                                                       self._ir_context)
+      except Exception:  # pylint: disable=broad-except
+        return ir.Module.parse(program)  # plain bytecode or text
+
+  def _bind(self, module: Any, callbacks: dict[str, Any] | None,
+            num_devices: int) -> worker_callbacks.Binding | None:
+    """Checks the program's custom calls again (the controller did:
+    nothing on the wire is trusted with this process) and binds its
+    callbacks (rewriting `module`); None if it has none."""
+    with self._ir_context:
+      content = custom_calls.read(module)
+    checked = custom_calls.check(
+        content, self.allowed_custom_calls, "The program",
+        serves_callbacks=callbacks is not None and self.callback_link
+        is not None)
+    if not checked.any:
+      return None
+    if checked.count != int(callbacks["count"]):
+      raise StatusError(Code.INVALID_ARGUMENT,
+                        f"the program binds {checked.count} host callbacks, "
+                        f"the controller said {callbacks['count']}")
+    if checked.compile_time:
+      worker_callbacks.install(self.callback_link, self.allowed_custom_calls)
+    # On one device a failed callback ends its launch at once; on several
+    # the others would wait for it in a collective (worker/callbacks.py).
+    return worker_callbacks.bind(module, int(callbacks["route"]),
+                                 checked.count, self.callback_link,
+                                 raises=num_devices == 1)
+
   def _compiled(self, program: bytes, client: Any, devices: Any,
-                options: Any, replicas: int, rank_ordered: bool
+                options: Any, replicas: int, rank_ordered: bool,
+                module: Any = None,
+                binding: worker_callbacks.Binding | None = None
                 ) -> tuple[Any, Any]:
     """(the program compiled as usual, what runs it: the same, or rank
-    ordered), loaded from the compilation cache or compiled (and kept)."""
-    key = self._cache_key(program, client, devices, options, rank_ordered)
+    ordered), loaded from the compilation cache or compiled (and kept).
+    With callbacks (`binding`), `module` is the program bound to them,
+    compiled with them and never kept: an executable loaded from the
+    cache would have no callables bound."""
+    key = None if binding else self._cache_key(program, client, devices,
+                                                options, rank_ordered)
     loaded = self._load(key, client, devices, options)
     if loaded is not None:
       return loaded
+    source = program if module is None else module
     if rank_ordered:
-      executable, runner = self._compile_rank_ordered(program, devices,
-                                                      options, replicas)
+      executable, runner = self._compile_rank_ordered(
+          source, client, devices, options, replicas, binding)
     else:
-      executable = runner = client.compile_and_load(program, devices, options)
+      executable = runner = _compile_and_load(client, source, devices,
+                                              options, binding)
     self._keep(key, client, executable, runner)
     return executable, runner
 
@@ -620,13 +683,15 @@ class PjrtBackend:
       logging.warning("compilation cache: %s not kept (%s)",
                       executable.hlo_modules()[0].name, e)
 
-  def _compile_rank_ordered(self, program: bytes, devices: Any,
-                            options: Any, replicas: int) -> tuple[Any, Any]:
+  def _compile_rank_ordered(self, source: Any, client: Any, devices: Any,
+                            options: Any, replicas: int,
+                            binding: worker_callbacks.Binding | None
+                            ) -> tuple[Any, Any]:
     """(the program compiled as usual, the same program with its float
     all-reduces combined in rank order: see order_reductions)."""
-    client = self.global_client
     executable, partitioned = order_reductions.partitioned_module(
-        client, program, devices, options)
+        lambda opts: _compile_and_load(client, source, devices, opts,
+                                       binding), options)
     try:
       if partitioned is None:
         raise order_reductions.NotRewritten(
@@ -637,8 +702,12 @@ class PjrtBackend:
            else 0 for e in _aliases(executable)})
       if not rewritten:
         return executable, executable
-      runner = client.compile_and_load(
-          text.encode(), devices, order_reductions.partitioned_options(options))
+      if binding is not None:
+        with self._ir_context:
+          text = ir.Module.parse(text)
+      runner = _compile_and_load(
+          client, text.encode() if binding is None else text, devices,
+          order_reductions.partitioned_options(options), binding)
       logging.info("%s: %d float reductions combined in rank order",
                    executable.hlo_modules()[0].name, rewritten)
       return executable, runner
@@ -701,17 +770,12 @@ class PjrtBackend:
                        f"in shards of {got}, the program takes shards of "
                        f"{shard_shape}")
 
-  def _signature(self, program: bytes
+  def _signature(self, module: Any
                  ) -> tuple[list[tuple[tuple[int, ...], str]],
                             list[tuple[tuple[int, ...], str] | None]]:
     """Global result shapes/dtypes of @main and its parameters'
     shapes/dtypes (None where not an array of a known dtype)."""
     with self._ir_context:
-      try:
-        module = _jax.mlir.deserialize_portable_artifact(program,
-                                                         self._ir_context)
-      except Exception:  # pylint: disable=broad-except
-        module = ir.Module.parse(program)  # plain bytecode or text
       for op in module.body.operations:
         if ir.StringAttr(op.attributes["sym_name"]).value != "main":
           continue
@@ -725,7 +789,7 @@ class PjrtBackend:
             continue
           rt = ir.RankedTensorType(t)
           outputs.append((tuple(rt.shape), _mlir_dtype(rt.element_type)))
-        return outputs, [_tensor_type(t) for t in ftype.inputs]
+        return outputs, [dtypes.tensor_type(t) for t in ftype.inputs]
     raise ValueError("the program has no public function @main")
 
   @staticmethod
@@ -884,25 +948,22 @@ _MEMORY_STATS_FIELDS = (
     "host_output_size_in_bytes", "host_alias_size_in_bytes",
     "host_temp_size_in_bytes")
 
-_MLIR_DTYPES = {
-    "i1": "bool", "i4": "int4", "i8": "int8", "i16": "int16", "i32": "int32",
-    "i64": "int64", "ui4": "uint4", "ui8": "uint8", "ui16": "uint16",
-    "ui32": "uint32", "ui64": "uint64", "f16": "float16", "f32": "float32",
-    "f64": "float64", "bf16": "bfloat16", "complex<f32>": "complex64",
-    "complex<f64>": "complex128", "f8E4M3FN": "float8_e4m3fn",
-    "f8E5M2": "float8_e5m2", "f8E4M3FNUZ": "float8_e4m3fnuz",
-    "f8E5M2FNUZ": "float8_e5m2fnuz", "f8E4M3B11FNUZ": "float8_e4m3b11fnuz",
-    "f8E3M4": "float8_e3m4", "f8E4M3": "float8_e4m3",
-    "f8E8M0FNU": "float8_e8m0fnu", "f4E2M1FN": "float4_e2m1fn",
-    "i2": "int2", "ui2": "uint2",
-}
+def _compile_and_load(client: Any, source: Any, devices: Any, options: Any,
+                      binding: worker_callbacks.Binding | None) -> Any:
+  """`source` (program bytes, or an MLIR module) compiled on `client`,
+  with the stubs of `binding` as its host callbacks (jaxlib takes those
+  with a module only)."""
+  if binding is None:
+    return client.compile_and_load(source, devices, options)
+  return client.compile_and_load(source, devices, options,
+                                 host_callbacks=binding.stubs)
 
 
 def _mlir_dtype(element_type: Any) -> str:
-  name = str(element_type)
-  if name not in _MLIR_DTYPES:
-    raise ValueError(f"unsupported result element type {name}")
-  return _MLIR_DTYPES[name]
+  name = dtypes.from_mlir(element_type)
+  if name is None:
+    raise ValueError(f"unsupported result element type {element_type}")
+  return name
 
 
 def _shard_shape(sharding: jax.sharding.Sharding, shape: tuple[int, ...]
@@ -931,17 +992,6 @@ def _parameters(parameters: list[tuple[tuple[int, ...], str] | None],
           sharding_impls.GSPMDSharding(devices, shardings[i]), p[0])
     out.append((p[0], np_dtype(p[1]), shard_shape))
   return out
-
-
-def _tensor_type(t: Any) -> tuple[tuple[int, ...], str] | None:
-  try:
-    rt = ir.RankedTensorType(t)
-  except ValueError:  # a token, an unranked tensor
-    return None
-  name = str(rt.element_type)
-  if name not in _MLIR_DTYPES or not rt.has_static_shape:
-    return None
-  return tuple(rt.shape), _MLIR_DTYPES[name]
 
 
 def _aliases(executable: Any) -> list[Any]:

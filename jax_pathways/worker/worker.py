@@ -253,7 +253,8 @@ class Worker:
   def _compile(self, op: Any) -> None:
     header, (program, options) = payloads.decode(op.payload)
     prog = self._backend.compile(bytes(program), bytes(options),
-                                 header["devices"], header["replicas"])
+                                 header["devices"], header["replicas"],
+                                 header.get("callbacks"))
     self._programs[op.program] = prog
     metadata = json.dumps(prog.metadata).encode()
     self._completions.add(op.seq, [], lambda: metadata)

@@ -7,12 +7,14 @@ import itertools
 import types
 
 import numpy as np
+import pytest
 from jaxlib.mlir.dialects import stablehlo
 
 from jax_pathways import protos
 from jax_pathways.programs import xla_program
 from jax_pathways.resources.topology import Topology
 from jax_pathways.resources.virtual_slice import VirtualSlice
+from jax_pathways.status import Code, StatusError
 
 # Two call sites, as JAX records them (the whole Python stack).
 HERE = 'callsite("f"("a.py":3:9) at "main"("train.py":10:2))'
@@ -78,8 +80,10 @@ def test_programs_differing_in_a_large_constant_have_different_keys():
   assert _key(_artifact(c, HERE)) != _key(_artifact(d, HERE))
 
 
-def test_unreadable_program_keys_on_its_bytes():
-  """The worker reports why it cannot compile it; the key still tells
-  programs apart."""
-  assert _key(b"not a program") != _key(b"not a program either")
-  assert _key(b"not a program") == _key(b"not a program")
+def test_unreadable_program_is_refused():
+  """Nothing in it could be checked (programs/custom_calls.py), so it goes
+  no further than the controller."""
+  with pytest.raises(StatusError) as e:
+    _key(b"not a program")
+  assert e.value.status.code == Code.INVALID_ARGUMENT
+  assert "does not read as StableHLO" in e.value.status.message

@@ -26,7 +26,8 @@ def _compile_both(fn, devices, *args):
 
   client, device_list = devices[0].client, xc.DeviceList(tuple(devices))
   original, dumped = order_reductions.partitioned_module(
-      client, program, device_list, options())
+      lambda opts: client.compile_and_load(program, device_list, opts),
+      options())
   text, rewritten = order_reductions.order_reductions(
       mlir.make_ir_context(), dumped)
   if not rewritten:

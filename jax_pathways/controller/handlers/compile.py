@@ -11,6 +11,7 @@ executable later comes from the metadata the worker sent back.
 from __future__ import annotations
 
 import base64
+import dataclasses
 from typing import Any
 
 from jax_pathways.controller import mpmd_executable
@@ -30,12 +31,16 @@ Loaded = CompiledProgram | MpmdExecutable | ProfileExecutable
 def compile_program(session: Session, req: Any, reply: Reply) -> None:
   if len(req.host_callbacks):
     raise unimplemented(
-        "host callbacks (jax.debug.print, pure_callback, io_callback) cannot "
-        "cross the IFRT proxy; see docs/limitations.md")
+        "host callbacks sent in the IFRT proxy protocol are not served: "
+        "jax_pathways' own client serves a program's callbacks from the "
+        "user's process (import jax_pathways; jax_pathways.initialize())")
   services = session.services
+  route = 0
 
   def compiled(status: Status, result: Loaded | None) -> None:
     if not status.ok:
+      if route:
+        services.callbacks.release(route)
       reply.error(status)
       return
     handle = session.server_handles.new()
@@ -71,12 +76,22 @@ def compile_program(session: Session, req: Any, reply: Reply) -> None:
     compiled(Status(), ProfileExecutable(request, session.number, devices,
                                           [i.id for i in islands]))
     return
-  mpmd = req.program.type_name == ifrt_ir_program.IFRT_IR_PROGRAM
-  program = (ifrt_ir_program if mpmd else xla_program).place(
+  if req.program.type_name == ifrt_ir_program.IFRT_IR_PROGRAM:
+    mpmd_executable.compile_program(
+        ifrt_ir_program.place(req.program, req.compile_options,
+                              services.topology, services.spmd_across_islands,
+                              session.slice),
+        services.compile_cache, services.topology, compiled)
+    return
+  program = xla_program.place(
       req.program, req.compile_options, services.topology,
-      services.spmd_across_islands, session.slice)
-  if mpmd:
-    mpmd_executable.compile_program(program, services.compile_cache,
-                                    services.topology, compiled)
-  else:
-    services.compile_cache.compile(program, compiled)
+      services.spmd_across_islands, session.slice,
+      serves_callbacks=(session.callbacks_client is not None and
+                        services.callbacks is not None))
+  if program.callbacks.any:
+    # Its callbacks run in this client's process alone (callbacks.py).
+    route = services.callbacks.new_route(session.callbacks_client,
+                                         program.callbacks.table,
+                                         session.number)
+    program = dataclasses.replace(program, route=route)
+  services.compile_cache.compile(program, compiled)

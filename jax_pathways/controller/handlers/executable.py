@@ -267,6 +267,10 @@ def destruct(session: Session, req: Any, reply: Reply) -> None:
                                           req.loaded_executable_handle)
   if isinstance(exe, ProfileExecutable):  # perhaps still recording
     exe.abandon(session.services)
+  if isinstance(exe, CompiledProgram) and exe.route:
+    # Nobody can compile the same route again: its callbacks and answers go.
+    session.services.callbacks.release(exe.route)
+    session.services.compile_cache.forget(exe)
   reply.ok()
 
 
