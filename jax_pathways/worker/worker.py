@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from typing import Any, Callable
 
@@ -46,6 +47,7 @@ import numpy as np
 from jax_pathways import _core
 from jax_pathways.dispatch import payloads
 from jax_pathways.status import Code, Status, StatusError
+from jax_pathways.worker.callback_lanes import Lane, Pending, Task
 from jax_pathways.worker.completions import Completions, error_status
 from jax_pathways.worker.peers import Peers
 from jax_pathways.worker.tracer import Tracer
@@ -75,6 +77,11 @@ OPS_PER_WAKE = 64
 # its event fits the socket's buffer, so sending does not wait on the
 # controller.
 QUICK_FETCH_BYTES = 64 << 10
+# Ops that read arrays, which wait on a lane for a lane's results.
+_READERS = frozenset({OpKind.LAUNCH, OpKind.FETCH, OpKind.COPY, OpKind.SEND})
+# How often a lane waiting for a launch spanning islands looks whether an
+# island was lost (the launch then never finishes).
+SPANNING_POLL_S = 0.01
 
 
 class Worker:
@@ -87,7 +94,18 @@ class Worker:
     self._peers = peers
     self._transfers = transfers
     self._programs: dict[int, Program] = {}
-    self._buffers: dict[int, jax.Array | Status] = {}
+    # By buffer id: an array, the Status it failed with, or a Pending
+    # result of an op on a lane (worker/callback_lanes.py).
+    self._buffers: dict[int, jax.Array | Status | Pending] = {}
+    # Lanes of programs that call back into their clients, by route; the
+    # last launch spanning islands sent to one and the ops on lanes that
+    # read a buffer (a later launch must not donate it under them; only
+    # the op loop touches these).
+    self._lanes: dict[int, Lane] = {}
+    self._last_spanning: Task | None = None
+    self._lane_readers: dict[int, list[Task]] = {}
+    # On a lane's thread: the op's task and the arrays it reads.
+    self._on_lane = threading.local()
     # The PUT and exchange headers parsed (payloads.decode): uploads alike,
     # and a pipeline's moves, repeat them.
     self._headers: dict[bytes, Any] = {}
@@ -140,6 +158,8 @@ class Worker:
     if op.kind == OpKind.PEER_LOST:
       self._peer_lost(op)
       return
+    if op.kind in _READERS and self._to_lane(op):
+      return
     record = (self._tracer.issuing(op.seq, op.kind.name.lower(),
                                    self._name(op))
               if self._tracer.enabled else None)
@@ -148,11 +168,84 @@ class Worker:
       if record is not None:
         record[4] = time.time_ns()
     except Exception as e:  # pylint: disable=broad-except
-      status = error_status(e)
+      self._failed(op, error_status(e))
+
+  def _failed(self, op: Any, status: Status) -> None:
+    task = getattr(self._on_lane, "task", None)
+    if task is not None:
+      for p in task.results:
+        if not p.done:
+          p.resolve(status)
+    else:
       for b in op.results:
         self._buffers[b] = status
-      if op.kind != OpKind.DELETE:  # deletions are never answered
-        self._completions.fail(op.seq, status)
+    if op.kind != OpKind.DELETE:  # deletions are never answered
+      self._completions.fail(op.seq, status)
+
+  # ------------------------------------------------------------------- lanes
+  def _to_lane(self, op: Any) -> bool:
+    """Sends `op` to a lane if it calls back into its client or must come
+    after an op on a lane (see worker/callback_lanes.py)."""
+    after: list[Any] = []
+    for b in op.args:
+      value = self._buffers.get(b)
+      if type(value) is Pending:  # pylint: disable=unidiomatic-typecheck
+        if value.done:
+          self._buffers[b] = value.wait()
+        else:
+          after.append(value)
+    program = (self._programs.get(op.program) if op.kind == OpKind.LAUNCH
+               else None)
+    spanning = (program is not None and
+                program.client is not self._backend.client)
+    if spanning and self._last_spanning is not None:
+      if self._last_spanning.issued.is_set():
+        self._last_spanning = None
+      else:
+        after.append(self._last_spanning)
+    if program is not None and self._lane_readers:
+      for i in program.metadata.get("donated_input_indices", ()):
+        if i < len(op.args):
+          after += [t for t in self._lane_readers.get(op.args[i], ())
+                    if not t.issued.is_set()]
+    route = program.callbacks.route if (
+        program is not None and program.callbacks is not None) else 0
+    if not route and not after:
+      return False
+    if route:
+      lane = self._lanes.get(route)
+      if lane is None:
+        lane = self._lanes[route] = Lane(f"jp-lane-{route}")
+    else:
+      lane = after[0].lane
+    snapshot = {b: self._buffers.get(b) for b in op.args}
+    task = Task(lambda t: self._run_on_lane(op, t, snapshot), after,
+                [Pending(lane) for _ in op.results], lane)
+    for b, pending in zip(op.results, task.results):
+      self._buffers[b] = pending
+    for b in op.args:
+      readers = [t for t in self._lane_readers.get(b, ())
+                 if not t.issued.is_set()]
+      readers.append(task)
+      self._lane_readers[b] = readers
+    if spanning:
+      self._last_spanning = task
+    lane.submit(task)
+    return True
+
+  def _run_on_lane(self, op: Any, task: Task,
+                   snapshot: dict[int, Any]) -> None:
+    self._on_lane.task, self._on_lane.snapshot = task, snapshot
+    try:
+      self._handlers[op.kind](op)
+    except Exception as e:  # pylint: disable=broad-except
+      self._failed(op, error_status(e))
+    finally:
+      self._on_lane.task = self._on_lane.snapshot = None
+      for pending in task.results:  # an op that stored nothing
+        if not pending.done:
+          pending.resolve(Status(Code.INTERNAL, f"op {op.seq} made no "
+                                 "array for this result"))
 
   def _peer_lost(self, op: Any) -> None:
     """Island `op.program` is lost: programs on the global client wait for
@@ -232,7 +325,11 @@ class Worker:
 
   # ------------------------------------------------------------------ helpers
   def _array(self, buffer: int) -> jax.Array:
-    value = self._buffers.get(buffer)
+    snapshot = getattr(self._on_lane, "snapshot", None)
+    value = (snapshot.get(buffer) if snapshot is not None
+             else self._buffers.get(buffer))
+    if type(value) is Pending:  # pylint: disable=unidiomatic-typecheck
+      value = value.wait()  # on a lane: an earlier op's
     if value is None:
       raise StatusError(Code.NOT_FOUND,
                         f"array (buffer {buffer}) is not on this worker: it "
@@ -246,6 +343,11 @@ class Worker:
       raise StatusError(Code.INTERNAL,
                         f"op produced {len(arrays)} arrays for "
                         f"{len(op.results)} result ids")
+    task = getattr(self._on_lane, "task", None)
+    if task is not None:
+      for pending, a in zip(task.results, arrays):
+        pending.resolve(a)
+      return
     for b, a in zip(op.results, arrays):
       self._buffers[b] = a
 
@@ -274,10 +376,33 @@ class Worker:
       if lost is not None:
         raise StatusError(lost.code, lost.message)
     args = [self._array(b) for b in op.args]
+    if program.callbacks is not None:  # on its lane
+      self._launch_calling_back(op, program, args)
+      return
     outputs, execution = self._backend.execute(program, args)
     self._store(op, outputs)
     self._completions.add(op.seq, [execution],
                           spanning=program.client is not self._backend.client)
+
+  def _launch_calling_back(self, op: Any, program: Program,
+                           args: list[jax.Array]) -> None:
+    """A launch of a program with callbacks, on its lane: its results are
+    its own once it has finished and none of its callbacks failed."""
+    spanning = program.client is not self._backend.client
+    program.callbacks.failure = None
+    outputs, execution = self._backend.execute(program, args)
+    self._on_lane.task.issued.set()  # a later spanning launch may go now
+    if spanning:
+      # Never finished if an island is lost meanwhile (see _peer_lost).
+      while not execution.is_ready() and self._spanning_lost is None:
+        time.sleep(SPANNING_POLL_S)
+    else:
+      execution.block_until_ready()
+    failure = program.callbacks.take_failure()
+    if failure is not None:
+      raise StatusError(failure.code, failure.message)
+    self._store(op, outputs)
+    self._completions.add(op.seq, [execution], spanning=spanning)
 
   def _put(self, op: Any) -> None:
     header, blobs = payloads.decode(op.payload, self._headers)
@@ -325,6 +450,7 @@ class Worker:
     # No event: a DELETE is done once ordered (see transport/messages.h).
     for b in op.args:
       self._buffers.pop(b, None)
+      self._lane_readers.pop(b, None)
 
   def _copy(self, op: Any) -> None:
     header, _ = payloads.decode(op.payload)
