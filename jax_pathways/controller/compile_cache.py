@@ -57,6 +57,10 @@ class CompiledProgram:
     # controller/callbacks.py): a program with a route is its client's.
     self.key = key
     self.route = route
+    # Launches of a program with callbacks not finished yet, and what runs
+    # once none is (its route's release: a call may still come until then).
+    self._in_flight = 0
+    self._when_idle: Callable[[], None] | None = None
     # The COMPILE op's payload, sent again to an island's next worker.
     self._compile_payload = compile_payload
     # The global client's generation a program spanning islands was
@@ -138,8 +142,42 @@ class CompiledProgram:
              results: Sequence[int], on_done: OnDone | None) -> None:
     """One LAUNCH gang over the program's islands: `args` -> `results`."""
     self.ensure_current(services)
-    self.schedule(services).run(services, [a.buffer for a in args],
-                                list(results), on_done)
+    if self.route:
+      on_done = self._counted(on_done)
+    try:
+      self.schedule(services).run(services, [a.buffer for a in args],
+                                  list(results), on_done)
+    except BaseException:
+      if self.route:
+        on_done(Status(Code.INTERNAL, "not launched"), [])
+      raise
+
+  def _counted(self, on_done: OnDone | None) -> OnDone:
+    """`on_done`, counting the launch in flight until it runs."""
+    with self._lock:
+      self._in_flight += 1
+
+    def done(status: Status, *rest: Any) -> None:
+      with self._lock:
+        self._in_flight -= 1
+        idle = self._when_idle if self._in_flight == 0 else None
+        if idle is not None:
+          self._when_idle = None
+      if idle is not None:
+        idle()
+      if on_done is not None:
+        on_done(status, *rest)
+
+    return done
+
+  def when_idle(self, run: Callable[[], None]) -> None:
+    """Runs `run` once no launch of this program is in flight (now if
+    none is)."""
+    with self._lock:
+      if self._in_flight:
+        self._when_idle = run
+        return
+    run()
 
   def schedule(self, services: Services,
                args: Sequence[Array] = ()) -> Schedule:

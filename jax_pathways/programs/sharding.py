@@ -48,6 +48,17 @@ class Sharding:
     return Sharding(tuple(devices), self.op_sharding,
                     memory_kind if memory_kind is not None else self.memory_kind)
 
+  def maximal_device(self) -> int | None:
+    """The position of the one device that holds a maximal array whole
+    (None for any other sharding)."""
+    if self.op_sharding is None:
+      return None
+    op = protos.msg("xla.OpSharding").FromString(self.op_sharding)
+    if op.type != _MAXIMAL or len(op.tile_assignment_devices) != 1:
+      return None
+    position = int(op.tile_assignment_devices[0])
+    return position if 0 <= position < len(self.devices) else None
+
   def shard_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
     """The shape of each shard (IFRT shardings here are even or padded)."""
     tiles = None if self.op_sharding is None else _tiles(self.op_sharding)

@@ -32,6 +32,7 @@ import base64
 import concurrent.futures
 import functools
 import hashlib
+import os
 import re
 import threading
 import time
@@ -121,6 +122,12 @@ def np_dtype(name: str) -> np.dtype:
   return np.dtype(jax.numpy.dtype(name))
 
 
+# How long the devices of a program with callbacks wait in a collective
+# for one of them in a callback (a callback may wait for its user), and
+# after how long XLA logs that they wait.
+CALLBACK_WAIT_S = 7 * 24 * 3600
+CALLBACK_WARN_S = 600
+
 # A parameter as execute() checks it: global shape, dtype, and the shape of
 # each shard (None where unknown); None for a parameter not checked.
 Parameter = tuple[tuple[int, ...], np.dtype, tuple[int, ...] | None] | None
@@ -196,6 +203,19 @@ class PlatformError(Exception):
   """This host cannot give the island the platform or devices asked for."""
 
 
+def _spare_threads(num_devices: int) -> None:
+  """Gives this process's CPU clients (the island's, the global ones) a
+  thread per device beyond one per core (XLA sizes their pools by the
+  NPROC variable, else by the cores). A program runs on one pool thread per
+  device; when it waits on every device (one of them in a callback: a
+  client's io_callback may take minutes), copies and programs of one device
+  still find threads, as in one JAX process with more cores than devices.
+  A value the user set is kept."""
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+      else (os.cpu_count() or 1)
+  os.environ.setdefault("NPROC", str(max(cores, num_devices) + num_devices))
+
+
 def island_client(platform: str | None, num_devices: int | None) -> Any:
   """The island's PJRT client. `platform`: a JAX platform name (cpu, cuda,
   rocm, tpu, ...; None: JAX's default backend on this host, among those
@@ -212,9 +232,9 @@ def island_client(platform: str | None, num_devices: int | None) -> Any:
         # backend becomes it (PjrtBackend.__init__).
         jax_backend.clear_backends()
     if platform == "cpu":
-      return xc.make_cpu_client(
-          asynchronous=True,
-          num_devices=num_devices or config.from_env().devices_per_island)
+      num_devices = num_devices or config.from_env().devices_per_island
+      _spare_threads(num_devices)
+      return xc.make_cpu_client(asynchronous=True, num_devices=num_devices)
     found = jax_backend.get_backend(platform)
   except (RuntimeError, AssertionError) as e:
     # JAX skips CUDA without a visible GPU and then asserts it found a
@@ -534,12 +554,14 @@ class PjrtBackend:
       return cached
     devices = tuple(self.device(r) for r in device_refs)
     client = devices[0].client
+    module = self._parse(program)
+    binding = self._bind(module, callbacks, len(devices))
+    if binding is not None and len(devices) > 1:
+      options = _waiting_for_callbacks(options)
     compile_options = xc.CompileOptions.ParseFromString(options)
     # The client compiled for its own device ids; these are this worker's.
     compile_options.device_assignment = xc.DeviceAssignment.create(
         np.array([d.id for d in devices]).reshape(replicas, -1))
-    module = self._parse(program)
-    binding = self._bind(module, callbacks, len(devices))
     executable, runner = self._compiled(
         program, client, xc.DeviceList(devices), compile_options, replicas,
         client is self.global_client and self.rank_order_reductions,
@@ -947,6 +969,17 @@ _MEMORY_STATS_FIELDS = (
     "host_generated_code_size_in_bytes", "host_argument_size_in_bytes",
     "host_output_size_in_bytes", "host_alias_size_in_bytes",
     "host_temp_size_in_bytes")
+
+def _waiting_for_callbacks(options: bytes) -> bytes:
+  """Compile options under which the devices of a program wait in its
+  collectives for as long as one of them is in a callback: XLA:CPU
+  otherwise aborts the process once they have waited 40 s."""
+  proto = protos.msg("xla.CompileOptionsProto").FromString(options)
+  debug = proto.executable_build_options.debug_options
+  debug.xla_cpu_collective_call_terminate_timeout_seconds = CALLBACK_WAIT_S
+  debug.xla_cpu_collective_call_warn_stuck_seconds = CALLBACK_WARN_S
+  return proto.SerializeToString()
+
 
 def _compile_and_load(client: Any, source: Any, devices: Any, options: Any,
                       binding: worker_callbacks.Binding | None) -> Any:

@@ -464,8 +464,10 @@ def _local_positions(sharding: Sharding, topology: Topology) -> list[int]:
   return out
 
 
-def _split(session: Session, src: Array, handles_: Sequence[int]) -> None:
-  """Single-device arrays of `src`'s first len(handles_) shards."""
+def _split(session: Session, src: Array, handles_: Sequence[int],
+           first: int = 0) -> None:
+  """Single-device arrays of len(handles_) of `src`'s shards, from
+  position `first` on."""
   if len(src.sharding.devices) == 1 and len(handles_) == 1:
     # The only shard of a one-device array is the array (np.asarray asks
     # for it before every fetch): share its buffer, no worker op.
@@ -478,8 +480,10 @@ def _split(session: Session, src: Array, handles_: Sequence[int]) -> None:
   kind = src.sharding.memory_kind
   positions: dict[int, list[int]] = {}  # island -> its local positions
   results: dict[int, list[int]] = {}
-  for h, b, device, local in zip(handles_, buffers, src.sharding.devices,
-                                 _local_positions(src.sharding, topology)):
+  for h, b, device, local in zip(handles_, buffers,
+                                 src.sharding.devices[first:],
+                                 _local_positions(src.sharding,
+                                                  topology)[first:]):
     island = topology.island_of_device(device)
     shard = Array(b, (island,), src.dtype, shard_shape,
                   Sharding((device,), None, kind))
@@ -509,10 +513,13 @@ def disassemble(session: Session, req: Any, reply: Reply) -> None:
 @handles("fully_replicated_shard_request", results=lambda r: [r.result_handle])
 def fully_replicated_shard(session: Session, req: Any, reply: Reply) -> None:
   src = _usable(session, req.array_handle)
-  if src.sharding.op_sharding is not None:
+  # A maximal array (a host callback's result) is whole on one device,
+  # which JAX counts as replicated.
+  position = src.sharding.maximal_device()
+  if src.sharding.op_sharding is not None and position is None:
     raise invalid_argument("FullyReplicatedShard of an array that is not "
                            "fully replicated")
-  _split(session, src, [req.result_handle])
+  _split(session, src, [req.result_handle], position or 0)
   reply.ok(lambda r: setattr(r, "array_handle", req.result_handle))
 
 

@@ -131,7 +131,10 @@ def execute(session: Session, req: Any, reply: Reply) -> None:
     if status_future is not None:
       status_future.set_result(failure)
   else:
-    fast = isinstance(exe, (CompiledProgram, MpmdExecutable))
+    # A program with callbacks stays with Python, which counts its
+    # launches in flight (CompiledProgram.when_idle).
+    fast = (isinstance(exe, (CompiledProgram, MpmdExecutable)) and
+            not getattr(exe, "route", 0))
     for h, b, (shape, dtype), s, islands in zip(
         handles_, buffers, outputs, shardings, exe.output_islands):
       if fast:
@@ -268,9 +271,11 @@ def destruct(session: Session, req: Any, reply: Reply) -> None:
   if isinstance(exe, ProfileExecutable):  # perhaps still recording
     exe.abandon(session.services)
   if isinstance(exe, CompiledProgram) and exe.route:
-    # Nobody can compile the same route again: its callbacks and answers go.
-    session.services.callbacks.release(exe.route)
-    session.services.compile_cache.forget(exe)
+    # Nobody can compile the same route again: its callbacks and answers
+    # go, once its last launch (perhaps still waiting) has run.
+    services = session.services
+    services.compile_cache.forget(exe)
+    exe.when_idle(lambda: services.callbacks.release(exe.route))
   reply.ok()
 
 

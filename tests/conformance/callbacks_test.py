@@ -1,0 +1,274 @@
+"""Callbacks into the user's process, as JAX code uses them: jax.debug.print
+and jax.debug.callback, pure_callback and io_callback inside jit, vmap,
+scan, while_loop, cond, grad and shard_map, on one island and across
+islands; custom_partitioning and inspect_array_sharding while compiling.
+Each runs plain (this process's CPU backend) and through jax_pathways: the
+same results, bit for bit, the same calls in the same order where JAX
+orders them, the same errors."""
+from __future__ import annotations
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import io_callback
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+pytestmark = pytest.mark.integration
+
+# Where a program runs: one device of island 1, island 0's four devices,
+# and all eight devices of both islands.
+PLACES = {"one_device": (5,), "one_island": (0, 1, 2, 3),
+          "both_islands": tuple(range(8))}
+WAIT_S = 60.0  # a bound on waits that only catches hangs
+
+
+def _mesh(devices, place: str) -> Mesh:
+  return Mesh(np.array([devices[i] for i in PLACES[place]]), ("d",))
+
+
+def _put(devices, place: str, x) -> jax.Array:
+  return jax.device_put(x, NamedSharding(_mesh(devices, place), P("d")))
+
+
+@pytest.mark.parametrize("place", sorted(PLACES))
+def test_callbacks_run_here_with_the_device_values(run_both, place):
+  calls: dict[str, list] = {}
+
+  def program(devices):
+    seen = calls.setdefault(devices[0].platform + str(id(devices)), [])
+
+    def record(s, m):
+      seen.append((float(s), np.asarray(m).tolist()))
+
+    @jax.jit
+    def f(x):
+      s = x.sum()
+      jax.debug.callback(record, s, x.max())
+      y = jax.pure_callback(lambda v: np.sin(v) * 3,
+                            jax.ShapeDtypeStruct((), x.dtype), s)
+      z = io_callback(lambda v: (v * 2).astype(v.dtype),
+                      jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+      return x * y + z
+
+    out = f(_put(devices, place, jnp.arange(16, dtype=jnp.float32)))
+    jax.effects_barrier()
+    return out
+
+  run_both(program)
+  plain, pathways = calls.values()
+  assert plain == pathways == [(120.0, 15.0)]
+
+
+def test_debug_print_prints_in_this_process(run_both, capfd):
+  def program(devices):
+    @jax.jit
+    def step(x):
+      for i in range(3):
+        jax.debug.print("step {i}: {x}", i=i, x=x.sum())
+        x = x * 2
+      return x
+    out = step(_put(devices, "both_islands", jnp.ones(8)))
+    jax.effects_barrier()
+    return out
+
+  run_both(program)
+  lines = [l for l in capfd.readouterr().out.splitlines()
+           if l.startswith("step")]
+  expected = ["step 0: 8.0", "step 1: 16.0", "step 2: 32.0"]
+  assert lines == expected * 2  # plain, then through jax_pathways
+
+
+@pytest.mark.parametrize("transform", ["vmap", "scan", "while", "cond",
+                                       "grad", "shard_map"])
+def test_pure_callback_under_transformations(run_both, transform):
+  def host(x):
+    return np.cos(x) * 2 + 1
+
+  def cb(x):
+    return jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x,
+                             vmap_method="sequential")
+
+  @jax.custom_jvp
+  def g(x):
+    return cb(x)
+
+  g.defjvp(lambda p, t: (g(p[0]), -2 * jnp.sin(p[0]) * t[0]))
+
+  def program(devices):
+    x = _put(devices, "one_island", jnp.linspace(0, 1, 8, dtype=jnp.float32))
+    mesh = _mesh(devices, "one_island")
+    fns = {
+        "vmap": jax.vmap(cb),
+        "scan": lambda x: jax.lax.scan(lambda c, v: (c + cb(v), c), 0.0,
+                                       x)[0],
+        "while": lambda x: jax.lax.while_loop(
+            lambda c: c[0] < 3, lambda c: (c[0] + 1, cb(c[1])), (0, x))[1],
+        "cond": lambda x: jax.lax.cond(x.sum() > 1, cb, jnp.sin, x),
+        "grad": jax.grad(lambda x: g(x).sum()),
+        "shard_map": jax.shard_map(cb, mesh=mesh, in_specs=P("d"),
+                                   out_specs=P("d")),
+    }
+    return jax.jit(fns[transform])(x)
+
+  run_both(program)
+
+
+def test_ordered_io_callbacks_keep_their_order(run_both):
+  log: list[list[int]] = []
+
+  def program(devices):
+    order: list[int] = []
+    log.append(order)
+
+    def note(i):
+      order.append(int(i))
+      return np.int32(len(order))
+
+    @jax.jit
+    def f(x):
+      def body(c, i):
+        n = io_callback(note, jax.ShapeDtypeStruct((), jnp.int32), i,
+                        ordered=True)
+        return c + n, n
+      return jax.lax.scan(body, 0, x)
+
+    out = [f(_put(devices, "one_device", jnp.arange(6, dtype=jnp.int32) * k))
+           for k in (1, 2)]
+    jax.effects_barrier()
+    return out
+
+  run_both(program)
+  assert log[0] == log[1] == [0, 1, 2, 3, 4, 5, 0, 2, 4, 6, 8, 10]
+
+
+@pytest.mark.parametrize("place", sorted(PLACES))
+def test_an_exception_in_a_callback_reaches_the_caller(proxy_devices, place):
+  def boom(x):
+    raise ValueError(f"no thanks to {float(x)}")
+
+  @jax.jit
+  def f(x):
+    y = jax.pure_callback(boom, jax.ShapeDtypeStruct((), x.dtype), x.sum())
+    return x * y
+
+  x = _put(proxy_devices, place, jnp.arange(8, dtype=jnp.float32))
+  with pytest.raises(Exception, match=r"ValueError: no thanks to 28\.0"):
+    np.asarray(f(x))
+  # The island is fine, and the program runs again once the callback does.
+  ok = jax.jit(lambda x: jax.pure_callback(
+      lambda v: v + 1, jax.ShapeDtypeStruct(x.shape, x.dtype), x))
+  np.testing.assert_array_equal(np.asarray(ok(x)), np.arange(8) + 1)
+
+
+def test_a_callback_may_call_jax_on_the_islands(proxy_devices):
+  inner = jax.jit(lambda v: v * 10)
+
+  def host(x):
+    # On the cluster's own devices, while the outer program waits for us.
+    return np.asarray(inner(jax.device_put(x, proxy_devices[5])))
+
+  @jax.jit
+  def f(x):
+    return jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype),
+                             x) + 1
+
+  for device in (proxy_devices[5], proxy_devices[1]):
+    x = jax.device_put(np.arange(4, dtype=np.float32), device)
+    np.testing.assert_array_equal(np.asarray(f(x)), np.arange(4) * 10 + 1)
+
+
+@pytest.mark.parametrize("place", ["one_device", "one_island"])
+def test_a_blocked_callback_holds_up_no_other_work(proxy_devices, place):
+  started, release = threading.Event(), threading.Event()
+
+  def wait_for_release(x):
+    started.set()
+    assert release.wait(WAIT_S), "the test never released the callback"
+    return x
+
+  blocked = jax.jit(lambda x: jax.pure_callback(
+      wait_for_release, jax.ShapeDtypeStruct(x.shape, x.dtype), x) * 2)
+  other = jax.jit(lambda x: jnp.cumsum(x) + 1)
+  x = _put(proxy_devices, place, jnp.arange(8, dtype=jnp.float32))
+  try:
+    pending = blocked(x)  # dispatched; its callback now waits here
+    assert started.wait(WAIT_S)
+    # The same island takes other work meanwhile: uploads, programs (on one
+    # device: XLA:CPU runs one program of several devices at a time) and
+    # fetches; so does the other island, whatever it runs.
+    for device in (proxy_devices[PLACES[place][-1]],
+                   _mesh(proxy_devices, "one_island").devices[0]):
+      y = jax.device_put(jnp.ones(8, jnp.float32), device)
+      np.testing.assert_array_equal(np.asarray(other(y)), np.arange(8) + 2)
+    other_island = Mesh(np.array(proxy_devices[4:]), ("d",))
+    y = jax.device_put(jnp.ones(8, jnp.float32),
+                       NamedSharding(other_island, P("d")))
+    np.testing.assert_array_equal(np.asarray(other(y)), np.arange(8) + 2)
+    assert not release.is_set()
+  finally:
+    release.set()
+  np.testing.assert_array_equal(np.asarray(pending), np.arange(8) * 2)
+
+
+def test_custom_partitioning_asks_this_process(run_both):
+  calls: list[str] = []
+
+  @custom_partitioning
+  def double_rows(x):
+    return x * 2
+
+  def infer(mesh, arg_shapes, result_shape):
+    calls.append("infer")
+    return arg_shapes[0].sharding
+
+  def partition(mesh, arg_shapes, result_shape):
+    calls.append("partition")
+    sharding = arg_shapes[0].sharding
+    return mesh, lambda x: x * 2, sharding, (sharding,)
+
+  double_rows.def_partition(infer_sharding_from_operands=infer,
+                            partition=partition, sharding_rule="i j -> i j")
+
+  def program(devices):
+    x = jax.device_put(jnp.arange(64, dtype=jnp.float32).reshape(16, 4),
+                       NamedSharding(_mesh(devices, "both_islands"),
+                                     P("d", None)))
+    return jax.jit(lambda x: double_rows(x) + 1)(x)
+
+  run_both(program)
+  # Once plain; once through jax_pathways, though both islands compiled it.
+  assert calls == ["partition", "partition"]
+
+
+def test_custom_partitioning_errors_read_as_in_jax(proxy_devices):
+  @custom_partitioning
+  def f(x):
+    return x
+
+  f.def_partition(
+      infer_sharding_from_operands=lambda mesh, a, r: a[0].sharding,
+      partition=lambda mesh, a, r: (mesh, lambda x: x[:1], a[0].sharding,
+                                    (a[0].sharding,)),
+      sharding_rule="i -> i")
+  x = _put(proxy_devices, "both_islands", jnp.arange(16, dtype=jnp.float32))
+  with pytest.raises(Exception, match="Mismatch in result shapes"):
+    jax.jit(f)(x)
+
+
+def test_inspect_array_sharding_is_called_once_per_compile(run_both):
+  seen: list[str] = []
+
+  def program(devices):
+    @jax.jit
+    def f(x):
+      jax.debug.inspect_array_sharding(x, callback=lambda s: seen.append(
+          str(s.spec)))
+      return x + 1
+    return f(_put(devices, "both_islands", jnp.arange(16.)))
+
+  run_both(program)
+  assert seen == ["P('d',)"] * 2
