@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from typing import Any
 
@@ -25,8 +26,13 @@ from jax_pathways.controller.worker_listener import WorkerListener
 from jax_pathways.dispatch import payloads
 from jax_pathways.dispatch.dispatcher import (MEMORY_WAIT_S, WORKER_TIMEOUT_S,
                                               Dispatcher, IslandOp, OpKind)
+from jax_pathways.programs.reader import READERS, ProgramReader
 from jax_pathways.resources.resource_manager import ResourceManager
 from jax_pathways.resources.topology import Topology
+
+
+# Compiles being read and placed at once (each waits for a program reader).
+COMPILE_THREADS = READERS
 
 
 class Controller:
@@ -68,6 +74,9 @@ class Controller:
         platform_version=f"jax_pathways {jax_pathways.__version__}",
         global_client=self.global_client,
         callbacks=self.callbacks,
+        programs=ProgramReader(),
+        compiles=concurrent.futures.ThreadPoolExecutor(
+            COMPILE_THREADS, thread_name_prefix="jp-compile"),
         spmd_across_islands=self.global_client is not None,
         fast_path=(_core.FastPath(self.dispatcher.core, STREAM_MIN_BYTES)
                    if self.dispatcher.in_order else None))
@@ -127,6 +136,8 @@ class Controller:
   def stop(self) -> None:
     self.service.stop()
     self.callbacks.stop()
+    self.services.compiles.shutdown(wait=False, cancel_futures=True)
+    self.services.programs.close()
     self._workers.close()
     self.dispatcher.shutdown()
     if self.global_client is not None:

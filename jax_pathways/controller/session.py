@@ -16,6 +16,7 @@ its deadline passes or the session ends; then it runs again from the start.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import threading
 import time
@@ -35,6 +36,7 @@ from jax_pathways.controller.profile_executable import ProfileExecutable
 from jax_pathways.controller.tracing import Recording
 from jax_pathways.dispatch import payloads
 from jax_pathways.dispatch.dispatcher import Dispatcher, StageDest
+from jax_pathways.programs.reader import ProgramReader
 from jax_pathways.resources.resource_manager import ResourceManager
 from jax_pathways.resources.topology import Topology
 from jax_pathways.resources.virtual_slice import SliceRequest, VirtualSlice
@@ -56,6 +58,11 @@ class Services:
   global_client: GlobalClient | None = None
   # Where programs' callbacks go: their clients (controller/callbacks.py).
   callbacks: CallbackRouter | None = None
+  # Who reads the programs clients compile (programs/reader.py: processes
+  # of their own; None: this one), and the threads that wait for them
+  # (None: the sessions thread; compile.py).
+  programs: ProgramReader | None = None
+  compiles: concurrent.futures.Executor | None = None
   wait_for_topology_s: float = 120.0
   upload_timeout_s: float = 600.0
   # Whose jax.profiler trace the islands record (shared by all sessions).

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import re
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from jax_pathways import protos
 from jax_pathways import shardy_mpmd
@@ -84,8 +84,11 @@ class MpmdProgram:
 
 
 def place(program: Any, compile_options: Any, topology: Topology,
-          spmd_across_islands: bool, devices: VirtualSlice) -> MpmdProgram:
-  """Reads a CompileRequest's IfrtIRProgram (xla.ifrt.Serialized)."""
+          spmd_across_islands: bool, devices: VirtualSlice,
+          vet: Callable[[bytes], None] | None = None) -> MpmdProgram:
+  """Reads a CompileRequest's IfrtIRProgram (xla.ifrt.Serialized). `vet`
+  reads its MLIR first where reading it cannot hurt (the controller's:
+  programs/reader.py); raises if it cannot be read."""
   if compile_options.type_name != IFRT_IR_COMPILE_OPTIONS:
     raise invalid_argument(
         f"compile options of type {compile_options.type_name!r} do not fit "
@@ -99,6 +102,8 @@ def place(program: Any, compile_options: Any, topology: Topology,
   field = "IFRT IR compile options: device_ids"
   validation.check_device_count(len(options.device_ids), devices.size, field)
   validation.check_distinct(options.device_ids, field)
+  if vet is not None:
+    vet(proto.ifrt_program)
   return _Reader(topology, spmd_across_islands,
                  list(devices.physical(options.device_ids)),
                  options.compile_option_overrides).read(proto.ifrt_program)
@@ -256,6 +261,13 @@ class _Reader:
     for d in devices:
       da.computation_devices.add().replica_device_ids.append(d)
     return options
+
+
+def parse(bytecode: bytes) -> None:
+  """Reads an IFRT IR program's MLIR (raises if it does not read)."""
+  from jaxlib.mlir import ir  # pylint: disable=import-outside-toplevel
+  with _context() as ctx, ir.Location.unknown(ctx):
+    ir.Module.parse(bytecode)
 
 
 def _standalone(module_op: Any, num_devices: int) -> bytes:

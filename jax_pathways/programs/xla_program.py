@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from jax_pathways import protos, validation
 from jax_pathways.programs import custom_calls
@@ -87,12 +87,18 @@ def device_assignment(build_options: Any, available: int) -> list[int]:
   return ids
 
 
+Read = Callable[[bytes], tuple[bytes, custom_calls.Content]]
+
+
 def place(program: Any, compile_options: Any, topology: Topology,
           spmd_across_islands: bool, devices: VirtualSlice,
-          serves_callbacks: bool = False) -> PlacedProgram:
+          serves_callbacks: bool = False, read: "Read | None" = None
+          ) -> PlacedProgram:
   """Places a CompileRequest's program (xla.ifrt.Serialized), compiled by
   the client for the devices of its virtual slice. `serves_callbacks`: the
-  client runs callbacks in its process (custom_calls.check)."""
+  client runs callbacks in its process (custom_calls.check). `read`: how
+  the program is read (the controller's: programs/reader.py, in a process
+  of its own; by default here)."""
   if program.type_name != XLA_PROGRAM:
     raise unimplemented(f"program type {program.type_name!r} is not supported")
   if compile_options.type_name != XLA_COMPILE_OPTIONS:
@@ -114,7 +120,7 @@ def place(program: Any, compile_options: Any, topology: Topology,
       for c in range(da.computation_count):
         da.computation_devices[c].replica_device_ids[r] = physical[
             r * da.computation_count + c]
-  identity, content = _read(program.data)
+  identity, content = (read or _read)(program.data)
   return placed(program.data, options, topology, spmd_across_islands,
                 "the program's device assignment", physical,
                 identity=identity, content=content,
@@ -122,13 +128,23 @@ def place(program: Any, compile_options: Any, topology: Topology,
 
 
 def _read(program: bytes) -> tuple[bytes, custom_calls.Content]:
+  """read(), refusing what does not read."""
+  try:
+    return read(program)
+  except Exception as e:  # pylint: disable=broad-except
+    raise invalid_argument(
+        f"the program does not read as StableHLO ({str(e)[:300]}); send "
+        "what JAX lowers (a StableHLO portable artifact)") from None
+
+
+def read(program: bytes) -> tuple[bytes, custom_calls.Content]:
   """(what identifies `program`, its custom calls). `program`: a StableHLO
   portable artifact (what JAX's client sends), or MLIR bytecode or text
   (what a worker also compiles), read with the dialects JAX writes; one
-  that reads as neither is refused, as nothing in it could be checked.
+  that reads as neither raises, as nothing in it could be checked.
 
-  The identity is the program as bytecode without its source locations.
-  JAX records the whole Python call stack there, so the same program
+  The identity is the SHA-256 of the program as bytecode without its
+  source locations. JAX records the whole Python call stack there, so the same program
   traced again from another call site (pathwaysutils' slice health check
   is traced anew each time it runs, from the caller's stack) differs only
   in them, and compiles to the same executable."""
@@ -136,23 +152,18 @@ def _read(program: bytes) -> tuple[bytes, custom_calls.Content]:
   from jaxlib.mlir import ir  # pylint: disable=import-outside-toplevel
   from jaxlib.mlir.dialects import stablehlo  # pylint: disable=import-outside-toplevel
   # A context per program (~0.3 ms): a shared one would keep every
-  # program's attributes, constants included, for the controller's life.
+  # program's attributes, constants included, for the reader's life.
   context = mlir.make_ir_context()
   try:
-    try:
-      module = stablehlo.deserialize_portable_artifact(context, program)
-    except Exception:  # pylint: disable=broad-except
-      with context:
-        module = ir.Module.parse(program)
-    # Nothing elided: programs differing in a large constant must differ.
-    identity = module.operation.get_asm(binary=True, enable_debug_info=False,
-                                        large_elements_limit=None)
+    module = stablehlo.deserialize_portable_artifact(context, program)
+  except Exception:  # pylint: disable=broad-except
     with context:
-      return identity, custom_calls.read(module)
-  except Exception as e:  # pylint: disable=broad-except
-    raise invalid_argument(
-        f"the program does not read as StableHLO ({str(e)[:300]}); send "
-        "what JAX lowers (a StableHLO portable artifact)") from None
+      module = ir.Module.parse(program)
+  # Nothing elided: programs differing in a large constant must differ.
+  identity = module.operation.get_asm(binary=True, enable_debug_info=False,
+                                      large_elements_limit=None)
+  with context:
+    return hashlib.sha256(identity).digest(), custom_calls.read(module)
 
 
 def placed(program: bytes, compile_options: Any, topology: Topology,
@@ -163,7 +174,8 @@ def placed(program: bytes, compile_options: Any, topology: Topology,
            label: str = "The program") -> PlacedProgram:
   """`program` with its xla.CompileOptionsProto, placed on the islands that
   hold `devices` (physical ids, in the program's logical order). `identity`:
-  what the compile cache compares instead of `program`'s bytes. `content`:
+  the digest the compile cache compares (by default, of `program`'s
+  bytes). `content`:
   its custom calls (custom_calls.read), checked against the islands' (as
   `label` in errors)."""
   replicas = max(1, compile_options.executable_build_options.num_replicas)
@@ -176,7 +188,8 @@ def placed(program: bytes, compile_options: Any, topology: Topology,
   callbacks = custom_calls.check(
       content, topology.custom_call_targets(islands), label,
       serves_callbacks=serves_callbacks,
-      memory_bytes=sum(i.memory_bytes for i in islands))
+      memory_bytes=(sum(i.most_memory for i in islands)
+                    if all(i.most_memory for i in islands) else 0))
   # Deterministic: the client's jaxlib writes the options' map fields (e.g.
   # debug_options' latency-estimator settings) in hash order, which differs
   # from one compile of the same program to the next; the compile cache's
@@ -185,5 +198,5 @@ def placed(program: bytes, compile_options: Any, topology: Topology,
                        compile_options.SerializeToString(deterministic=True),
                        tuple(devices), tuple(topology.device_refs(devices)),
                        replicas,
-                       hashlib.sha256(program if identity is None
-                                      else identity).digest(), callbacks)
+                       identity or hashlib.sha256(program).digest(),
+                       callbacks)

@@ -24,6 +24,7 @@ class Island:
   data_address: str
   first_device: DeviceId = DeviceId(-1)  # set when the topology is complete
   memory_bytes: int = 0  # device memory of the whole island; 0: untracked
+  host_memory_bytes: int = 0  # its worker host's memory; 0: not reported
   transfer_address: str = ""  # its transfer server; "": pushes only
   # 0 for the island's first worker; each worker that takes the place of a
   # lost one adds 1. Nothing of an older generation is used again.
@@ -36,6 +37,12 @@ class Island:
   def name(self) -> str:
     """How errors and `jax-pathways status` name this island's worker."""
     return f"island {self.id} (worker pid {self.worker_pid} on {self.worker_host})"
+
+  @property
+  def most_memory(self) -> int:
+    """The most memory a program on this island could use (0: unknown):
+    its devices', else (CPU devices) its host's."""
+    return self.memory_bytes or self.host_memory_bytes
 
   @property
   def device_ids(self) -> range:

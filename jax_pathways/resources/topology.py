@@ -85,6 +85,11 @@ class Topology:
       if not isinstance(memory, int) or memory < 0:
         raise ValueError(f"worker reports {memory!r} bytes of memory")
       island.memory_bytes = memory
+      host_memory = hello.get("host_memory_bytes", 0)
+      if not isinstance(host_memory, int) or host_memory < 0:
+        raise ValueError(f"worker reports {host_memory!r} bytes of host "
+                         "memory")
+      island.host_memory_bytes = host_memory
       island.transfer_address = str(hello.get("transfer_address") or "")
       island.custom_call_targets = _targets(hello.get("custom_call_targets"))
       self._islands[island.id] = island

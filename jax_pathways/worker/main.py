@@ -162,6 +162,9 @@ def worker_hello(backend: Any, island: int | None, device_memory: int,
       # platform reports (bytes_limit) unless --device-memory says.
       "memory_bytes": (device_memory or backend.memory_per_device()) *
                       len(backend.devices),
+      # What a program here could use at most, if the devices say nothing
+      # (CPU devices use the host's: programs/custom_calls.py).
+      "host_memory_bytes": _host_memory(),
       "platform": backend.platform,
       "device_kind": backend.devices[0].device_kind,
       "pid": os.getpid(),
@@ -174,6 +177,13 @@ def worker_hello(backend: Any, island: int | None, device_memory: int,
       "custom_call_targets": sorted(
           custom_calls.registered(backend.platform)),
   }
+
+
+def _host_memory() -> int:
+  try:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  except (ValueError, OSError):
+    return 0
 
 
 def _callbacks_connection(controller: str, token: str | None, island: int,

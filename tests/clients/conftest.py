@@ -19,13 +19,13 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "client.py")
 class ClientProcess:
   """A client.py process and its JSON lines."""
 
-  def __init__(self, cluster, plan: dict):
+  def __init__(self, cluster, plan: dict, script: str = SCRIPT):
     env = dict(os.environ)
     env.pop("JAX_PLATFORMS", None)
     env[config.ADDRESS] = cluster.address
     env[config.TOKEN] = cluster.token
     # Outside the checkout: `import jax_pathways` finds the installed one.
-    self.proc = subprocess.Popen([sys.executable, SCRIPT, json.dumps(plan)],
+    self.proc = subprocess.Popen([sys.executable, script, json.dumps(plan)],
                                  env=env, cwd="/", stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
     self.lines: list[dict] = []
@@ -60,8 +60,8 @@ class ClientProcess:
 def start_client(pathways):
   started: list[ClientProcess] = []
 
-  def start(**plan) -> ClientProcess:
-    client = ClientProcess(pathways, plan)
+  def start(script: str = SCRIPT, **plan) -> ClientProcess:
+    client = ClientProcess(pathways, plan, script)
     started.append(client)
     return client
 

@@ -4,15 +4,21 @@ An XlaProgram becomes one program on the islands of its devices; an
 IfrtIRProgram (MPMD) one program per fragment, each on its mesh's islands;
 pathwaysutils' profiling PluginProgram a ProfileExecutable, nothing compiled.
 
-The reply waits for the worker's compile (the client waits for it anyway)
-and carries the executable's handle; everything the client asks about the
-executable later comes from the metadata the worker sent back.
+The program is read by a reader process (programs/reader.py): the handler
+hands it over and returns, and one of the controller's compile threads
+waits for the reader, places the program and starts its compile, so the
+sessions thread never waits on a client's program. The reply waits for the
+worker's compile (the client waits for it anyway) and carries the
+executable's handle; everything the client asks about the executable later
+comes from the metadata the worker sent back.
 """
 from __future__ import annotations
 
 import base64
 import dataclasses
 from typing import Any
+
+from absl import logging
 
 from jax_pathways.controller import mpmd_executable
 from jax_pathways.controller.compile_cache import CompiledProgram
@@ -22,7 +28,7 @@ from jax_pathways.controller.mpmd_executable import MpmdExecutable
 from jax_pathways.controller.profile_executable import ProfileExecutable
 from jax_pathways.controller.session import Reply, Session
 from jax_pathways.programs import ifrt_ir_program, plugin_program, xla_program
-from jax_pathways.status import Status, unimplemented
+from jax_pathways.status import Code, Status, StatusError, unimplemented
 
 Loaded = CompiledProgram | MpmdExecutable | ProfileExecutable
 
@@ -76,22 +82,40 @@ def compile_program(session: Session, req: Any, reply: Reply) -> None:
     compiled(Status(), ProfileExecutable(request, session.number, devices,
                                           [i.id for i in islands]))
     return
-  if req.program.type_name == ifrt_ir_program.IFRT_IR_PROGRAM:
-    mpmd_executable.compile_program(
-        ifrt_ir_program.place(req.program, req.compile_options,
-                              services.topology, services.spmd_across_islands,
-                              session.slice),
-        services.compile_cache, services.topology, compiled)
-    return
-  program = xla_program.place(
-      req.program, req.compile_options, services.topology,
-      services.spmd_across_islands, session.slice,
-      serves_callbacks=(session.callbacks_client is not None and
-                        services.callbacks is not None))
-  if program.callbacks.any:
-    # Its callbacks run in this client's process alone (callbacks.py).
-    route = services.callbacks.new_route(session.callbacks_client,
-                                         program.callbacks.table,
-                                         session.number)
-    program = dataclasses.replace(program, route=route)
-  services.compile_cache.compile(program, compiled)
+  devices = session.slice  # here: placing it may make the session wait
+
+  def place_and_compile() -> None:
+    nonlocal route
+    try:
+      if req.program.type_name == ifrt_ir_program.IFRT_IR_PROGRAM:
+        mpmd_executable.compile_program(
+            ifrt_ir_program.place(
+                req.program, req.compile_options, services.topology,
+                services.spmd_across_islands, devices,
+                vet=services.programs and services.programs.vet_ifrt_ir),
+            services.compile_cache, services.topology, compiled)
+        return
+      program = xla_program.place(
+          req.program, req.compile_options, services.topology,
+          services.spmd_across_islands, devices,
+          serves_callbacks=(session.callbacks_client is not None and
+                            services.callbacks is not None),
+          read=services.programs and services.programs.read_xla)
+      if program.callbacks.any:
+        # Its callbacks run in this client's process alone (callbacks.py).
+        route = services.callbacks.new_route(session.callbacks_client,
+                                             program.callbacks.table,
+                                             session.number)
+        program = dataclasses.replace(program, route=route)
+      services.compile_cache.compile(program, compiled)
+    except StatusError as e:
+      reply.error(e.status)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.exception("client %d: compile failed", session.number)
+      reply.error(Status(Code.INTERNAL,
+                         f"jax_pathways controller: compile: {e!r}"))
+
+  if services.compiles is None:
+    place_and_compile()
+  else:
+    services.compiles.submit(place_and_compile)
