@@ -5,6 +5,8 @@
 Ordinary JAX plus two lines: initialize() starts a controller and one worker
 process per island (2 islands x 4 emulated CPU devices), and from then on
 every jit call runs on the island workers, gang-ordered by the controller.
+The step prints its loss with jax.debug.print: the island's worker calls
+back into this process, which prints.
 """
 import jax_pathways
 
@@ -50,8 +52,14 @@ optimizer = optax.adamw(3e-3)
 
 
 @jax.jit
-def train_step(params, opt_state, x, y):
+def train_step(params, opt_state, x, y, step):
   loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+  # Printed by this process, from inside the step on the island: the
+  # workers call back into the client (jax_pathways serves JAX's callbacks).
+  jax.lax.cond(step % 25 == 0,
+               lambda: jax.debug.print("step {step:3d}  loss {loss:.4f}",
+                                       step=step, loss=loss),
+               lambda: None)
   updates, opt_state = optimizer.update(grads, opt_state, params)
   return optax.apply_updates(params, updates), opt_state, loss
 
@@ -61,10 +69,8 @@ opt_state = optimizer.init(params)
 xb, yb = jax.device_put(x, batch), jax.device_put(y, batch)
 
 for step in range(201):
-  params, opt_state, loss = train_step(params, opt_state, xb, yb)
-  if step % 25 == 0:
-    print(f"step {step:3d}  loss {float(loss):.4f}")
-
+  params, opt_state, loss = train_step(params, opt_state, xb, yb, step)
+jax.effects_barrier()  # every print is out
 
 
 @jax.jit

@@ -49,7 +49,8 @@ STREAM_METHOD = "/jax_pathways.Callbacks/Serve"
 # Callbacks running at once: each may block (io_callback waiting for
 # input) or call JAX, whose programs may call back again.
 POOL_THREADS = 64
-RECONNECT_S = 1.0
+# Waits between tries to open the stream again, doubling up to the last.
+RECONNECT_S = (1.0, 30.0)
 
 _lock = threading.Lock()
 _installed = False
@@ -183,6 +184,7 @@ class _Service:
 
   def _run(self) -> None:
     import grpc  # pylint: disable=import-outside-toplevel
+    wait = RECONNECT_S[0]
     while not self._stopped.is_set():
       out: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
       self._out = out
@@ -195,6 +197,7 @@ class _Service:
                                        request_serializer=None,
                                        response_deserializer=None)
         for data in stream(_drain(out), metadata=self._metadata):
+          wait = RECONNECT_S[0]  # it was open
           self._pool.submit(self._serve, out, data)
         ended = "the controller ended it"
       except grpc.RpcError as e:
@@ -212,8 +215,9 @@ class _Service:
       finally:
         out.put(None)
         channel.close()
-      if self._stopped.wait(RECONNECT_S):
+      if self._stopped.wait(wait):
         return
+      wait = min(2 * wait, RECONNECT_S[1])
       logging.info("jax_pathways: the callbacks stream ended (%s); "
                    "reconnecting", ended)
 

@@ -132,10 +132,14 @@ class _Process:
     self._sock = mine
     env = dict(os.environ)
     env.pop("JAX_PLATFORMS", None)  # reads; never makes a backend
+    # Nothing of the controller's own: its output is how a parent learns
+    # that it died (EOF), which a reader holding it would hide. A reader
+    # ends when its socket does (the controller's end closes as it dies).
     self._proc = subprocess.Popen(
         [sys.executable, "-m", "jax_pathways.programs.reader",
          str(theirs.fileno())], pass_fds=[theirs.fileno()], env=env,
-        stdin=subprocess.DEVNULL)
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
     theirs.close()
 
   def alive(self) -> bool:

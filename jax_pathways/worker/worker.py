@@ -186,6 +186,12 @@ class Worker:
   def _to_lane(self, op: Any) -> bool:
     """Sends `op` to a lane if it calls back into its client or must come
     after an op on a lane (see worker/callback_lanes.py)."""
+    program = (self._programs.get(op.program) if op.kind == OpKind.LAUNCH
+               else None)
+    route = program.callbacks.route if (
+        program is not None and program.callbacks is not None) else 0
+    if not route and not self._lanes:
+      return False  # no lane ever: nothing is pending (the usual case)
     after: list[Any] = []
     for b in op.args:
       value = self._buffers.get(b)
@@ -194,8 +200,6 @@ class Worker:
           self._buffers[b] = value.wait()
         else:
           after.append(value)
-    program = (self._programs.get(op.program) if op.kind == OpKind.LAUNCH
-               else None)
     spanning = (program is not None and
                 program.client is not self._backend.client)
     if spanning and self._last_spanning is not None:
@@ -208,8 +212,6 @@ class Worker:
         if i < len(op.args):
           after += [t for t in self._lane_readers.get(op.args[i], ())
                     if not t.issued.is_set()]
-    route = program.callbacks.route if (
-        program is not None and program.callbacks is not None) else 0
     if not route and not after:
       return False
     if route:

@@ -36,6 +36,18 @@ SELECTION = (
     ("api_test::JitTest", "token"),
     ("pjit_test", "device_put_donate_pytree or efficient_reshard_single_host "
      "or BufferDonation"),
+    # Callbacks of every kind: printing (ordered too) under transformations
+    # and in pmap, pure/io callbacks and their errors, custom partitioning,
+    # inspect_array_sharding.
+    ("debugging_primitives_test::DebugPrintTest", "jit or ordered"),
+    ("debugging_primitives_test::DebugPrintControlFlowTest", "scan or cond"),
+    ("debugging_primitives_test::DebugPrintParallelTest", None),
+    ("debugging_primitives_test::InspectShardingTest", None),
+    ("python_callback_test::PythonCallbackTest",
+     "scalar or pytree or error or cond or while_loop"),
+    ("python_callback_test::IOCallbackTest", "ordered"),
+    ("custom_partitioning_test", None),
+    ("shard_alike_test", "inspect"),
 )
 
 

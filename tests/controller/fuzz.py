@@ -9,6 +9,7 @@ import random
 from typing import Any, Callable, Iterator
 
 from google.protobuf import descriptor
+from jaxlib.mlir.dialects import stablehlo
 
 from jax_pathways import protos
 
@@ -23,6 +24,46 @@ TOKEN_KEY = "jax_pathways_token"
 _INTS = [0, 1, 2, 3, 4, 7, 8, 64, 255, 1 << 16, (1 << 31) - 1, 1 << 31,
          (1 << 32) - 1, 1 << 40, 1 << 48, (1 << 62), (1 << 63) - 1]
 _FD = descriptor.FieldDescriptor
+
+
+# Custom call targets a hostile program names: ones that would follow a
+# pointer or call into the client, ones no island runs, real kernels.
+_TARGETS = ["InspectSharding", "CustomSPMDPartitioning",
+            "xla_ffi_python_cpu_callback", "xla_python_cpu_callback",
+            "xla_ffi_partitioned_python_cpu_callback",
+            "jax_pathways.CustomSPMDPartitioning", "lapack_sgetrf_ffi",
+            "Sharding", "evil", ""]
+
+
+def _main(body: str, attributes: str = "") -> str:
+  return f"""module @m {attributes} {{
+    func.func public @main(%arg0: tensor<8xf32>) -> tensor<8xf32> {{
+      {body}
+      return %arg0 : tensor<8xf32>
+    }}
+  }}"""
+
+
+def _nested(depth: int) -> str:
+  lines = []
+  for i in range(depth, 0, -1):
+    lines.append(f"%p{i} = stablehlo.constant dense<0> : tensor<i32>")
+    lines.append(f'%r{i} = "stablehlo.case"(%p{i}) ({{')
+  lines.append("%v = stablehlo.constant dense<1.0> : tensor<f32>")
+  lines.append("stablehlo.return %v : tensor<f32>")
+  for i in range(1, depth + 1):
+    lines.append("}) : (tensor<i32>) -> tensor<f32>")
+    if i < depth:
+      lines.append(f"stablehlo.return %r{i} : tensor<f32>")
+  return "\n".join(lines)
+
+
+def _artifact(text: str) -> bytes:
+  try:
+    return stablehlo.serialize_portable_artifact_str(
+        text, stablehlo.get_current_version())
+  except Exception:  # pylint: disable=broad-except
+    return text.encode()  # what does not serialize goes as text
 
 
 class Fuzzer:
@@ -102,16 +143,52 @@ class Fuzzer:
       return self.rng.choice(values + [max(values) + 1])
     return self._int(field)
 
+  # --------------------------------------------------------- programs
+  def program(self) -> bytes:
+    """A program meant to hurt: custom calls with forged configs and
+    attributes, huge values, deep nesting, unknown dialects, or a real
+    program's bytes mutated."""
+    rng = self.rng
+    which = rng.randrange(6)
+    if which == 0:  # a custom call, forged
+      target = rng.choice(_TARGETS)
+      config = "".join(f"\\{b:02X}" for b in self._bytes()[:32])
+      extra = rng.choice(["", ", mhlo.backend_config = {index = %d : ui64}"
+                          % rng.choice(_INTS[:12]),
+                          ", api_version = 4 : i32",
+                          ", called_computations = [@main]"])
+      attrs = rng.choice(["", 'attributes {jax_pathways.host_callbacks = '
+                          f'"{rng.choice(["1:1", "7:3", "x", "0:0"])}"}}'])
+      body = (f'stablehlo.custom_call @{target}(%arg0) {{backend_config = '
+              f'"{config}", has_side_effect = true{extra}}} : '
+              "(tensor<8xf32>) -> ()")
+      return _artifact(_main(body, attrs))
+    if which == 1:  # a value far larger than any island
+      dims = "x".join(str(rng.choice([1 << 20, 1 << 31, 10**6, 7]))
+                      for _ in range(rng.randrange(1, 4)))
+      return _artifact(_main(f"%c = stablehlo.constant dense<1.0> : "
+                             f"tensor<{dims}xf32>"))
+    if which == 2:  # nested regions (deeper ones: programs/reader.py)
+      return _artifact(_main(_nested(rng.randrange(1, 400))))
+    if which == 3:  # an unknown dialect
+      return f'module {{ "evil.op{rng.randrange(9)}"() : () -> () }}'.encode()
+    real = _artifact(_main(""))
+    return self.mutate(real, rate=1.0)
+
   # ----------------------------------------------------------- frames
   def request(self, op_id: int) -> tuple[bytes, bool]:
     """One IfrtRequest of a random kind, and whether it was mutated (then
-    it may not parse, or carry another op_id)."""
+    it may not parse, or carry another op_id). Compile requests carry a
+    hostile program (program()) more often than random bytes."""
     req = protos.msg("xla.ifrt.proxy.IfrtRequest")()
     req.request_metadata.op_id = op_id
     kind = self.rng.choice(self.kinds)
     body = getattr(req, kind)
     body.SetInParent()
     self.fill(body)
+    if kind == "compile_request" and self.rng.random() < 0.7:
+      body.program.type_name = "xla::ifrt::XlaProgram"
+      body.program.data = self.program()
     data = req.SerializeToString()
     # Rarely: an unparsable request ends the session, and the rest of its
     # frames would reach nothing.
@@ -157,7 +234,7 @@ class Fuzzer:
     """(what, call(channel)) for the non-session methods, endlessly."""
     rng = self.rng
     while True:
-      which = rng.randrange(6)
+      which = rng.randrange(7)
       if which == 0:
         data = self.message("xla.ifrt.proxy.GrpcGetVersionRequest")
         yield "GetVersion", lambda ch, d=data: ch.unary_unary(
@@ -188,6 +265,14 @@ class Fuzzer:
         yield f"Admin/{method}", lambda ch, m=method, d=data, md=md: (
             ch.unary_unary(f"/jax_pathways.Admin/{m}")(d, timeout=10,
                                                        metadata=md))
+      elif which == 5:  # a callbacks stream, replying garbage
+        frames = [self._bytes() for _ in range(rng.randrange(4))]
+        md = [("jax-pathways-token", rng.choice([token, "", "guess"])),
+              ("jax-pathways-callbacks", rng.choice(
+                  ["", "x" * 100, f"fuzz{rng.getrandbits(32)}"]))]
+        yield "Callbacks/Serve", lambda ch, f=frames, md=md: list(
+            ch.stream_stream("/jax_pathways.Callbacks/Serve")(
+                iter(f), timeout=10, metadata=md))
       else:
         method = rng.choice([SERVICE + "Nope", "/other.Service/Call",
                              SERVICE + "HostBufferReadFromDisk"])
