@@ -40,10 +40,11 @@ from jax_pathways.status import invalid_argument
 
 READERS = 2
 READ_TIMEOUT_S = 20.0
-# A reader process reads with this much stack (a thread's usual): deep
-# enough for any program JAX writes (tens of levels; 8 MiB reads thousands);
-# a deeper one kills only the reader, at once.
-READER_STACK_BYTES = 8 << 20
+# A reader process reads with this much stack: deep enough for any program
+# JAX writes (tens of levels; this reads thousands), half what the workers'
+# threads that read the same program again have (8 MiB); a deeper one kills
+# only the reader, at once.
+READER_STACK_BYTES = 4 << 20
 
 
 class ProgramReader:

@@ -45,6 +45,7 @@ import jax
 import numpy as np
 
 from jax_pathways import _core
+from jax_pathways import threads
 from jax_pathways.dispatch import payloads
 from jax_pathways.status import Code, Status, StatusError
 from jax_pathways.worker.callback_lanes import Lane, Pending, Task
@@ -395,9 +396,13 @@ class Worker:
     outputs, execution = self._backend.execute(program, args)
     self._on_lane.task.issued.set()  # a later spanning launch may go now
     if spanning:
-      # Never finished if an island is lost meanwhile (see _peer_lost).
-      while not execution.is_ready() and self._spanning_lost is None:
-        time.sleep(SPANNING_POLL_S)
+      # Never finished if an island is lost meanwhile (see _peer_lost): a
+      # thread waits for it, which the lane leaves behind then. (A program
+      # without outputs cannot say it is done without a wait.)
+      done = threading.Event()
+      threads.start(lambda: _wait_quietly(execution, done), "jp-lane-wait")
+      while not done.wait(SPANNING_POLL_S) and self._spanning_lost is None:
+        pass
     else:
       execution.block_until_ready()
     failure = program.callbacks.take_failure()
@@ -685,6 +690,17 @@ class Worker:
 
     arrays = [source] if isinstance(source, jax.Array) else []
     self._completions.add_send(seq, arrays, push)
+
+
+def _wait_quietly(execution: Any, done: threading.Event) -> None:
+  """Until `execution` ends, then sets `done` (its error, if any, is
+  reported where its arrays are waited for)."""
+  try:
+    execution.block_until_ready()
+  except Exception:  # pylint: disable=broad-except
+    pass
+  finally:
+    done.set()
 
 
 def _lost_move(why: str) -> StatusError:

@@ -55,9 +55,26 @@ CLIENT = textwrap.dedent("""
       big = np.arange(3 << 20, dtype=np.int32)
       big_ok = bool((np.asarray(jax.jit(lambda b: b * 2 + 1)(big)) ==
                      big * 2 + 1).all())
+
+      def attempt(fn):  # callbacks: this process cannot serve them
+        try:
+          jax.block_until_ready(fn())
+        except Exception as e:
+          return str(e)
+
+      from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+      split = NamedSharding(Mesh(np.array(jax.devices()[:2]), ("d",)),
+                            P("d"))
+      printed = attempt(lambda: jax.jit(
+          lambda a: jax.debug.print("{}", a) or a)(x))
+      inspected = attempt(lambda: jax.jit(
+          lambda a: jax.debug.inspect_array_sharding(a, callback=print) or a)(
+              jax.device_put(x, split)))
+      still = np.asarray(jax.jit(lambda a: a + 1)(x)).tobytes().hex()
       print(json.dumps({"factory": factory, "n": len(jax.devices()),
                         "y": [np.asarray(v).tobytes().hex() for v in y],
-                        "big_ok": big_ok,
+                        "big_ok": big_ok, "printed": printed,
+                        "inspected": inspected, "still": still,
                         "jax_pathways": "jax_pathways" in sys.modules}))
     except Exception as e:
       print(json.dumps({"factory": factory, "error": str(e),
@@ -136,6 +153,13 @@ def test_pathwaysutils_client_through_connect(cluster):
             np.sum(x * x, axis=1).tobytes().hex()]
     assert got["y"] == want and got["n"] == 2 and got["big_ok"]
     assert not got["jax_pathways"]
+    # Callbacks need jax_pathways in the client's process: a clear error
+    # each (JAX's client refuses host callbacks itself), no crash, and the
+    # session goes on.
+    assert "Unsupported host callback type" in got["printed"], got
+    assert "does not serve callbacks" in got["inspected"], got
+    assert "jax_pathways.initialize" in got["inspected"], got
+    assert got["still"] == (x + 1).tobytes().hex()
   finally:
     processes.stop([proc])
   assert proc.returncode == 0  # SIGTERM: a clean stop

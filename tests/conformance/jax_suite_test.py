@@ -47,7 +47,7 @@ SELECTION = (
      "scalar or pytree or error or cond or while_loop"),
     ("python_callback_test::IOCallbackTest", "ordered"),
     ("custom_partitioning_test", None),
-    ("shard_alike_test", "inspect"),
+    ("shard_alike_test", "grad or shard_map"),  # grad inspects shardings
 )
 
 

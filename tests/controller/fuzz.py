@@ -44,7 +44,8 @@ def _main(body: str, attributes: str = "") -> str:
   }}"""
 
 
-def _nested(depth: int) -> str:
+def nested(depth: int) -> str:
+  """MLIR of `depth` stablehlo.case regions, each inside the last."""
   lines = []
   for i in range(depth, 0, -1):
     lines.append(f"%p{i} = stablehlo.constant dense<0> : tensor<i32>")
@@ -169,7 +170,7 @@ class Fuzzer:
       return _artifact(_main(f"%c = stablehlo.constant dense<1.0> : "
                              f"tensor<{dims}xf32>"))
     if which == 2:  # nested regions (deeper ones: programs/reader.py)
-      return _artifact(_main(_nested(rng.randrange(1, 400))))
+      return _artifact(_main(nested(rng.randrange(1, 400))))
     if which == 3:  # an unknown dialect
       return f'module {{ "evil.op{rng.randrange(9)}"() : () -> () }}'.encode()
     real = _artifact(_main(""))

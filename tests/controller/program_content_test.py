@@ -6,14 +6,14 @@ INVALID_ARGUMENT naming what is wrong; no worker dies, the controller
 serves the next request, and an honest program still runs."""
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 from jax._src import compiler
 from jaxlib.mlir.dialects import stablehlo
 
 from jax_pathways import admin, protos
+
+import fuzz  # noqa: E402  tests/controller/conftest.py puts it on sys.path
 
 pytestmark = pytest.mark.integration
 
@@ -137,32 +137,11 @@ def test_unknown_dialects_and_garbage_are_refused(raw_session,
 
 
 def test_a_program_nested_too_deep_is_refused(raw_session, cluster_lives):
-  # Deep enough to overflow any default thread stack that reads it (8 MiB;
-  # the controller read programs on its own thread on 52b5207).
+  # Deep enough to overflow a default thread stack that reads it (8 MiB;
+  # the controller read programs on its own thread on 52b5207), as MLIR
+  # text, which the controller reads as well as a portable artifact.
   depth = 20000
-
-  def nested(d: int) -> str:
-    lines = []
-    for i in range(d, 0, -1):
-      lines.append(f'%p{i} = stablehlo.constant dense<0> : tensor<i32>')
-      lines.append(f'%r{i} = "stablehlo.case"(%p{i}) ({{')
-    lines.append("%v = stablehlo.constant dense<1.0> : tensor<f32>")
-    lines.append("stablehlo.return %v : tensor<f32>")
-    for i in range(1, d + 1):
-      lines.append("}) : (tensor<i32>) -> tensor<f32>")
-      if i < d:
-        lines.append(f"stablehlo.return %r{i} : tensor<f32>")
-    return "\n".join(lines)
-
-  made: list[bytes] = []
-  old = threading.stack_size(1 << 30)  # writing it nests as deep
-  try:
-    writer = threading.Thread(target=lambda: made.append(_artifact(
-        f"module @m {{ func.func public @main() -> tensor<f32> {{\n"
-        f"{nested(depth)}\nreturn %r{depth} : tensor<f32>\n}} }}")))
-    writer.start()
-    writer.join()
-  finally:
-    threading.stack_size(old)
-  reply = _compile(raw_session(), made[0])
+  program = (f"module @m {{ func.func public @main() -> tensor<f32> {{\n"
+             f"{fuzz.nested(depth)}\nreturn %r{depth} : tensor<f32>\n}} }}")
+  reply = _compile(raw_session(), program.encode())
   _refused(reply, "could not be read", "killed its reader")
