@@ -1,7 +1,7 @@
 """Host callbacks: what a callback into the user's process costs.
 
     python benchmarks/callback_benchmark.py [--steps 200] [--calls 300]
-        [--repeats 3]
+        [--repeats 3] [--cases print_step io_callback no_callback]
 
 Three cases, each through jax_pathways (one island of 4 CPU devices) and in
 process (4 CPU devices), interleaved, medians:
@@ -20,7 +20,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 from typing import Any, Callable
+
+# In-process JAX too needs a spare pool thread per device here: on a host
+# with fewer cores than devices, its CPU client's pool (one thread per core,
+# at least one per device) is taken whole by a program waiting on every
+# device, and jax.debug.print's copy to the host then never runs (XLA
+# aborts the process after 40 s). The workers do this themselves.
+os.environ.setdefault("NPROC", str(max(os.cpu_count() or 1, 4) + 4))
 
 from harness import emit, interleaved, log, setup, timed  # pylint: disable=g-bad-import-order
 
@@ -95,31 +103,45 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=200)
   parser.add_argument("--calls", type=int, default=300)
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--cases", nargs="*",
+                      default=["print_step", "io_callback", "no_callback"])
   args = parser.parse_args()
   pathways, local = setup(islands=1)
 
-  med = interleaved({"pathways": _per(_loop(pathways, True), args.steps),
-                     "jax": _per(_loop(local, True), args.steps)},
-                    args.repeats)
-  _emit("print_step", med, steps=args.steps)
+  if "print_step" in args.cases:
+    med = interleaved({"pathways": _per(_loop(pathways, True), args.steps),
+                       "jax": _per(_loop(local, True), args.steps)},
+                      args.repeats)
+    _emit("print_step", med, steps=args.steps)
 
-  med = interleaved({"pathways": _per(_round_trips(pathways[0]), args.calls),
-                     "jax": _per(_round_trips(local[0]), args.calls)},
-                    args.repeats)
-  _emit("io_callback", med, calls=args.calls)
+  if "io_callback" in args.cases:
+    med = interleaved({
+        "pathways": _per(_round_trips(pathways[0]), args.calls),
+        "jax": _per(_round_trips(local[0]), args.calls)}, args.repeats)
+    _emit("io_callback", med, calls=args.calls)
 
-  plain = {"pathways": _loop(pathways, False), "jax": _loop(local, False)}
-  served = interleaved({k: _per(v, args.steps) for k, v in plain.items()},
-                       args.repeats)
-  callbacks.stop()  # what a process that never served callbacks does
-  unserved = interleaved({k: _per(v, args.steps) for k, v in plain.items()},
-                         args.repeats)
-  _emit("no_callback", {"pathways": served["pathways"],
-                        "pathways_unserved": unserved["pathways"],
-                        "jax": (served["jax"] + unserved["jax"]) / 2},
-        steps=args.steps,
-        served_vs_unserved=round(served["pathways"] / unserved["pathways"],
-                                 3))
+  if "no_callback" in args.cases:
+    _no_callback(pathways, local, args.steps, args.repeats)
+
+
+def _no_callback(pathways: list[Any], local: list[Any], n: int,
+                 repeats: int) -> None:
+  """The training step without callbacks, with this process serving
+  callbacks and (stream stopped) not."""
+  steps = _per(_loop(pathways, False), n)
+  serving = callbacks.serving()
+
+  def unserved() -> float:  # as a process that never served callbacks
+    callbacks.stop()
+    try:
+      return steps()
+    finally:
+      callbacks.start(*serving)
+
+  med = interleaved({"pathways": steps, "pathways_unserved": unserved,
+                     "jax": _per(_loop(local, False), n)}, repeats)
+  _emit("no_callback", med, steps=n, served_vs_unserved=round(
+      med["pathways"] / med["pathways_unserved"], 3))
 
 
 def _emit(case: str, med: dict[str, float], **values: Any) -> None:

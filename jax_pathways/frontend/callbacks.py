@@ -148,6 +148,14 @@ def start(target: str, token: str | None, client_id: str) -> None:
     old.stop()
 
 
+def serving() -> tuple[str, str | None, str]:
+  """(target, token, client id) of the callbacks served now, for start()."""
+  service = _service
+  if service is None:
+    raise RuntimeError("jax_pathways serves no callbacks in this process")
+  return service.target, service.token, service.client_id
+
+
 def stop() -> None:
   global _service
   with _lock:
@@ -161,6 +169,7 @@ class _Service:
 
   def __init__(self, target: str, token: str | None, client_id: str):
     self.client_id = client_id
+    self.target, self.token = target, token
     self._target = target.split("://", 1)[1] if "://" in target else target
     self._metadata = [(ID_HEADER, client_id)]
     if token:
