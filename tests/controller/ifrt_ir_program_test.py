@@ -35,13 +35,13 @@ module @handmade {
 """
 
 
-def _compiled(proxy_devices):
+def _compiled(proxy_devices, program: str = PROGRAM):
   from jax._src.interpreters import mlir  # pylint: disable=import-outside-toplevel
   from jaxlib.mlir import ir  # pylint: disable=import-outside-toplevel
   extension = shardy_mpmd.load()
   meshes = {"first": proxy_devices[0:2], "second": proxy_devices[4:6]}
   with mlir.make_ir_context() as ctx, ir.Location.unknown(ctx):
-    module = ir.Module.parse(PROGRAM)
+    module = ir.Module.parse(program)
     phase = extension.PartitioningPhase
     result = extension.apply_mpmd_partitioning(
         module, func_name="main",
@@ -125,3 +125,16 @@ def test_arguments_that_do_not_fit_are_refused(proxy_devices):
   (y,) = exe.execute([on("first", x), on("first", w0), on("second", w1)])
   np.testing.assert_allclose(np.asarray(y), 2 * (np.tanh(x @ w0) @ w1),
                              rtol=1e-5)
+
+
+def test_a_stage_that_calls_back_is_refused_clearly(proxy_devices):
+  # jax_pathways serves callbacks in SPMD programs, not in pipeline stages:
+  # a stage with one (here a host callback) says so when compiled.
+  calling_back = PROGRAM.replace(
+      "%1 = stablehlo.tanh %0 : tensor<8x4xf32>",
+      "%1 = stablehlo.tanh %0 : tensor<8x4xf32>\n"
+      '      stablehlo.custom_call @xla_ffi_python_cpu_callback(%1) {'
+      'backend_config = "", has_side_effect = true, '
+      "mhlo.backend_config = {index = 0 : ui64}} : (tensor<8x4xf32>) -> ()")
+  with pytest.raises(Exception, match="not yet inside MPMD pipeline stages"):
+    _compiled(proxy_devices, calling_back)
