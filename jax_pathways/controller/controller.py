@@ -126,6 +126,7 @@ class Controller:
                            built)
 
   def start(self) -> None:
+    self.services.programs.start()
     self._workers.start()
     port = self.service.start(self._listen)
     self.address = (self._listen if addresses.is_unix(self._listen) else

@@ -74,6 +74,17 @@ class ProgramReader:
     """Returns once an IfrtIRProgram's MLIR has been read without harm."""
     self._read("ifrt_ir", program)
 
+  def start(self) -> None:
+    """Starts one reader now, in the background, so that the first compile
+    does not wait for it to import JAX (a second in all)."""
+    process = self._idle.get()
+    try:
+      if process is None:
+        process = self._start()
+    except _ReaderFailed:
+      process = None
+    self._idle.put(process)
+
   def _read(self, kind: str, program: bytes) -> dict[str, Any]:
     process = self._idle.get()
     try:

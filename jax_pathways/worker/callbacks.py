@@ -56,8 +56,8 @@ class CallbackError(RuntimeError):
 
 class Link:
   """This worker's callbacks connection to the controller, made when first
-  needed. Thread-safe: XLA's threads call at once, each waiting for its own
-  reply."""
+  needed (and again after one broke). Thread-safe: XLA's threads call at
+  once, each waiting for its own reply."""
 
   def __init__(self, connect: Callable[[], socket.socket]):
     """connect(): a new authenticated connection to the controller."""
@@ -65,26 +65,28 @@ class Link:
     self._lock = threading.Lock()
     self._sock: socket.socket | None = None
     self._ids = itertools.count(1)
-    self._waiting: dict[int, list[Any]] = {}
+    # Request id -> (its connection, [done, reply]).
+    self._waiting: dict[int, tuple[socket.socket, list[Any]]] = {}
 
   def request(self, header: dict[str, Any], blobs: list[Any] = ()
               ) -> tuple[dict[str, Any], list[memoryview]]:
     """Sends a call or question and waits for its reply. The controller
-    answers every request, or the connection ends and all fail."""
-    done = threading.Event()
-    slot: list[Any] = [done, None]
+    answers every request, or the connection ends and its requests fail."""
+    slot: list[Any] = [threading.Event(), None]
     with self._lock:
       sock = self._open()
       request = next(self._ids)
-      self._waiting[request] = slot
+      self._waiting[request] = (sock, slot)
       try:
         msg.write_frame(sock, msg.encode({**header, "id": request}, blobs))
       except OSError as e:
         self._waiting.pop(request, None)
-        self._close_locked(sock)
+        _shut(sock)  # its reader fails the rest and closes it
+        if self._sock is sock:
+          self._sock = None
         raise CallbackError(f"the controller's callbacks connection broke: "
                             f"{e}") from None
-    done.wait()
+    slot[0].wait()
     reply = slot[1]
     if isinstance(reply, Status):
       raise CallbackError(reply.message)
@@ -109,26 +111,28 @@ class Link:
           break
         header, blobs = msg.decode(data)
         with self._lock:
-          slot = self._waiting.pop(header["id"], None)
-        if slot is not None:
-          slot[1] = (header, blobs)
-          slot[0].set()
+          found = self._waiting.pop(header["id"], None)
+        if found is not None:
+          found[1][1] = (header, blobs)
+          found[1][0].set()
     except (OSError, ValueError) as e:
       why = f"the callbacks connection to the controller broke: {e}"
     with self._lock:
-      self._close_locked(sock)
-      waiting, self._waiting = self._waiting, {}
-    for slot in waiting.values():
+      if self._sock is sock:
+        self._sock = None
+      mine = [r for r, (s, _) in self._waiting.items() if s is sock]
+      slots = [self._waiting.pop(r)[1] for r in mine]
+    sock.close()
+    for slot in slots:
       slot[1] = Status(Code.UNAVAILABLE, why)
       slot[0].set()
 
-  def _close_locked(self, sock: socket.socket) -> None:
-    if self._sock is sock:
-      self._sock = None
-    try:
-      sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-      pass
+
+def _shut(sock: socket.socket) -> None:
+  try:
+    sock.shutdown(socket.SHUT_RDWR)
+  except OSError:
+    pass
 
 
 def ask(link: Link, route: int, what: str, question: dict[str, Any],
