@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from jax_pathways.frontend import callbacks
+from jax_pathways.frontend import cross_client
 from jax_pathways.frontend import flusher
 from jax_pathways.frontend import make_mesh
 from jax_pathways.frontend import stderr_filter
@@ -136,6 +137,7 @@ def _make_client() -> Any:
   _preflight(target, token)
   make_mesh.install()
   callbacks.install()
+  cross_client.install()
 
   def connect() -> Any:
     # Each channel jaxlib makes warns that it was told to use plaintext.
