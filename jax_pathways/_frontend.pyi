@@ -46,6 +46,9 @@ class GrpcServer:
   def set_request_hook(self, hook: object) -> None:
     """_core.FastPath.hook()'s capsule; before start()."""
   def reply_sink(self) -> object: ...
+  def admit(self, id: int) -> None:
+    """Stream `id` has the right token: its messages are read from now on
+    (none is before)."""
   def finish(self, id: int, code: int, message: str) -> None: ...
   def reply(self, id: int, code: int, message: str, data: bytes) -> None: ...
   def wake(self) -> None:

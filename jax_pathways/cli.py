@@ -49,8 +49,9 @@ def setup_logging(verbosity: int) -> None:
 
 
 def _print_status(s: dict[str, Any]) -> None:
+  alive = sum(1 for i in s["islands"] if i["alive"])
   print(f"jax_pathways {s['version']}  up {s['uptime_s']} s  "
-        f"islands {len(s['islands'])}/{s['expected_islands']}  "
+        f"islands alive {alive}/{s['expected_islands']}  "
         f"max in flight {s['max_in_flight']}")
   g = s.get("global_client")
   if g:

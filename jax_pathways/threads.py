@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import threading
 from typing import Any, Callable
 
 _PR_SET_NAME = 15
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+# The process's own symbols (libc's among them): find_library("c") would
+# fork `ldconfig -p` at import, in processes whose threads are running.
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def start(target: Callable[..., Any], name: str, *args: Any) -> threading.Thread:

@@ -28,7 +28,7 @@ def _cli(pathways, *args, token=True):
 def test_status_table(pathways, proxy_devices):
   out = _cli(pathways)
   assert out.returncode == 0, out.stderr
-  assert "islands 2/2" in out.stdout
+  assert "islands alive 2/2" in out.stdout
   assert "0..3" in out.stdout and "4..7" in out.stdout
   assert "clients: 1" in out.stdout
   # Who holds what: this process asked for nothing and holds every device.

@@ -31,3 +31,12 @@ def stop(procs: list[subprocess.Popen]) -> None:
     except subprocess.TimeoutExpired:
       os.killpg(p.pid, signal.SIGKILL)
       p.wait(timeout=5)
+
+
+def rss(pid: int) -> int:
+  """`pid`'s resident memory, in bytes."""
+  with open(f"/proc/{pid}/status") as f:
+    for line in f:
+      if line.startswith("VmRSS:"):
+        return int(line.split()[1]) * 1024
+  raise ValueError(f"no VmRSS for pid {pid}")

@@ -41,9 +41,10 @@ uint64_t PhysicalMemory() {
       static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   return bytes;
 }
-// A unary-style call (GetVersion, admin, host-buffer lookup or delete) that
-// has not sent its one request by then is cut off: an unauthenticated
-// stream must not hold the server's resources for as long as it likes.
+// A call that has not sent its first request by then (a session its
+// InitRequest, a unary-style call its one request) is cut off: a stream
+// must not hold the server's resources for as long as it likes before it
+// says who it is.
 constexpr auto kFirstMessageTimeout = std::chrono::seconds(10);
 // How long a request the fast path would take waits for its upload (sent
 // beside it, so mostly there within a millisecond) before it goes to
@@ -130,6 +131,8 @@ class Call {
   // The upload the request in waiting_ waits for is stored (or its
   // session ended): it is offered again, on the queue thread.
   void Resume();
+  // Python accepted the session: it reads its requests from now on.
+  void Admit();
   void Finish(const Status& status);  // graceful if OK, else at once
   void Reply(const Status& status, std::string data);
 
@@ -137,6 +140,9 @@ class Call {
   void OnNew(bool ok);
   void OnRead(bool ok);
   void StartRead();
+  // Cancels the call unless its first message comes within
+  // kFirstMessageTimeout.
+  void ExpectFirstMessage();
   void WriteNext();
   void RequestFinish(const Status& status, bool drop_writes);
   void StartFinish();
@@ -199,6 +205,10 @@ class Call {
   grpc::Alarm alarm_;  // the first-message deadline (kFirstMessageTimeout)
   bool alarm_set_ = false;
   bool first_read_ = false;
+  // A stream reads nothing until Python has accepted the token in its
+  // headers (Admit): one without it costs the controller no message (gRPC's
+  // flow control holds the client's bytes back), however many it sends.
+  bool admitted_ = false;
   bool broken_ = false;
   bool closed_pushed_ = false;
   bool finish_requested_ = false;
@@ -283,6 +293,13 @@ void Call::Settle(size_t n) {
     held_.pop_front();
   }
   Offer(std::move(request));
+}
+
+void Call::Admit() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (admitted_) return;
+  admitted_ = true;
+  StartRead();
 }
 
 void Call::Resume() {
@@ -382,22 +399,15 @@ void Call::OnNew(bool ok) {
   switch (kind_) {
     case CallKind::kSession:
     case CallKind::kStream:
-      Push(FrontendEvent::kOpen, "");
-      StartRead();
+      Push(FrontendEvent::kOpen, "");  // reads once admitted
+      // A callbacks stream may be silent until a callback is answered.
+      if (kind_ == CallKind::kSession) ExpectFirstMessage();
       return;
     case CallKind::kUnary:
     case CallKind::kLookup:
     case CallKind::kDelete:
       StartRead();
-      if (server_->StartOp([&] {
-            alarm_.Set(server_->cq_.get(),
-                       std::chrono::system_clock::now() +
-                           kFirstMessageTimeout,
-                       tag(kAlarm));
-          })) {
-        alarm_set_ = true;
-        ++pending_;
-      }
+      ExpectFirstMessage();
       return;
     case CallKind::kStore: {
       auto md = ctx_.client_metadata().find(kStoreMetadata);
@@ -438,6 +448,17 @@ void Call::OnNew(bool ok) {
                            "jax_pathways does not serve " + ctx_.method()),
                     true);
       return;
+  }
+}
+
+void Call::ExpectFirstMessage() {
+  if (server_->StartOp([&] {
+        alarm_.Set(server_->cq_.get(),
+                   std::chrono::system_clock::now() + kFirstMessageTimeout,
+                   tag(kAlarm));
+      })) {
+    alarm_set_ = true;
+    ++pending_;
   }
 }
 
@@ -925,6 +946,10 @@ void GrpcServer::Uncork() {
   if (calls == nullptr) return;
   for (const std::shared_ptr<Call>& call : *calls) call->Flush();
   delete calls;
+}
+
+void GrpcServer::Admit(uint64_t id) {
+  if (std::shared_ptr<Call> call = Find(id)) call->Admit();
 }
 
 void GrpcServer::Finish(uint64_t id, const Status& status) {

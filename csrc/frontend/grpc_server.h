@@ -81,6 +81,9 @@ class GrpcServer {
   void SetRequestHook(const JpRequestHook& hook);
   // How the fast path answers (valid while this server lives).
   JpReplySink reply_sink();
+  // Stream `id` (a session or callbacks stream) has the right token: its
+  // messages are read from now on (none is before).
+  void Admit(uint64_t id);
   // Ends stream or call `id` with `status` (after queued messages if OK).
   void Finish(uint64_t id, const Status& status);
   // Answers unary call `id`: `data` if `status` is OK.

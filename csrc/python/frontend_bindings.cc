@@ -123,6 +123,8 @@ void RegisterGrpcServer(py::module_& m) {
       .def("cork", &GrpcServer::Cork)
       .def("uncork", &GrpcServer::Uncork,
            py::call_guard<py::gil_scoped_release>())
+      .def("admit", &GrpcServer::Admit, py::arg("id"),
+           py::call_guard<py::gil_scoped_release>())
       .def(
           "finish",
           [](GrpcServer& s, uint64_t id, int code, std::string message) {

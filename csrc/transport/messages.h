@@ -37,7 +37,7 @@ enum class OpKind : uint32_t {
   kLaunch = 2,    // run `program` on `args`, producing `results`
   kPut = 3,       // host bytes in payload -> `results[0]`
   kFetch = 4,     // `args[0]` -> host bytes in the event payload
-  kDelete = 5,    // drop `args`
+  kDelete = 5,    // drop `args`, and `program` if not 0 (none names it again)
   // An exchange between islands (route in payload; `program`: its
   // transfer id):
   kSend = 6,      // push `args` to a peer worker

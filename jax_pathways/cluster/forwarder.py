@@ -15,6 +15,7 @@ import concurrent.futures
 import os
 import stat
 import tempfile
+import threading
 from typing import Any, Iterator
 
 from absl import logging
@@ -29,6 +30,9 @@ METHODS = {"GetVersion": (False, False), "IfrtSession": (True, True),
            "HostBufferStore": (True, False), "HostBufferLookup": (False, True),
            "HostBufferDelete": (False, False)}
 UNARY_TIMEOUT_S = 60.0  # GetVersion, HostBufferDelete
+# A session that has not sent its InitRequest by then is ended: each holds
+# one of the forwarder's threads, and idle ones must not lock others out.
+FIRST_MESSAGE_TIMEOUT_S = 10.0
 # Host buffers can be large; gRPC's default limit is 4 MiB.
 _OPTIONS = [("grpc.max_receive_message_length", -1),
             ("grpc.max_send_message_length", -1)]
@@ -65,8 +69,10 @@ def with_token(raw: bytes, token: str) -> bytes:
 class Forwarder(grpc.GenericRpcHandler):
   """GrpcIfrtService calls, passed on to `controller` as raw bytes."""
 
-  def __init__(self, controller: str, token: str):
+  def __init__(self, controller: str, token: str,
+               first_message_timeout: float = FIRST_MESSAGE_TIMEOUT_S):
     self._token = token
+    self._first_message_timeout = first_message_timeout
     self._channel = grpc.insecure_channel(controller, options=_OPTIONS)
 
   def close(self) -> None:
@@ -113,23 +119,44 @@ class Forwarder(grpc.GenericRpcHandler):
       metadata.append((key, value))
     return metadata
 
-  @staticmethod
-  def _stream(upstream: Any, request: Any, metadata: list[tuple[str, Any]],
+  def _stream(self, upstream: Any, request: Any,
+              metadata: list[tuple[str, Any]],
               context: grpc.ServicerContext) -> Iterator[bytes]:
-    call = upstream(request, metadata=metadata)
+    first = threading.Event()
+    if isinstance(request, Iterator):  # a session's requests
+
+      def requests() -> Iterator[bytes]:
+        for r in request:
+          first.set()
+          yield r
+
+      call = upstream(requests(), metadata=metadata)
+      timer = threading.Timer(self._first_message_timeout,
+                              lambda: first.is_set() or call.cancel())
+      timer.daemon = True
+      timer.start()
+      context.add_callback(timer.cancel)
+    else:
+      first.set()
+      call = upstream(request, metadata=metadata)
     context.add_callback(call.cancel)  # the client left: so does the call
     try:
       yield from call
     except grpc.RpcError as e:
+      if not first.is_set():
+        context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                      f"jax-pathways connect: no first request within "
+                      f"{self._first_message_timeout:g} s")
       context.abort(e.code(), e.details() or "")
 
 
-def serve(controller: str, token: str, path: str,
-          max_workers: int = 64) -> tuple[grpc.Server, Forwarder]:
+def serve(controller: str, token: str, path: str, max_workers: int = 64,
+          first_message_timeout: float = FIRST_MESSAGE_TIMEOUT_S
+          ) -> tuple[grpc.Server, Forwarder]:
   """Starts a Forwarder on the Unix socket `path` (whose folder must be
   private); stop it with server.stop(grace) and forwarder.close()."""
   check_private(path)
-  forwarder = Forwarder(controller, token)
+  forwarder = Forwarder(controller, token, first_message_timeout)
   # A session holds a thread for its lifetime (its request and reply
   # streams), so the pool bounds the sessions one forwarder carries.
   server = grpc.server(

@@ -24,7 +24,8 @@ from typing import Any, Iterator, Sequence
 from jax_pathways import _core
 from jax_pathways.controller import op_payloads
 from jax_pathways.controller.arrays import Array, Buffer
-from jax_pathways.controller.handle_store import HandleStore
+from jax_pathways.controller.handle_store import (HandleStore,
+                                                  check_client_handle)
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.resources.island import Island
 from jax_pathways.status import Code, StatusError
@@ -103,21 +104,26 @@ class ArrayStore(HandleStore[Array]):
     # Handles the request being handled put here or took over.
     self._touched: set[int] = set()
 
-  def put(self, handle: int, item: Array) -> None:
+  def put(self, handle: int, item: Array, *, minted: bool = False) -> None:
+    if not minted:
+      check_client_handle(handle, self.kind)
     if self._fast is not None:
       if self._fast.contains(self._stream, handle):
         raise StatusError(Code.INVALID_ARGUMENT,
                           f"array handle {handle} is already in use")
       self._fast.note_client_handle(self._stream, handle)
       self._touched.add(handle)
-    super().put(handle, item)
+    super().put(handle, item, minted=True)
 
-  def put_fast(self, handle: int, array: Array) -> None:
+  def put_fast(self, handle: int, array: Array, *, minted: bool = False
+               ) -> None:
     """Puts a plain new array (a registered program's output) in the fast
     path's table, where the steady state finds it."""
     if self._fast is None:
-      self.put(handle, array)
+      self.put(handle, array, minted=minted)
       return
+    if not minted:
+      check_client_handle(handle, self.kind)
     if handle in self:
       raise StatusError(Code.INVALID_ARGUMENT,
                         f"array handle {handle} is already in use")
@@ -147,7 +153,7 @@ class ArrayStore(HandleStore[Array]):
               for h, r in records]
     on_buffer = {array.buffer: array for _, _, array in arrays}
     for h, shares, array in arrays:
-      super().put(h, array)
+      super().put(h, array, minted=True)  # checked when first put
       self._touched.add(h)
       if shares in on_buffer:  # a shard made in C++, its array still here
         array.shares_memory_with(on_buffer[shares])

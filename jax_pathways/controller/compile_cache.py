@@ -6,6 +6,14 @@ gang); later ones (a re-jit, another client) reuse the result or wait for
 the compile already running. Failures are not cached, so a retry compiles
 again.
 
+Every executable given out holds its program until released (the client
+destroys it, or its session ends). A program nobody holds is kept for a
+while (the KEEP_UNHELD released last, for a quick re-jit), then freed on
+the controller and on its workers: a DELETE naming it, ordered after its
+launches, frees its compiled code (each XLA:CPU program holds memory
+mappings, of which a process has 65,530). A program with callbacks is
+its client's alone, so it is freed as soon as it is released.
+
 When a lost island's place is taken by a new worker (its next generation),
 the programs compiled for the old one are compiled again on the new one
 when they are next launched: a COMPILE op ahead of the LAUNCH in the
@@ -18,6 +26,7 @@ they next launch on; one spanning a lost island fails with its loss.
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import threading
@@ -127,6 +136,11 @@ class CompiledProgram:
       self.islands = current
       self.output_islands = [current] * len(self.outputs)
 
+  def programs(self) -> list[CompiledProgram]:
+    """What its executable holds of the CompileCache (MpmdExecutable's
+    twin)."""
+    return [self]
+
   def check_argument(self, i: int, array: Array) -> None:
     # By id: an array of an island's older generation is failed already
     # (DATA_LOSS naming its worker), which is what its user should read.
@@ -212,18 +226,30 @@ class CompiledProgram:
 
 OnCompiled = Callable[[Status, "CompiledProgram | None"], None]
 
+# Programs kept after their last holder released them (a re-jit of one
+# reuses it). Small: each keeps its compiled code on every worker.
+KEEP_UNHELD = 16
+
 
 class CompileCache:
-  """Thread-safe; one per controller."""
+  """Thread-safe; one per controller. Each program given to an OnCompiled
+  is held once for it: release() it when its executable goes."""
 
   def __init__(self, dispatcher: Dispatcher,
-               global_client: GlobalClient | None = None):
+               global_client: GlobalClient | None = None,
+               keep_unheld: int = KEEP_UNHELD):
     self._dispatcher = dispatcher
     self._global_client = global_client
+    self._keep_unheld = keep_unheld
     self._ids = itertools.count(1)
     self._lock = threading.Lock()
     self._done: dict[str, CompiledProgram] = {}
     self._waiting: dict[str, list[OnCompiled]] = {}
+    self._holders: dict[str, int] = {}  # by key, of the programs in _done
+    self._fences: dict[str, int] = {}  # releases whose fence is not numbered
+    # Programs in _done that nobody holds, least recently released first.
+    self._unheld: collections.OrderedDict[str, CompiledProgram] = (
+        collections.OrderedDict())
 
   def compile(self, program: PlacedProgram, on_done: OnCompiled) -> None:
     generation = None
@@ -240,6 +266,8 @@ class CompileCache:
       if compiled is None:
         first = key not in self._waiting
         self._waiting.setdefault(key, []).append(on_done)
+      else:
+        self._hold(key, 1)
     if compiled is not None:
       on_done(Status(), compiled)
       return
@@ -268,6 +296,7 @@ class CompileCache:
         waiters = self._waiting.pop(key, [])
         if compiled is not None:
           self._done[key] = compiled
+          self._hold(key, len(waiters))
       for waiter in waiters:
         waiter(status, compiled)
 
@@ -275,11 +304,52 @@ class CompileCache:
         [IslandOp(island.id, OpKind.COMPILE, program_id, payload=payload)
          for island in program.islands], finished)
 
-  def forget(self, program: CompiledProgram) -> None:
-    """Drops a program no one can ask for again (its route released)."""
+  def _hold(self, key: str, count: int) -> None:
+    self._holders[key] = self._holders.get(key, 0) + count
+    self._unheld.pop(key, None)
+
+  def release(self, program: CompiledProgram,
+              dispatcher: Dispatcher | None = None) -> None:
+    """One holder of `program` is done with it (see the class);
+    `dispatcher`: the releasing client's, which submitted its launches."""
     with self._lock:
-      if self._done.get(program.key) is program:
-        del self._done[program.key]
+      if self._done.get(program.key) is not program:
+        return  # freed already
+      left = self._holders.get(program.key, 0) - 1
+      if left > 0:
+        self._holders[program.key] = left
+      else:
+        self._holders.pop(program.key, None)
+      self._fences[program.key] = self._fences.get(program.key, 0) + 1
+    # A gang in the client's own turn, numbered only after every launch it
+    # submitted (some may wait in its queue while islands are saturated):
+    # the program is freed only once every releaser's fence is numbered.
+    (dispatcher or self._dispatcher).submit(
+        [IslandOp(island.id, OpKind.DELETE, 0) for island in program.islands],
+        lambda *_: self._fenced(program))
+
+  def _fenced(self, program: CompiledProgram) -> None:
+    freed = []
+    key = program.key
+    with self._lock:
+      if self._done.get(key) is not program:
+        return
+      fences = self._fences.pop(key) - 1
+      if fences:
+        self._fences[key] = fences
+      if fences or self._holders.get(key):
+        return
+      if program.route:  # nobody can compile the same route again
+        freed.append(self._done.pop(key))
+      else:
+        self._unheld[key] = program
+      while len(self._unheld) > self._keep_unheld:
+        freed.append(self._done.pop(self._unheld.popitem(last=False)[0]))
+    for p in freed:
+      # Numbered after every launch of it: each was before some fence.
+      self._dispatcher.submit([IslandOp(island.id, OpKind.DELETE,
+                                        p.program_id)
+                               for island in p.islands])
 
   def __len__(self) -> int:
     with self._lock:

@@ -71,6 +71,8 @@ class GlobalClient:
   JOIN_GLOBAL op (and calls finished() once they are done)."""
 
   WAITING, JOINING, READY, FAILED = "waiting", "joining", "ready", "failed"
+  # READY once, but a member's worker is lost since (status only).
+  BROKEN = "broken"
 
   def __init__(self, islands: int, listen: str,
                up: Callable[[], dict[int, int]],
@@ -174,9 +176,16 @@ class GlobalClient:
               all(up.get(i) == g for i, g in self._members.items()))
 
   def describe(self) -> dict[str, Any]:
+    up = self._up()
     with self._lock:
-      return {"generation": self.generation, "state": self._state,
-              "error": self._error, "address": self._services[-1].address}
+      state, error = self._state, self._error
+      lost = sorted(i for i, g in self._members.items() if up.get(i) != g)
+      if state == self.READY and lost:
+        state = self.BROKEN
+        error = (f"the worker of island(s) {lost} is lost; programs spanning "
+                 "islands fail until it is replaced (then it is built anew)")
+      return {"generation": self.generation, "state": state, "error": error,
+              "address": self._services[-1].address}
 
   def shutdown(self) -> None:
     for service in self._services:

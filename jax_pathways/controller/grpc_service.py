@@ -50,17 +50,21 @@ WEIGHT_KEY = "jax_pathways_weight"  # its share of saturated islands
 CALLBACKS_KEY = "jax_pathways_callbacks"
 ADMIN_TOKEN_HEADER = "jax-pathways-token"
 # What a session without the right token is told, as the status of its
-# InitRequest: the one answer JAX's client passes on (it cancels the stream
-# before reading how the server ended it). It retries a failed InitRequest
-# until its connection timeout (120 s by default; pathwaysutils reads
-# PATHWAYS_PROXY_CONNECTION_TIMEOUT_SECS) and then raises with this message.
+# InitRequest (GrpcService._refuse). JAX's client retries a failed
+# InitRequest until its connection timeout (120 s by default; pathwaysutils
+# reads PATHWAYS_PROXY_CONNECTION_TIMEOUT_SECS) and then raises with this
+# message.
 REFUSED = ("jax_pathways: wrong or missing cluster token. Connect through "
            "`jax-pathways connect --controller HOST:PORT` (it adds the "
            "token from JAX_PATHWAYS_TOKEN) and point JAX_BACKEND_TARGET at "
            "the address it prints, or call "
            "jax_pathways.initialize(address, token=...)")
-# How long a refused stream may stay open waiting for its InitRequest.
-REFUSED_TIMEOUT_S = 10.0
+# How long a refused stream stays open: none of its messages is read, but
+# JAX's client must have sent its InitRequest (it does right after opening
+# the stream) before its answer comes, or it drops the answer.
+REFUSED_AFTER_S = 0.5
+# The op id of a session's InitRequest from JAX's client (its first).
+INIT_OP_ID = 1
 
 Event = _frontend.EventKind
 
@@ -78,7 +82,7 @@ class GrpcService:
     self._lock = threading.Lock()
     self.sessions: dict[int, Session] = {}  # by stream id
     self._parked: dict[int, Session] = {}  # sessions whose request waits
-    self._refused: dict[int, float] = {}  # stream -> deadline (wrong token)
+    self._refused: dict[int, float] = {}  # stream -> its end (wrong token)
     # Clients' callbacks streams (controller/callbacks.py), by stream id.
     self._callback_streams: set[int] = set()
     # Closed by their clients, answered by Python, to end (_end_closed).
@@ -193,7 +197,7 @@ class GrpcService:
       logging.log_every_n_seconds(
           logging.INFO, "refused a session from %s: wrong or missing "
           "cluster token", 30, peer)
-      self._refused[stream] = time.monotonic() + REFUSED_TIMEOUT_S
+      self._refused[stream] = time.monotonic() + REFUSED_AFTER_S
       return
     version = meta.version.protocol_version
     if not (versions.MIN_PROTOCOL_VERSION <= version <=
@@ -209,6 +213,7 @@ class GrpcService:
     except StatusError as e:
       self._server.finish(stream, e.status.code, e.status.message)
       return
+    self._server.admit(stream)  # its requests are read from now on
     # Session ids name a session's host buffers: random, so one client
     # cannot guess another's.
     session_id = secrets.randbits(62) | 1
@@ -238,15 +243,13 @@ class GrpcService:
       self._server.finish(stream, int(e.status.code), e.status.message)
       return
     self._callback_streams.add(stream)
+    self._server.admit(stream)
     self.services.callbacks.open_client(
         stream, metadata.get(ID_HEADER, b"").decode(errors="replace"))
 
   def _request(self, stream: int, data: bytes, *_: Any) -> None:
     if stream in self._callback_streams:
       self.services.callbacks.from_client(stream, data)
-      return
-    if stream in self._refused:
-      self._refuse(stream, data)
       return
     session = self.sessions.get(stream)
     if session is None:
@@ -257,24 +260,25 @@ class GrpcService:
     if session.waiting:
       self._parked[stream] = session
 
-  def _refuse(self, stream: int, data: bytes) -> None:
-    """Fails a refused stream's first request UNAUTHENTICATED (no session,
-    no host buffers were made for it), then ends the stream."""
-    del self._refused[stream]
-    request = _parse("xla.ifrt.proxy.IfrtRequest", data, "IfrtRequest")
-    response = protos.msg("xla.ifrt.proxy.IfrtResponse")()
-    response.response_metadata.op_id = request.request_metadata.op_id
-    response.response_metadata.status.code = int(Code.UNAUTHENTICATED)
-    response.response_metadata.status.message = REFUSED
-    self._server.send(stream, response.SerializeToString())
-    self._server.finish(stream, Code.UNAUTHENTICATED, REFUSED)
-
   def _expire_refused(self) -> None:
     now = time.monotonic()
     for stream, deadline in list(self._refused.items()):
       if now >= deadline:
         del self._refused[stream]
-        self._server.finish(stream, Code.UNAUTHENTICATED, REFUSED)
+        self._refuse(stream)
+
+  def _refuse(self, stream: int) -> None:
+    """Fails a refused stream's InitRequest UNAUTHENTICATED, unread, then
+    ends the stream. JAX's client numbers a session's requests from 1, its
+    InitRequest first, and passes on that request's status alone (it
+    cancels the stream before reading how the server ended it: the user
+    would read CANCELLED)."""
+    response = protos.msg("xla.ifrt.proxy.IfrtResponse")()
+    response.response_metadata.op_id = INIT_OP_ID
+    response.response_metadata.status.code = int(Code.UNAUTHENTICATED)
+    response.response_metadata.status.message = REFUSED
+    self._server.send(stream, response.SerializeToString())
+    self._server.finish(stream, Code.UNAUTHENTICATED, REFUSED)
 
   def _closed(self, stream: int, *_: Any) -> None:
     """No more requests: end the stream once every reply is out."""
@@ -284,7 +288,7 @@ class GrpcService:
       self._server.finish(stream, 0, "")
       return
     if self._refused.pop(stream, None) is not None:
-      self._server.finish(stream, Code.UNAUTHENTICATED, REFUSED)
+      self._refuse(stream)
       return
     session = self.sessions.get(stream)
     if session is None:

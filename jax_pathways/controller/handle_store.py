@@ -19,6 +19,14 @@ T = TypeVar("T")
 SERVER_HANDLES_START = 1 << 48
 
 
+def check_client_handle(handle: int, kind: str) -> None:
+  if not 0 < handle < SERVER_HANDLES_START:
+    raise StatusError(
+        Code.INVALID_ARGUMENT,
+        f"{kind} handle {handle} is outside the range a client may choose "
+        f"(1 to 2**48 - 1; the controller mints handles from 2**48 up)")
+
+
 class HandleStore(Generic[T]):
   """Thread-safe handle -> object map; `kind` names it in errors."""
 
@@ -27,9 +35,13 @@ class HandleStore(Generic[T]):
     self._items: dict[int, T] = {}
     self._lock = threading.Lock()
 
-  def put(self, handle: int, item: T) -> None:
+  def put(self, handle: int, item: T, *, minted: bool = False) -> None:
     """Names `item` by a handle not in use: one handle never names two
-    objects, and nothing the client holds is dropped unreleased."""
+    objects, and nothing the client holds is dropped unreleased. A handle
+    the client chose (not `minted` by ServerHandles) must be below
+    SERVER_HANDLES_START, or it could take one the controller mints later."""
+    if not minted:
+      check_client_handle(handle, self.kind)
     with self._lock:
       if handle in self._items:
         raise StatusError(Code.INVALID_ARGUMENT,

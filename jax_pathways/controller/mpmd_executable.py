@@ -26,7 +26,8 @@ from jax_pathways.programs.ifrt_ir_program import Call, MpmdProgram
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.resources.island import Island
 from jax_pathways.resources.topology import Topology
-from jax_pathways.status import Status, from_exception, invalid_argument
+from jax_pathways.status import (Status, StatusError, from_exception,
+                                 invalid_argument)
 
 OnMpmdCompiled = Callable[[Status, "MpmdExecutable | None"], None]
 # Steps kept per executable (one per dispatcher epoch and argument layouts).
@@ -52,12 +53,14 @@ def compile_program(program: MpmdProgram, cache: CompileCache,
       pending[0] -= 1
       if pending[0]:
         return
-    if failed:
-      on_done(failed[0], None)
-      return
     try:
+      if failed:
+        raise StatusError(failed[0].code, failed[0].message)
       exe = MpmdExecutable(program, compiled, topology)  # type: ignore[arg-type]
     except Exception as e:  # pylint: disable=broad-except
+      for fragment in compiled:  # held for an executable never made
+        if fragment is not None:
+          cache.release(fragment)
       on_done(from_exception(e).status, None)
       return
     on_done(Status(), exe)
@@ -92,6 +95,9 @@ class MpmdExecutable:
     self._check_donation()
     self.metadata = self._metadata()
 
+  def programs(self) -> list[CompiledProgram]:
+    """What it holds of the CompileCache: its fragments."""
+    return self.fragments
   def islands_of_value(self, v: int) -> tuple[Island, ...]:
     """Value `v`'s islands as they are now."""
     return tuple(self._topology.island(i) for i in self._value_island_ids[v])

@@ -31,7 +31,8 @@ from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.callbacks import CallbackRouter
 from jax_pathways.controller.compile_cache import CompileCache
 from jax_pathways.controller.coordination import GlobalClient
-from jax_pathways.controller.handle_store import HandleStore, ServerHandles
+from jax_pathways.controller.handle_store import (SERVER_HANDLES_START,
+                                                  HandleStore, ServerHandles)
 from jax_pathways.controller.profile_executable import ProfileExecutable
 from jax_pathways.controller.tracing import Recording
 from jax_pathways.dispatch import payloads
@@ -351,6 +352,7 @@ class Session:
     handler = self._handlers.get(kind)
     results = self._result_handles.get(kind)
     try:
+      validation.check_list_sizes(body, kind)
       if results is not None:
         # Before anything else: a failure here must not poison (replace)
         # the live arrays those handles name.
@@ -400,6 +402,8 @@ class Session:
     if handles is None:
       return
     for h in handles(body):
+      if not 0 < h < SERVER_HANDLES_START:
+        continue  # refused as a handle: nothing was made under it
       made = self.arrays.discard(h)
       if made is not None:
         moves.release(self.services, [made])
@@ -433,15 +437,27 @@ class Session:
         "waiting": self.waiting,
     }
 
+  def let_go(self, exe: Any) -> None:
+    """The client is done with executable `exe`: its programs are released
+    (freed on the workers once no one holds them, compile_cache.py)."""
+    services = self.services
+    if isinstance(exe, ProfileExecutable):  # perhaps still recording
+      exe.abandon(services)
+      return
+    for program in exe.programs():
+      services.compile_cache.release(program, services.dispatcher)
+      if program.route:
+        # Nobody can compile the same route again: its callbacks and
+        # answers go once its last launch (perhaps still waiting) has run.
+        program.when_idle(lambda p=program: services.callbacks.release(
+            p.route))
+
   def close(self) -> None:
     """Frees everything the session held, on controller and workers."""
     self._drop_stages()
     moves.release(self.services, self.arrays.drain())
     for exe in self.executables.drain():
-      if isinstance(exe, ProfileExecutable):  # perhaps still recording
-        exe.abandon(self.services)
-      elif getattr(exe, "route", 0):  # its client's alone: never asked again
-        self.services.compile_cache.forget(exe)
+      self.let_go(exe)
     self.futures.drain()
     self.execute_results.drain()
     self.services.resources.release(self.id)

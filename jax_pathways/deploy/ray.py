@@ -145,6 +145,29 @@ class _Controller:
     return self._placement_group
 
 
+def _leave(code: int) -> None:
+  """Ends the actor: for good if its worker left on purpose (code 0: its
+  controller stopped it or is gone) or can never start here (EXIT_SETUP:
+  restarted, it would fail the same way for ever); else Ray restarts it,
+  and its new worker takes the island's place (its next generation)."""
+  from jax_pathways.worker import main  # pylint: disable=import-outside-toplevel
+  if code in (0, main.EXIT_SETUP):
+    if code:
+      logging.error("worker cannot start on this node (exit code %d, see "
+                    "the lines above); its actor ends without a restart: "
+                    "fix the node or the flags and start the cluster "
+                    "again", code)
+    else:
+      logging.info("worker left; its actor ends")
+    ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+    # Ray ends this process; a live actor with no worker must not stay.
+    time.sleep(_PID_TIMEOUT_S)
+  else:
+    logging.warning("worker exited with code %d; Ray restarts its actor",
+                    code)
+  os._exit(code)  # pylint: disable=protected-access
+
+
 @ray.remote
 class _Worker:
   """Island `island`'s worker, running in this actor's process."""
@@ -162,7 +185,7 @@ class _Worker:
              token: str, ip: str, controller_timeout_s: float) -> None:
     from jax_pathways.worker import main  # pylint: disable=import-outside-toplevel
     if _actor(name) is None:
-      _Worker._leave(0)  # restarted after its controller's actor died
+      _leave(0)  # restarted after its controller's actor died
     try:
       code = main.run(controller, island, devices, token, f"{ip}:0",
                       connect_timeout=60.0,
@@ -174,22 +197,7 @@ class _Worker:
       # Its controller's actor is gone (this may be the restart of a worker
       # that lost it): no worker could join again.
       code = 0
-    _Worker._leave(code)
-
-  @staticmethod
-  def _leave(code: int) -> None:
-    """Ends the actor: for good if its worker left on purpose (code 0: its
-    controller stopped it or is gone); else Ray restarts it, and its new
-    worker takes the island's place (its next generation)."""
-    if code == 0:
-      logging.info("worker left; its actor ends")
-      ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
-      # Ray ends this process; a live actor with no worker must not stay.
-      time.sleep(_PID_TIMEOUT_S)
-    else:
-      logging.warning("worker exited with code %d; Ray restarts its actor",
-                      code)
-    os._exit(code)  # pylint: disable=protected-access
+    _leave(code)
 
   def pid(self) -> int:
     return os.getpid()

@@ -10,10 +10,13 @@ JAX's `jax_compilation_cache_dir` when that is set;
 
 An entry is executable code: the directory must be this user's alone
 (created 0700; one others may write to is refused, the cache then off),
-and an entry is loaded only whole (its digest checked). Entries are keyed
-by everything that shapes the compiled code: the program, its options and
-devices, jax's version, the platform and the host's CPU (XLA:CPU compiles
-for the CPU it runs on). A writer killed mid-entry leaves a temporary
+and an entry is loaded only whole (its digest checked) and only under its
+own key by the versions that wrote it: its checksummed content names its
+key and the jax_pathways, jax and jaxlib versions, so an entry renamed,
+swapped or copied from elsewhere is ignored (and replaced) rather than run
+for another program. Entries are keyed by everything that shapes the
+compiled code: the program, its options and devices, those versions, the
+platform and the host's CPU (XLA:CPU compiles for the CPU it runs on). A writer killed mid-entry leaves a temporary
 file, removed by the next worker after an hour. Nothing is evicted (JAX's
 cache keeps everything by default too); delete the directory to empty it.
 """
@@ -28,8 +31,12 @@ import time
 from typing import Sequence
 
 from absl import logging
+import jax
+import jaxlib
 
-_MAGIC = b"JPXC1"
+import jax_pathways
+
+_MAGIC = b"JPXC2"
 _DIGEST = 32  # sha256
 _TMP = ".tmp-"  # an entry being written
 # A write unfinished for this long was abandoned (its writer killed).
@@ -47,10 +54,18 @@ def _host_cpu() -> bytes:
   return b"\n".join(sorted({l for l in lines if l.startswith(wanted)}))
 
 
-class CompilationCache:
-  """Compiled programs under `directory`, by key."""
+def versions() -> bytes:
+  """The versions whose entries this process may load."""
+  return (f"jax_pathways {jax_pathways.__version__}; jax {jax.__version__}; "
+          f"jaxlib {jaxlib.__version__}").encode()
 
-  def __init__(self, directory: str):
+
+class CompilationCache:
+  """Compiled programs under `directory`, by key; `stamp` names the
+  versions that write and may load its entries."""
+
+  def __init__(self, directory: str, stamp: bytes | None = None):
+    self.stamp = versions() if stamp is None else stamp
     self.directory = os.path.abspath(directory)
     os.makedirs(self.directory, mode=0o700, exist_ok=True)
     st = os.stat(self.directory)
@@ -78,7 +93,7 @@ class CompilationCache:
     """The key of a program compiled on this host from `parts`: its bytes,
     options, devices, compiler version, whatever else shapes it."""
     h = hashlib.sha256(self._host)
-    for part in parts:
+    for part in (self.stamp, *parts):
       h.update(struct.pack("<Q", len(part)))
       h.update(part)
     return h.hexdigest()
@@ -95,10 +110,13 @@ class CompilationCache:
     except OSError as e:
       logging.warning("compilation cache: cannot read %s: %s", path, e)
       return None
-    blobs = _decode(data)
-    if blobs is None:
-      logging.warning("compilation cache: %s is damaged; dropped", path)
+    try:
+      blobs = _decode(data, key.encode(), self.stamp)
+    except ValueError as e:
+      logging.warning("compilation cache: %s %s; dropped (compiling)", path,
+                      e)
       self.drop(key)
+      return None
     return blobs
 
   def put(self, key: str, blobs: Sequence[bytes]) -> None:
@@ -108,7 +126,7 @@ class CompilationCache:
       fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=_TMP)
       try:
         with os.fdopen(fd, "wb") as f:
-          f.write(_encode(blobs))
+          f.write(_encode(blobs, key.encode(), self.stamp))
         os.replace(tmp, os.path.join(self.directory, key))
       except BaseException:
         os.unlink(tmp)
@@ -123,26 +141,34 @@ class CompilationCache:
       pass
 
 
-def _encode(blobs: Sequence[bytes]) -> bytes:
-  body = _MAGIC + struct.pack("<I", len(blobs)) + b"".join(
-      struct.pack("<Q", len(b)) + b for b in blobs)
+def _encode(blobs: Sequence[bytes], key: bytes, stamp: bytes) -> bytes:
+  body = _MAGIC + b"".join(
+      struct.pack("<Q", len(b)) + b for b in (key, stamp, *blobs))
   return body + hashlib.sha256(body).digest()
 
 
-def _decode(data: bytes) -> list[bytes] | None:
+def _decode(data: bytes, key: bytes, stamp: bytes) -> list[bytes]:
+  """The blobs of an entry written under `key` by `stamp`'s versions;
+  ValueError (saying why) for anything else."""
   body, digest = data[:-_DIGEST], data[-_DIGEST:]
-  if (len(data) < len(_MAGIC) + 4 + _DIGEST or
-      not body.startswith(_MAGIC) or
+  if (len(data) < len(_MAGIC) + _DIGEST or not body.startswith(_MAGIC) or
       hashlib.sha256(body).digest() != digest):
-    return None
-  (count,), at = struct.unpack_from("<I", body, len(_MAGIC)), len(_MAGIC) + 4
-  blobs = []
-  for _ in range(count):
+    raise ValueError("is damaged or of another format")
+  parts, at = [], len(_MAGIC)
+  while at < len(body):
     if at + 8 > len(body):
-      return None
+      raise ValueError("is damaged")
     (size,), at = struct.unpack_from("<Q", body, at), at + 8
     if at + size > len(body):
-      return None
-    blobs.append(body[at:at + size])
+      raise ValueError("is damaged")
+    parts.append(body[at:at + size])
     at += size
-  return blobs if at == len(body) else None
+  if len(parts) < 3:
+    raise ValueError("is damaged")
+  if parts[0] != key:
+    raise ValueError("holds the entry of another program (renamed, swapped "
+                     "or copied in)")
+  if parts[1] != stamp:
+    raise ValueError(f"was written by {parts[1].decode(errors='replace')!r}, "
+                     f"not this worker's {stamp.decode()!r}")
+  return parts[2:]

@@ -22,8 +22,9 @@ cluster's supervisor):
   0  the controller told it to stop, or is gone (dead, or silent and not
      answering): a new worker could not join it either
   1  an unexpected error
-  2  bad --device-cores, a --platform or --devices this host lacks, or the
-     worker could not join the controller
+  2  EXIT_SETUP: bad --device-cores, a --platform or --devices this host
+     lacks, or the worker could not join the controller: a restart on the
+     same host with the same flags fails the same way, so none is made
   3  EXIT_LOST: the controller is up but dropped this worker: start a new one
 """
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 
 from absl import logging
 
+EXIT_SETUP = 2
 EXIT_LOST = 3
 # How long a worker whose connection ended waits for its controller to
 # answer before taking it for gone (stopped or cut off).
@@ -76,11 +78,11 @@ def run(controller: str, island: int | None, devices: int | None,
                             compilation_cache)
   except ValueError as e:
     print(f"jax-pathways worker: --device-cores: {e}", file=sys.stderr)
-    return 2
+    return EXIT_SETUP
   except PlatformError as e:
     print(f"jax-pathways worker: --platform {platform or '(default)'}: {e}",
           file=sys.stderr)
-    return 2
+    return EXIT_SETUP
   peers = Peers(token, data_listen)
   # jaxlib's transfer server does not authenticate: only between workers
   # of one host (its ids are random; other hosts use the token's links).
@@ -95,7 +97,7 @@ def run(controller: str, island: int | None, devices: int | None,
     print(f"jax-pathways worker: could not join the controller at "
           f"{controller}: {e}", file=sys.stderr)
     peers.close()
-    return 2
+    return EXIT_SETUP
   sock.settimeout(None)
   peers.island = backend.island = int(welcome["island"])
   # Where gloo listens, for every generation of the global client.

@@ -596,6 +596,11 @@ class PjrtBackend:
     self._cache[key] = prog
     return prog
 
+  def forget(self, program: Program) -> None:
+    """Drops `program` from the programs kept in memory: its compiled code
+    is freed once no launch holds it (the disk cache keeps its entry)."""
+    self._cache = {k: p for k, p in self._cache.items() if p is not program}
+
   def _parse(self, program: bytes) -> Any:
     """The program as an MLIR module of this worker's context."""
     with self._ir_context:

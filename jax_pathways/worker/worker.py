@@ -458,6 +458,11 @@ class Worker:
     for b in op.args:
       self._buffers.pop(b, None)
       self._lane_readers.pop(b, None)
+    if op.program:  # a program no launch names again: free its code
+      program = self._programs.pop(op.program, None)
+      if program is not None and not any(
+          p is program for p in self._programs.values()):
+        self._backend.forget(program)
 
   def _copy(self, op: Any) -> None:
     header, _ = payloads.decode(op.payload)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from typing import Any, Iterator
 
@@ -258,6 +259,46 @@ def test_garbage_is_answered(tmp_path):
       channel.unary_unary("/no.Such/Method")(b"x", timeout=30)
     assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
   finally:
+    channel.close()
+    server.stop(grace=None).wait(10)
+    fwd.close()
+
+
+@pytest.mark.integration
+def test_sessions_that_never_start_do_not_lock_others_out(cluster, tmp_path):
+  """Streams that never send their InitRequest are ended after the
+  forwarder's first-message timeout, so they cannot hold all its slots."""
+  folder = tmp_path / "private"
+  folder.mkdir(mode=0o700)
+  path = str(folder / "proxy.sock")
+  slots = 4
+  server, fwd = forwarder.serve(cluster["address"], TOKEN, path,
+                                max_workers=slots, first_message_timeout=1.0)
+  channel = grpc.insecure_channel(f"unix:{path}")
+  never = threading.Event()
+
+  def nothing() -> Iterator[bytes]:
+    never.wait(60)
+    return
+    yield  # pylint: disable=unreachable
+
+  try:
+    idle = [channel.stream_stream(SESSION)(
+        nothing(), metadata=[(SESSION_METADATA, _metadata())], timeout=60)
+            for _ in range(slots)]
+    for call in idle:
+      with pytest.raises(grpc.RpcError) as e:
+        list(call)
+      assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e.value
+      assert "no first request within 1 s" in e.value.details()
+    # Every slot is free again: a real session is served.
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..",
+                                    "controller"))
+    from raw_client import RawSession  # pylint: disable=import-outside-toplevel
+    session = RawSession(f"grpc://unix:{path}", None)
+    assert session.id
+  finally:
+    never.set()
     channel.close()
     server.stop(grace=None).wait(10)
     fwd.close()

@@ -2,6 +2,7 @@
 one gets INVALID_ARGUMENT (or NOT_FOUND) naming it, and nothing else
 changes: the session, its arrays and the cluster keep working. Requests are
 sent raw, as jaxlib's client never would."""
+import threading
 import time
 
 import grpc
@@ -475,6 +476,76 @@ def test_result_handles_are_never_reused(client, cluster_works):
       b.result_array_handle.append(array)))
   _assert_rejected(reply, "already names an array")
   assert client.fetch(array)[1] == DATA.tobytes()
+
+
+def test_client_handles_stay_below_the_servers(client, cluster_works):
+  """The controller mints handles from 2**48 up (a first Execute's results,
+  futures): a client naming one first would make a later mint collide, and
+  that session's next honest call fail."""
+  first_minted = 1 << 48
+  text = jax.jit(lambda x: x + 1).lower(
+      jax.ShapeDtypeStruct((16,), np.float32)).as_text()
+  for bad in (first_minted, first_minted + 1, 2**64 - 1):
+    reply, _ = client.upload(DATA.tobytes(), [16], array_handle=bad)
+    _assert_rejected(reply, f"handle {bad} is outside the range a client "
+                     "may choose")
+    reply = client.session.call(make_error_arrays_request=lambda b, bad=bad: (
+        b.error.__setattr__("message", "x"), b.array_handles.append(bad)))
+    _assert_rejected(reply, f"handle {bad} is outside")
+  reply = _compile(client, text, _compile_options(1, 1, [[0]]))
+  assert reply.response_metadata.status.code == 0, reply
+  exe = reply.compile_response.loaded_executable_handle
+  assert exe >= first_minted
+  reply, x = client.upload(DATA.tobytes(), [16])
+  assert reply.response_metadata.status.code == 0
+  reply = client.session.call(loaded_executable_execute_request=lambda b: (
+      setattr(b, "loaded_executable_handle", exe), b.args_handles.append(x),
+      b.result_array_handle.append(first_minted + 7)))
+  _assert_rejected(reply, f"handle {first_minted + 7} is outside")
+  # The controller's own mints are untouched: a first Execute's result.
+  reply = _execute(client, exe, [x])
+  assert reply.response_metadata.status.code == 0, reply
+  out = reply.loaded_executable_execute_response.outputs[0].array_handle
+  assert out >= first_minted
+  assert client.fetch(out)[1] == (DATA + 1).tobytes()
+
+
+def test_a_huge_request_is_refused_without_holding_others(
+    client, raw_session, pathways, cluster_works):
+  """A DestructArray of 16,777,216 unknown handles (128 MiB): at 52b5207
+  it held every other session for 33 s and its NOT_FOUND listed them all
+  (164 MB)."""
+  request = protos.msg("xla.ifrt.proxy.IfrtRequest")()
+  request.request_metadata.op_id = client.session.next_op_id
+  request.destruct_array_request.array_handle.extend(
+      [(1 << 48) - 1] * (1 << 24))
+  frame = request.SerializeToString()
+  other = Client(raw_session(), pathways.address)
+  worst, done = [0.0], threading.Event()
+
+  def round_trips() -> None:
+    while not done.is_set():
+      start = time.monotonic()
+      other.round_trip()
+      worst[0] = max(worst[0], time.monotonic() - start)
+
+  thread = threading.Thread(target=round_trips)
+  thread.start()
+  try:
+    reply = client.session.wait(client.session.send_raw(frame))
+  finally:
+    done.set()
+    thread.join(timeout=60)
+    other.close()
+  _assert_rejected(reply, "array_handle names 16777216 entries")
+  assert len(reply.SerializeToString()) < 1024
+  # A hang guard (33 s before): the refusal takes ~0.2 s.
+  assert worst[0] < 2.0, worst
+  # A few unknown handles are named, and counted.
+  reply = client.session.call(destruct_array_request=lambda b: (
+      b.array_handle.extend(range(10**6, 10**6 + 20))))
+  _assert_rejected(reply, "[1000000, 1000001", "(20 in all)",
+                   code=NOT_FOUND)
 
 
 def test_error_arrays_carry_valid_codes(client, cluster_works):

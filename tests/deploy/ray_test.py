@@ -188,3 +188,22 @@ def test_ray_start_checks_its_flags(flags, message, capsys):
     cli.main(["ray", "start", *flags])
   assert exit_.value.code == 2
   assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("code, restarted", [(0, False), (2, False),
+                                             (1, True), (3, True)])
+def test_only_a_worker_a_restart_can_help_is_restarted(monkeypatch, code,
+                                                      restarted):
+  """Exit 2 (a platform or device count this node lacks: worker/main.py)
+  would fail the same way after every restart, for ever."""
+  from jax_pathways.deploy import ray as deploy_ray  # pylint: disable=import-outside-toplevel
+  killed, left = [], []
+  monkeypatch.setattr(deploy_ray.ray, "get_runtime_context",
+                      lambda: type("Context", (), {"current_actor": "me"}))
+  monkeypatch.setattr(deploy_ray.ray, "kill",
+                      lambda actor, no_restart: killed.append(no_restart))
+  monkeypatch.setattr(deploy_ray.time, "sleep", lambda _: None)
+  monkeypatch.setattr(deploy_ray.os, "_exit", left.append)
+  deploy_ray._leave(code)  # pylint: disable=protected-access
+  assert left == [code]
+  assert killed == ([] if restarted else [True])

@@ -100,6 +100,26 @@ def test_workers_of_a_stopped_controller_exit_and_say_why(cluster):
     time.sleep(0.2)
   assert [i["alive"] for i in islands] == [False, False], islands
   assert all("is lost" in i["error"] for i in islands), islands
+  # Not "ready" beside dead islands ("broken" once built, "failed" if its
+  # build was under way).
+  spanning = admin.status(cluster.address, cluster.token,
+                          timeout=5.0)["global_client"]
+  assert spanning["state"] in ("broken", "failed"), spanning
+  assert "is lost" in spanning["error"], spanning
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_clean_stop_ends_every_worker_with_0(cluster, how):
+  """0 tells a restart policy not to start another worker (main.py); it
+  was 3, "dropped", in 4 of 4 stops: the probe found the listener open."""
+  _wait_joined(cluster)
+  cluster.controller.send_signal(how)  # USR1: drain, no client to wait for
+  procs = [cluster.controller, *cluster.workers]
+  exited = _wait_exit(procs, 60)  # a hang guard only
+  assert len(exited) == len(procs), [p.pid for p in procs]
+  assert [p.returncode for p in procs] == [0] * len(procs)
+  for path, log in _logs(cluster).items():
+    assert "has dropped this worker" not in log, (path, log[-2000:])
 
 
 def test_a_live_controller_keeps_its_idle_workers():

@@ -33,6 +33,32 @@ def test_entries_come_back_whole_or_not_at_all(tmp_path):
   assert glob.glob(os.path.join(cache.directory, ".tmp-*")) == []
 
 
+def test_an_entry_loads_only_under_its_own_key_and_versions(tmp_path):
+  cache = CompilationCache(str(tmp_path / "cache"))
+  double, add = cache.key(b"a*2"), cache.key(b"a+100")
+  cache.put(double, [b"code of a*2"])
+  cache.put(add, [b"code of a+100"])
+  assert cache.get(double) == [b"code of a*2"]
+  # Swapped on disk: neither runs for the other's program.
+  a, b = (os.path.join(cache.directory, k) for k in (double, add))
+  os.rename(a, a + ".x")
+  os.rename(b, a)
+  os.rename(a + ".x", b)
+  for key in (double, add):
+    assert cache.get(key) is None
+    assert not os.path.exists(os.path.join(cache.directory, key))
+  # Another version's writer: its entries are not this one's keys, and one
+  # copied under this one's key is refused as well.
+  other = CompilationCache(cache.directory, stamp=b"jax_pathways 0.0.1")
+  assert other.key(b"a*2") != double
+  other.put(other.key(b"a*2"), [b"old code of a*2"])
+  os.rename(os.path.join(cache.directory, other.key(b"a*2")),
+            os.path.join(cache.directory, double))
+  assert cache.get(double) is None
+  cache.put(double, [b"code of a*2"])  # compiled again, kept again
+  assert cache.get(double) == [b"code of a*2"]
+
+
 def test_writes_abandoned_by_killed_writers_are_removed(tmp_path):
   directory = tmp_path / "cache"
   CompilationCache(str(directory))
@@ -99,9 +125,19 @@ def test_a_later_run_loads_what_the_first_compiled(tmp_path):
     for path in glob.glob(str(tmp_path / logs / "worker*.log")):
       with open(path, encoding="utf-8") as f:
         text += f.read()
-    return text.count("loaded from the compilation cache")
+    return text
 
-  assert run("logs1") == 0
+  loaded = "loaded from the compilation cache"
+  assert run("logs1").count(loaded) == 0
   # The spanning program on each island's worker, the other on island 0's.
-  assert len(os.listdir(tmp_path / "jax" / "jax_pathways")) == 3
-  assert run("logs2") == 3
+  entries = sorted(glob.glob(str(tmp_path / "jax" / "jax_pathways" / "*")))
+  assert len(entries) == 3
+  # Two entries swapped on disk: each is ignored (and compiled again), the
+  # third loads, and every result is still plain JAX's.
+  first, second = entries[0], entries[1]
+  os.rename(first, first + ".x")
+  os.rename(second, first)
+  os.rename(first + ".x", second)
+  logs = run("logs2")
+  assert logs.count(loaded) == 1
+  assert logs.count("holds the entry of another program") == 2

@@ -625,8 +625,12 @@ def delete_array(session: Session, req: Any, reply: Reply) -> None:
   future: concurrent.futures.Future = concurrent.futures.Future()
   future.set_result(Status())
   handle = session.server_handles.new()
-  session.futures.put(handle, future)
+  session.futures.put(handle, future, minted=True)
   reply.ok(lambda r: setattr(r, "deletion_future_handle", handle))
+
+
+# Unknown handles an error names at most.
+_SHOWN = 8
 
 
 @handles("destruct_array_request")
@@ -641,7 +645,11 @@ def destruct_array(session: Session, req: Any, reply: Reply) -> None:
   # Free the memory now; ops already queued that use these run first.
   moves.release(session.services, arrays)
   if unknown:
-    raise StatusError(Code.NOT_FOUND, f"unknown array handle(s): {unknown}")
+    # A request may name millions: the reply says how many, and a few.
+    shown = ", ".join(map(str, unknown[:_SHOWN]))
+    more = f", ... ({len(unknown)} in all)" if len(unknown) > _SHOWN else ""
+    raise StatusError(Code.NOT_FOUND,
+                      f"unknown array handle(s): [{shown}{more}]")
   reply.ok()
 
 

@@ -50,9 +50,9 @@ def compile_program(session: Session, req: Any, reply: Reply) -> None:
       reply.error(status)
       return
     handle = session.server_handles.new()
-    session.executables.put(handle, result)
+    session.executables.put(handle, result, minted=True)
     ready = session.server_handles.new()
-    session.futures.put(ready, done_future())
+    session.futures.put(ready, done_future(), minted=True)
 
     def fill(r: Any) -> None:
       r.loaded_executable_handle = handle

@@ -127,7 +127,7 @@ def execute(session: Session, req: Any, reply: Reply) -> None:
     if first_call:
       raise StatusError(failure.code, failure.message)
     for h in handles_:
-      session.arrays.put(h, Array.failed(failure))
+      session.arrays.put(h, Array.failed(failure))  # chosen by the client
     if status_future is not None:
       status_future.set_result(failure)
   else:
@@ -138,10 +138,12 @@ def execute(session: Session, req: Any, reply: Reply) -> None:
     for h, b, (shape, dtype), s, islands in zip(
         handles_, buffers, outputs, shardings, exe.output_islands):
       if fast:
-        session.arrays.put_fast(h, Array(b, islands, dtype, shape, s))
+        session.arrays.put_fast(h, Array(b, islands, dtype, shape, s),
+                                minted=first_call)
       else:
         session.arrays.put(h, Array.failed(_NO_DATA) if isinstance(
-            exe, ProfileExecutable) else Array(b, islands, dtype, shape, s))
+            exe, ProfileExecutable) else Array(b, islands, dtype, shape, s),
+                           minted=first_call)
     # Nobody waits for a launch unless the client asked for its status:
     # readiness and errors travel through the output buffers' futures.
     on_done = None
@@ -157,7 +159,8 @@ def execute(session: Session, req: Any, reply: Reply) -> None:
     store = (session.execute_results
              if session.protocol_version >= _EXECUTE_RESULT_VERSION
              else session.futures)
-    store.put(status_handle, status_future)
+    store.put(status_handle, status_future,
+              minted=not req.result_status_handle)
 
   if not first_call and not fill_status:
     # The client reads nothing from later replies (it minted the handles
@@ -247,7 +250,7 @@ def human_readable_program_text(session: Session, req: Any,
 def delete(session: Session, req: Any, reply: Reply) -> None:
   session.executables.discard(req.loaded_executable_handle)
   handle = session.server_handles.new()
-  session.futures.put(handle, done_future())
+  session.futures.put(handle, done_future(), minted=True)
   reply.ok(lambda r: setattr(r, "future_handle", handle))
 
 
@@ -263,19 +266,11 @@ def is_deleted(session: Session, req: Any, reply: Reply) -> None:
 
 @handles("loaded_executable_destruct_request")
 def destruct(session: Session, req: Any, reply: Reply) -> None:
-  # The compiled program stays cached on its worker for the next client.
   exe = session.executables.pop(req.loaded_executable_handle)
   if session.services.fast_path is not None:
     session.services.fast_path.unregister(session.stream,
                                           req.loaded_executable_handle)
-  if isinstance(exe, ProfileExecutable):  # perhaps still recording
-    exe.abandon(session.services)
-  if isinstance(exe, CompiledProgram) and exe.route:
-    # Nobody can compile the same route again: its callbacks and answers
-    # go, once its last launch (perhaps still waiting) has run.
-    services = session.services
-    services.compile_cache.forget(exe)
-    exe.when_idle(lambda: services.callbacks.release(exe.route))
+  session.let_go(exe)
   reply.ok()
 
 
