@@ -290,11 +290,17 @@ def update_known(rows: dict[str, dict], path: str = KNOWN_FAILURES) -> None:
 def check(rows: dict[str, dict],
           known: dict[str, str]) -> tuple[list[str], list[str]]:
   """(regressions, fixed): tests that pass plain and fail through
-  jax_pathways without being listed, and listed ones that now pass (those
-  among the tests this run ran and that pass plain)."""
-  broken = {test for row in rows.values() for tests in row["causes"].values()
-            for test in tests}
-  regressions = sorted(broken - set(known))
+  jax_pathways without being listed, or for another cause than the one
+  listed (a known failure that starts failing for a new reason is news),
+  and listed ones that now pass (those among the tests this run ran and
+  that pass plain)."""
+  now = {test: label for row in rows.values()
+         for label, tests in row["causes"].items() for test in tests}
+  broken = set(now)
+  regressions = sorted(
+      test if test not in known else
+      f"{test} (now: {now[test]}; listed: {known[test]})"
+      for test in broken if known.get(test) != now[test])
   ran = {test for row in rows.values() for test in row["compared_tests"]}
   fixed = sorted(t for t in known if t in ran and t not in broken)
   return regressions, fixed

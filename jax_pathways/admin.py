@@ -63,3 +63,14 @@ def check_slice(address: str, devices: str | None, island: str | None,
   _call(address, "CheckSlice",
         json.dumps({"devices": devices, "island": island}).encode(), token,
         timeout)
+
+
+def report_supervision(address: str, report: dict[str, Any],
+                       token: str | None = None,
+                       timeout: float = 5.0) -> None:
+  """Tells the controller what a supervisor (the embedded cluster's) did to
+  island `report["island"]`'s worker: {"island", "pid": its current
+  worker's, "restarts": processes started after the first, "given_up":
+  why it stopped restarting it, or ""}. `status` shows it; a give-up is
+  added to the island's error, which every later call on it gets."""
+  _call(address, "Supervision", json.dumps(report).encode(), token, timeout)

@@ -81,6 +81,11 @@ def _print_status(s: dict[str, Any]) -> None:
             ("" if i.get("global_client", True) else
              "; not in the islands' global client now (it is built anew "
              "at the next program spanning islands)"))
+    sup = i.get("supervisor")
+    if sup:
+      print(f"{'':>8}supervisor: {sup['restarts']} worker restart(s), "
+            f"current pid {sup['pid']}" +
+            (f"; GAVE UP: {sup['given_up']}" if sup["given_up"] else ""))
   print(f"clients: {len(s['clients'])}")
   for c in s["clients"]:
     devices = c["devices"]

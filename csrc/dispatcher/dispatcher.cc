@@ -921,6 +921,15 @@ void Dispatcher::KillLocked(Island* island, const Status& why,
   AdmitHeld(outbox, done);  // held gangs for this island fail now
 }
 
+void Dispatcher::NoteLoss(IslandId island, const std::string& note) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = islands_.find(island);
+  if (it == islands_.end() || it->second->alive) return;
+  Island& lost = *it->second;
+  lost.death = Status(lost.death.code(), lost.death.message() + note);
+  lost.last_lost = lost.death.message();
+}
+
 void Dispatcher::FailIsland(IslandId island, const Status& why) {
   Outbox outbox;
   std::vector<Completion> done;

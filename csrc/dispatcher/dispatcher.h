@@ -142,6 +142,9 @@ class Dispatcher {
   void Forget(const std::vector<BufferId>& ids);
   // Fails the island as if its connection had dropped.
   void FailIsland(IslandId island, const Status& why);
+  // A lost island's error from now on ends with `note` (what became of it
+  // since: its supervisor gave up restarting it, say). No-op if alive.
+  void NoteLoss(IslandId island, const std::string& note);
   // Fails islands that sent nothing (not even a heartbeat) for `timeout_s`
   // since their last frame or their handshake: a stopped or wedged worker
   // (called periodically).

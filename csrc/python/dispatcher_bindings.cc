@@ -163,6 +163,8 @@ void RegisterDispatcher(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def("forget", &Dispatcher::Forget, py::arg("ids"),
            py::call_guard<py::gil_scoped_release>())
+      .def("note_loss", &Dispatcher::NoteLoss, py::arg("island"),
+           py::arg("note"), py::call_guard<py::gil_scoped_release>())
       .def(
           "fail_island",
           [](Dispatcher& d, IslandId island, int code, std::string message) {

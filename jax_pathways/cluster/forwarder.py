@@ -122,7 +122,7 @@ class Forwarder(grpc.GenericRpcHandler):
   def _stream(self, upstream: Any, request: Any,
               metadata: list[tuple[str, Any]],
               context: grpc.ServicerContext) -> Iterator[bytes]:
-    first = threading.Event()
+    first, silent = threading.Event(), threading.Event()
     if isinstance(request, Iterator):  # a session's requests
 
       def requests() -> Iterator[bytes]:
@@ -130,20 +130,23 @@ class Forwarder(grpc.GenericRpcHandler):
           first.set()
           yield r
 
+      def cut() -> None:
+        if not first.is_set():
+          silent.set()
+          call.cancel()
+
       call = upstream(requests(), metadata=metadata)
-      timer = threading.Timer(self._first_message_timeout,
-                              lambda: first.is_set() or call.cancel())
+      timer = threading.Timer(self._first_message_timeout, cut)
       timer.daemon = True
       timer.start()
       context.add_callback(timer.cancel)
     else:
-      first.set()
       call = upstream(request, metadata=metadata)
     context.add_callback(call.cancel)  # the client left: so does the call
     try:
       yield from call
     except grpc.RpcError as e:
-      if not first.is_set():
+      if silent.is_set():
         context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
                       f"jax-pathways connect: no first request within "
                       f"{self._first_message_timeout:g} s")

@@ -15,7 +15,10 @@ wedged past the controller's --worker-timeout; the supervisor asks the
 controller's status about once a second) is SIGKILLed first, so it can
 never come back, and then restarted the same way. A worker
 that keeps dying soon after it starts is restarted after growing delays and
-given up on after `MAX_QUICK_RESTARTS`, with a log line saying so.
+given up on after `MAX_QUICK_RESTARTS`: the supervisor tells the controller
+(admin.report_supervision, as after every restart), whose `status` shows it
+and whose error for the island says so from then on; `restart_worker(i)`
+brings such an island back.
 """
 from __future__ import annotations
 
@@ -49,6 +52,9 @@ _SUPERVISE_POLL_S = 0.1
 # and for how long at most (a stopped controller must not hold it up).
 _LOSS_POLL_S = 1.0
 _LOSS_POLL_TIMEOUT_S = 1.0
+# A controller silent this long is said to be stopped or stalled (its
+# workers leave after 10 s: worker/main.py --controller-timeout).
+_SILENT_CONTROLLER_S = 5.0
 # The variable that hides all but an island's own accelerators from its
 # worker, per platform whose islands can share a host.
 VISIBLE_DEVICES = {"cuda": "CUDA_VISIBLE_DEVICES",
@@ -145,7 +151,7 @@ class LocalCluster:
     self._worker_args: list[list[str]] = []
     self.restarts = [0] * islands  # per island
     self._quick_deaths = [0] * islands  # in a row
-    self._given_up: set[int] = set()
+    self._given_up: dict[int, str] = {}  # island -> why
     self._supervisor: threading.Thread | None = None
     self._controller_gone = threading.Event()
     self._restart_lock = threading.Lock()
@@ -258,39 +264,62 @@ class LocalCluster:
     the controller has declared lost is killed first (_kill_lost)."""
     started = [time.monotonic()] * self.islands
     due: dict[int, float] = {}  # island -> when to start its worker
+    # Islands whose worker left its silent controller: started again once
+    # the controller answers.
+    awaiting: set[int] = set()
     next_loss_poll = time.monotonic() + _LOSS_POLL_S
+    answered_at = time.monotonic()
     while not self._stopping.wait(_SUPERVISE_POLL_S):
       if self._controller_gone.is_set():
         return  # workers end with their controller; nothing to rejoin
       now = time.monotonic()
       if now >= next_loss_poll:
-        self._kill_lost()
+        if self._kill_lost():
+          answered_at = now
+          for i in awaiting:
+            logging.warning("jax_pathways local cluster: the controller "
+                            "answers again; starting island %d's worker", i)
+            due[i] = now
+          awaiting.clear()
+        elif now - answered_at > _SILENT_CONTROLLER_S:
+          logging.log_every_n_seconds(
+              logging.ERROR, "jax_pathways local cluster: the controller "
+              "(pid %d) has not answered for %.0f s: stopped or stalled. "
+              "Calls wait until it answers again; its workers leave after "
+              "their --controller-timeout of silence and are started again "
+              "once it does. If it never does, stop this program.", 60,
+              self.controller.pid, now - answered_at)
         next_loss_poll = time.monotonic() + _LOSS_POLL_S
       for i, worker in enumerate(self.workers):
-        if i in self._given_up or i in due or worker.poll() is None:
+        if (i in self._given_up or i in due or i in awaiting or
+            worker.poll() is None):
           continue
         lived = now - started[i]
         if worker.returncode == 0:
-          # It left on purpose: its controller fell silent or went away (a
-          # new worker could not join it either), or it was told to stop.
-          # Said before it is given up on: whoever sees that finds why.
+          # It left on purpose: its controller fell silent (stopped or
+          # stalled: _controller_gone is set if it died), or told it to
+          # stop (then it is stopping too). A new worker could not join it
+          # before it answers again.
           logging.warning(
               "jax_pathways local cluster: the worker of island %d (pid %d) "
-              "left after %.1f s (its controller is gone or stopped it); "
-              "not restarting it", i, worker.pid, lived)
-          self._given_up.add(i)
+              "left after %.1f s (its controller stopped answering, or "
+              "stopped it); starting it again once the controller answers",
+              i, worker.pid, lived)
+          awaiting.add(i)
           continue
         self._quick_deaths[i] = (self._quick_deaths[i] + 1
                                  if lived < QUICK_DEATH_S else 1)
         if self._quick_deaths[i] > MAX_QUICK_RESTARTS:
-          logging.error(
-              "jax_pathways local cluster: the worker of island %d (pid %d) "
-              "exited with code %s, the %d-th time in a row within %.0f s "
-              "of starting; not restarting it again: island %d stays lost "
-              "(its log: %s)", i, worker.pid, worker.returncode,
-              self._quick_deaths[i], QUICK_DEATH_S, i,
-              self._logs.get(worker.pid, ""))
-          self._given_up.add(i)
+          why = (f"it exited with code {worker.returncode} (pid "
+                 f"{worker.pid}) {self._quick_deaths[i]} times in a row "
+                 f"within {QUICK_DEATH_S:.0f} s of starting (its log: "
+                 f"{self._logs.get(worker.pid, '')}); fix the cause, then "
+                 f"call jax_pathways.local_cluster().restart_worker({i}), "
+                 "or start the program again")
+          logging.error("jax_pathways local cluster: not restarting island "
+                        "%d's worker again: %s", i, why)
+          self._given_up[i] = why
+          self._report(i)
           continue
         delay = RESTART_DELAYS_S[min(self._quick_deaths[i] - 1,
                                      len(RESTART_DELAYS_S) - 1)]
@@ -313,12 +342,51 @@ class LocalCluster:
         logging.warning("jax_pathways local cluster: island %d's worker "
                         "started again (pid %d, restart %d)", i,
                         self.workers[i].pid, self.restarts[i])
+        self._report(i)
 
-  def _kill_lost(self) -> None:
+  def restart_worker(self, island: int) -> None:
+    """Starts island `island`'s worker again: one the supervisor gave up on
+    (its cause fixed), or one that left; the new worker takes the island's
+    place as any restarted one (and `elastic.run` grows onto it at its next
+    commit). Raises ValueError while its worker runs."""
+    with self._restart_lock:
+      if self._stopping.is_set() or self.controller is None:
+        raise ValueError("the cluster is stopped")
+      worker = self.workers[island]
+      if worker.poll() is None:
+        raise ValueError(f"island {island}'s worker (pid {worker.pid}) is "
+                         "running")
+      self._given_up.pop(island, None)
+      self._quick_deaths[island] = 0
+      self.workers[island] = self._spawn(f"worker{island}",
+                                         self._worker_args[island],
+                                         self._worker_env[island])
+      self.restarts[island] += 1
+    logging.warning("jax_pathways local cluster: island %d's worker started "
+                    "again on request (pid %d, restart %d)", island,
+                    self.workers[island].pid, self.restarts[island])
+    self._report(island)
+
+  def _report(self, island: int) -> None:
+    """Tells the controller what this supervisor did to `island`'s worker
+    (its `status` and its error for the island show it)."""
+    from jax_pathways import admin  # pylint: disable=import-outside-toplevel
+    try:
+      admin.report_supervision(
+          self.address, {"island": island, "pid": self.workers[island].pid,
+                         "restarts": self.restarts[island],
+                         "given_up": self._given_up.get(island, "")},
+          self.token, timeout=_LOSS_POLL_TIMEOUT_S)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("jax_pathways local cluster: could not tell the "
+                      "controller about island %d's worker: %s", island, e)
+
+  def _kill_lost(self) -> bool:
     """SIGKILLs each worker the controller has declared lost (silent past its
     --worker-timeout: stopped or wedged) while its process lives: stopped,
     it never exits, so its island would stay lost; resumed, it must not
-    touch shared state. _supervise then restarts it as any dead worker."""
+    touch shared state. _supervise then restarts it as any dead worker.
+    Returns whether the controller answered."""
     from jax_pathways import admin  # pylint: disable=import-outside-toplevel
     try:
       islands = admin.status(self.address, self.token,
@@ -327,9 +395,9 @@ class LocalCluster:
       logging.log_every_n_seconds(
           logging.WARNING, "jax_pathways local cluster: could not ask the "
           "controller which workers it lost: %s", 60, e)
-      return
+      return False
     if self._stopping.is_set():  # stop() is taking the workers
-      return
+      return True
     for island in islands:
       if island["alive"] or island["joining"]:
         continue
@@ -344,6 +412,7 @@ class LocalCluster:
           "island %d (pid %d) lost, but its process lives (stopped or "
           "wedged): killing it (%s)", i, worker.pid, island["last_lost"])
       worker.kill()
+    return True
 
   def _report_if_dead(self, controller: subprocess.Popen | None,
                       wait_s: float = 0.0) -> bool:

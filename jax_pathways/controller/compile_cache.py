@@ -243,6 +243,7 @@ class CompileCache:
     self._keep_unheld = keep_unheld
     self._ids = itertools.count(1)
     self._lock = threading.Lock()
+    self.compiles = 0  # programs sent to be compiled, ever
     self._done: dict[str, CompiledProgram] = {}
     self._waiting: dict[str, list[OnCompiled]] = {}
     self._holders: dict[str, int] = {}  # by key, of the programs in _done
@@ -273,6 +274,8 @@ class CompileCache:
       return
     if not first:
       return
+    with self._lock:
+      self.compiles += 1
     program_id = next(self._ids)
     header: dict[str, Any] = {"devices": list(program.device_refs),
                               "replicas": program.replicas}

@@ -80,7 +80,12 @@ class Controller:
         spmd_across_islands=self.global_client is not None,
         fast_path=(_core.FastPath(self.dispatcher.core, STREAM_MIN_BYTES)
                    if self.dispatcher.in_order else None))
-    self.service = GrpcService(server, self.services, token, self.status)
+    self.service = GrpcService(server, self.services, token, self.status,
+                               self.supervised)
+    # Island -> its supervisor's last report (admin.report_supervision),
+    # and the islands whose error says their supervisor gave up.
+    self._supervision: dict[int, dict[str, Any]] = {}
+    self._noted: set[int] = set()
     self._listen = listen
     self.address = ""
     self._workers = WorkerListener(
@@ -144,8 +149,33 @@ class Controller:
     if self.global_client is not None:
       self.global_client.shutdown()
 
+  def supervised(self, report: dict[str, Any]) -> None:
+    """A supervisor's report on an island's worker (admin.py)."""
+    island = report["island"]
+    if report["given_up"] and not self._supervision.get(
+        island, {}).get("given_up"):
+      logging.error("island %d: its supervisor gave up restarting its "
+                    "worker: %s", island, report["given_up"])
+    self._supervision[island] = report
+    self._noted.discard(island)
+    self._note_give_ups()
+
+  def _note_give_ups(self) -> None:
+    """Every later error of a lost island whose supervisor gave up says
+    so (once the controller has seen the island lost)."""
+    alive = {s["island"]: s.get("alive", False)
+             for s in self.dispatcher.stats()}
+    for island, report in list(self._supervision.items()):
+      if (report["given_up"] and island not in self._noted and
+          not alive.get(island, True)):
+        self._noted.add(island)
+        self.dispatcher.note_loss(
+            island, f"; its supervisor gave up restarting its worker: "
+            f"{report['given_up']}")
+
   def status(self) -> dict[str, Any]:
     """What `jax-pathways status` shows."""
+    self._note_give_ups()  # a loss seen after its give-up was reported
     stats = {s["island"]: s for s in self.dispatcher.stats()}
     joining = self.topology.joining()
     # Programs spanning islands run on the workers up that are in the
@@ -170,6 +200,9 @@ class Controller:
           "restarts": s.get("restarts", 0),
           "last_lost": s.get("last_lost", ""),
           "last_lost_at": s.get("last_lost_at", 0.0),
+          # What its supervisor (the embedded cluster) did, if it reports:
+          # processes started, the current one, and a give-up.
+          "supervisor": self._supervision.get(island.id),
           # Whether programs spanning islands run on this worker now.
           "global_client": (spanning and s.get("alive", False) and
                             self.global_client.member(island)),
@@ -212,7 +245,9 @@ class Controller:
         # it left to Python.
         "fast_path": (self.services.fast_path.stats()
                       if self.services.fast_path else None),
+        # Programs kept compiled now, and compiled since the start.
         "compiled_programs": len(self.compile_cache),
+        "compiles": self.compile_cache.compiles,
         # Programs that call back into their clients, and those calls.
         "callbacks": self.callbacks.stats(),
         "global_client": (self.global_client.describe()

@@ -39,6 +39,7 @@ GET_VERSION = "/xla.ifrt.proxy.GrpcIfrtService/GetVersion"
 ADMIN_STATUS = "/jax_pathways.Admin/Status"
 ADMIN_TRACE = "/jax_pathways.Admin/Trace"
 ADMIN_CHECK_SLICE = "/jax_pathways.Admin/CheckSlice"
+ADMIN_SUPERVISION = "/jax_pathways.Admin/Supervision"
 # Where a client puts its cluster token: the session's initialization data,
 # or this header for the admin service.
 TOKEN_KEY = "jax_pathways_token"
@@ -73,10 +74,12 @@ class GrpcService:
   """Sessions over the C++ gRPC server."""
 
   def __init__(self, server: Any, services: Services, token: str | None,
-               status: Callable[[], dict[str, Any]]):
+               status: Callable[[], dict[str, Any]],
+               supervised: Callable[[dict[str, Any]], None]):
     self.services = services
     self._token = token
     self._status = status
+    self._supervised = supervised
     self._server = server  # _frontend.GrpcServer
     self.host_buffers = services.host_buffers
     self._lock = threading.Lock()
@@ -342,6 +345,11 @@ class GrpcService:
       elif method == ADMIN_CHECK_SLICE:
         self._check_admin_token(metadata)
         reply = self._check_slice(data)
+      elif method == ADMIN_SUPERVISION:
+        self._check_admin_token(metadata)
+        self._supervised(_supervision(
+            data, self.services.topology.expected_islands))
+        reply = b"{}"
       elif method == ADMIN_TRACE:
         self._check_admin_token(metadata)
         self._admin_trace(call, data)
@@ -391,6 +399,23 @@ class GrpcService:
     tracing.trace(self.services.topology, self.services.dispatcher, action,
                   lambda status, body: server.reply(call, int(status.code),
                                                     status.message, body))
+
+
+def _supervision(data: bytes, islands: int) -> dict[str, Any]:
+  """A supervisor's report (admin.report_supervision), checked."""
+  try:
+    report = json.loads(data)
+    checked = {"island": int(report["island"]), "pid": int(report["pid"]),
+               "restarts": int(report["restarts"]),
+               "given_up": str(report["given_up"])[:2000]}
+  except (ValueError, TypeError, KeyError):
+    raise StatusError(Code.INVALID_ARGUMENT, 'Supervision takes {"island": '
+                      'N, "pid": N, "restarts": N, "given_up": "why"}'
+                      ) from None
+  if not 0 <= checked["island"] < islands:
+    raise StatusError(Code.INVALID_ARGUMENT,
+                      f"no island {checked['island']}")
+  return checked
 
 
 def _parse(message: str, data: bytes, what: str) -> Any:

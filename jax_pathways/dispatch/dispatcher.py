@@ -177,6 +177,10 @@ class Dispatcher:
   def fail_island(self, island: int, status: Status) -> None:
     self._core.fail_island(island, int(status.code), status.message)
 
+  def note_loss(self, island: int, note: str) -> None:
+    """Lost island `island`'s error ends with `note` from now on."""
+    self._core.note_loss(island, note)
+
   def stats(self) -> list[dict]:
     return self._core.stats()
 

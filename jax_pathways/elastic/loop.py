@@ -49,7 +49,9 @@ class Event:
   """A change of islands and what the loop did (times: time.monotonic()).
 
   kind "lost": a step failed with `error`; "grew": lost islands were back
-  at a commit. The loop went on from `resumed_step` on `islands`."""
+  at a commit. The loop went on from `resumed_step` on `islands` (a loss
+  that came before the loop had resumed from the one before is an event
+  of its own, whose resumed_at is 0: the loop never resumed from it)."""
   kind: str
   error: str
   lost: tuple[int, ...]      # islands down when the loss was seen
@@ -181,6 +183,12 @@ def run(setup: Callable[[Sequence[jax.Device]], Plan], state: Any,
       logging.warning("elastic: lost islands %s at step %d (%s); going on "
                       "from committed step %d", list(lost), step,
                       str(e).splitlines()[0], commit.step)
+      if pending is not None:
+        # A loss before the last one was resumed from: its own event, never
+        # resumed (resumed_at 0), before this one's.
+        events.append(pending)
+        if on_event is not None:
+          on_event(pending)
       using = _islands_to_use(wanted, rejoin_timeout, min_islands,
                               give_up_after)
       pending = Event("lost", str(e), lost, step, commit.step, using,

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 
 def _compiled(cluster: Any) -> int:
-  return admin.status(cluster.address, cluster.token)["compiled_programs"]
+  return admin.status(cluster.address, cluster.token)["compiles"]
 
 
 def test_a_program_traced_again_elsewhere_compiles_once(pathways,

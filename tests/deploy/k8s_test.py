@@ -24,6 +24,7 @@ import textwrap
 import time
 from typing import Any
 
+import kubernetes  # the test extra: its models of the API
 import pytest
 import yaml
 
@@ -35,7 +36,6 @@ from jax_pathways.deploy import k8s
 
 import processes  # tests/conftest.py puts tests/ on sys.path
 
-kubernetes = pytest.importorskip("kubernetes")
 
 POD_IP = "10.8.0.7"
 TOKEN = "0123456789abcdef0123456789abcdef"

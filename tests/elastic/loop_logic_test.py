@@ -152,3 +152,37 @@ def test_bad_arguments():
     elastic.run(lambda d: None, STATE, 5, islands=[0], commit_every=0)
   with pytest.raises(ValueError, match="min_islands=3"):
     elastic.run(lambda d: None, STATE, 5, islands=[0, 1], min_islands=3)
+
+
+def test_back_to_back_losses_are_two_events(cluster):
+  """A second loss before the loop resumed from the first: each is an
+  event of its own (there was one for both)."""
+  fake = cluster({0, 1, 2})
+  calls = [0]
+  losses = {8: ({0, 1}, "DATA_LOSS: island 2 lost"),
+            9: ({0}, "DATA_LOSS: island 1 lost")}
+
+  def setup(devices):
+    sharding = NamedSharding(Mesh(np.array(devices), ("d",)), P())
+    advance = jax.jit(lambda s, i: s * 1.01 + i)
+
+    def step(state, i):
+      calls[0] += 1
+      if calls[0] in losses:
+        fake.now, why = losses.pop(calls[0])
+        fake.now = frozenset(fake.now)
+        raise jax.errors.JaxRuntimeError(why)
+      return advance(state, i), None
+    return elastic.Plan(sharding, step)
+
+  seen = []
+  r = elastic.run(setup, STATE, 12, islands=[0, 1, 2], commit_every=3,
+                  rejoin_timeout=0.01, grow=False, on_event=seen.append)
+  assert r.step == 12 and r.islands == (0,)
+  first, second = r.events
+  assert (first.lost, first.islands, first.resumed_at) == ((2,), (0, 1), 0.0)
+  assert "island 2 lost" in first.error
+  assert (second.lost, second.islands) == ((1,), (0,))
+  assert "island 1 lost" in second.error and second.resumed_at > 0
+  assert seen == [first, second]
+  np.testing.assert_array_equal(np.asarray(r.state), _uninterrupted(12, [0]))

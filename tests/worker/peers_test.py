@@ -4,7 +4,6 @@ answers it) or a handshake with a stopped peer (its kernel accepts the
 connection, nothing answers) ends when the peer is lost."""
 import socket
 import threading
-import time
 
 from jax_pathways.worker.peers import Peers
 
@@ -26,8 +25,8 @@ def test_a_loss_covers_the_ops_numbered_before_it():
 
 
 def _ends_when_lost(address: str) -> None:
-  """peers.outgoing(address) still waits after 0.5 s, and fails within
-  5 s of the peer's loss (not after its 30 s timeout)."""
+  """peers.outgoing(address) still waits after 0.5 s, and fails on the
+  peer's loss (not after its 30 s timeout)."""
   peers = Peers("token", "127.0.0.1:0")
   failed = []
 
@@ -42,11 +41,9 @@ def _ends_when_lost(address: str) -> None:
     thread.start()
     thread.join(0.5)
     assert thread.is_alive()
-    began = time.monotonic()
     peers.lost(1, 3, "w1 is lost")
-    thread.join(10)
+    thread.join(10)  # its own timeout is 30 s
     assert not thread.is_alive() and failed, failed
-    assert time.monotonic() - began < 5
   finally:
     peers.close()
 
