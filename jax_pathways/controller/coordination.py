@@ -2,9 +2,11 @@
 
 When a cluster has several islands, every worker also joins one multi-process
 PJRT client (jaxlib's distributed CPU client, collectives over gloo) so that a
-program can span islands. Its coordination service runs here, in the
-controller, so that no worker's death takes it down; it is "recoverable":
-a worker that dies does not bring the others down with it.
+program can span islands. Its coordination service runs beside the
+controller, in a child process (coordination_host.py), so that no worker's
+death takes it down and a dead controller's workers leave on their own
+before it goes; it is "recoverable": a worker that dies does not bring the
+others down with it.
 
 The global client has generations, each over the islands whose workers are
 up (its members). Every member's worker builds a generation in the
@@ -21,7 +23,11 @@ shutting a service down killed its client with SIGABRT within seconds).
 """
 from __future__ import annotations
 
+import json
+import select
 import socket
+import subprocess
+import sys
 import threading
 from typing import Any, Callable, Sequence
 
@@ -31,7 +37,9 @@ from jax_pathways.cluster import addresses
 from jax_pathways.resources.island import Island
 from jax_pathways.status import Code, Status, StatusError
 
-HEARTBEAT_TIMEOUT_S = 30
+# How long the services' process may take to start one (it imports jaxlib
+# first, while the workers start).
+SERVE_TIMEOUT_S = 60.0
 
 
 def _free_port(host: str) -> int:
@@ -39,24 +47,59 @@ def _free_port(host: str) -> int:
     return s.getsockname()[1]
 
 
-class Coordinator:
-  """jaxlib's distributed runtime service for `islands` workers."""
+def _concrete(address: str) -> str:
+  """`address`, with a free port if it asks for any (port 0): a service
+  needs one its workers can be told."""
+  if not addresses.is_unix(address):
+    host, _, port = address.rpartition(":")
+    if port == "0":
+      return f"{host}:{_free_port(host.strip('[]'))}"
+  return address
 
-  def __init__(self, islands: int, address: str):
-    if not addresses.is_unix(address):
-      host, _, port = address.rpartition(":")
-      if port == "0":  # the service needs a concrete port
-        address = f"{host}:{_free_port(host.strip('[]'))}"
-    from jaxlib import _jax  # pylint: disable=import-outside-toplevel
-    self.service = _jax.get_distributed_runtime_service(
-        address, islands, heartbeat_timeout=HEARTBEAT_TIMEOUT_S,
-        recoverable=True)
-    self.address = address
+
+class CoordinationHost:
+  """The child process holding the services (coordination_host.py): a dead
+  controller's workers leave before their services go. Thread-safe."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    # Started now: it imports jaxlib while the workers start.
+    self._proc = subprocess.Popen(
+        [sys.executable, "-m", "jax_pathways.controller.coordination_host"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+  def serve(self, address: str, islands: int) -> None:
+    """Starts a service for `islands` workers at `address`; raises
+    StatusError (UNAVAILABLE) if it could not."""
+    with self._lock:
+      try:
+        self._proc.stdin.write(json.dumps({"address": address,
+                                           "islands": islands}) + "\n")
+        self._proc.stdin.flush()
+        ready, _, _ = select.select([self._proc.stdout], [], [],
+                                    SERVE_TIMEOUT_S)
+        answer = json.loads(self._proc.stdout.readline() if ready else "{}")
+      except (OSError, ValueError) as e:
+        answer = {"error": f"its process is gone ({e})"}
+    if "ready" not in answer:
+      raise StatusError(Code.UNAVAILABLE, (
+          f"could not start the islands' coordination service at {address}: "
+          f"{answer.get('error', f'no answer within {SERVE_TIMEOUT_S:.0f} s')}"))
     logging.info("coordination service for %d islands at %s", islands,
                  address)
 
-  def shutdown(self) -> None:
-    self.service.shutdown()
+  def close(self) -> None:
+    with self._lock:
+      try:
+        self._proc.stdin.write(json.dumps({"exit": True}) + "\n")
+        self._proc.stdin.close()
+      except (OSError, ValueError):
+        pass
+    try:
+      self._proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+      self._proc.kill()
+      self._proc.wait()
 
 
 class GlobalClient:
@@ -83,7 +126,10 @@ class GlobalClient:
     self._build = build
     # Reentrant: build() may report a failure at once (finished()).
     self._lock = threading.RLock()
-    self._services = [Coordinator(islands, listen)]
+    self._host = CoordinationHost()
+    # Each generation's service address (the first one's service is
+    # started with generation 0, once every island is up).
+    self._services = [_concrete(listen)]
     self.generation = 0
     # Island -> the island generation whose worker is in the global client
     # (none until every island's worker is up: WAITING).
@@ -105,12 +151,18 @@ class GlobalClient:
           return members
         # The first: its service, made for every island, is still unused.
       else:
-        self._services.append(Coordinator(len(members),
-                                          self._next_address()))
+        self._services.append(_concrete(self._next_address()))
         self.generation += 1
       self._members = dict(members)
+      generation, address = self.generation, self._services[-1]
+      try:
+        self._host.serve(address, len(members))
+      except StatusError as e:
+        logging.error("global client generation %d: %s", generation,
+                      e.status.message)
+        self._state, self._error = self.FAILED, e.status.message
+        return members
       self._state, self._error = self.JOINING, ""
-      generation, address = self.generation, self._services[-1].address
       # Under the lock: a launch checked after this is numbered after the
       # JOIN_GLOBAL ops on every island.
       self._build(generation, address, tuple(sorted(members)))
@@ -120,7 +172,7 @@ class GlobalClient:
     """A fresh address for the next service, like the first one."""
     if addresses.is_unix(self._listen):
       return f"{self._listen}.{len(self._services)}"
-    host, _, _ = self._services[0].address.rpartition(":")
+    host, _, _ = self._services[0].rpartition(":")
     return f"{host}:0"
 
   def finished(self, generation: int, status: Status) -> None:
@@ -185,11 +237,10 @@ class GlobalClient:
         error = (f"the worker of island(s) {lost} is lost; programs spanning "
                  "islands fail until it is replaced (then it is built anew)")
       return {"generation": self.generation, "state": state, "error": error,
-              "address": self._services[-1].address}
+              "address": self._services[-1]}
 
   def shutdown(self) -> None:
-    for service in self._services:
-      service.shutdown()
+    self._host.close()
 
 
 def spanning_refused(islands: Sequence[Island]) -> StatusError:

@@ -222,7 +222,7 @@ class Worker:
     else:
       lane = after[0].lane
     snapshot = {b: self._buffers.get(b) for b in op.args}
-    task = Task(lambda t: self._run_on_lane(op, t, snapshot), after,
+    task = Task(lambda t: self._run_on_lane(op, t, snapshot, program), after,
                 [Pending(lane) for _ in op.results], lane)
     for b, pending in zip(op.results, task.results):
       self._buffers[b] = pending
@@ -236,15 +236,19 @@ class Worker:
     lane.submit(task)
     return True
 
-  def _run_on_lane(self, op: Any, task: Task,
-                   snapshot: dict[int, Any]) -> None:
+  def _run_on_lane(self, op: Any, task: Task, snapshot: dict[int, Any],
+                   program: Program | None) -> None:
+    """`op` on its lane, with the arrays and the program it named when it
+    was ordered (DELETEs ordered after it may have been handled since)."""
     self._on_lane.task, self._on_lane.snapshot = task, snapshot
+    self._on_lane.program = program
     try:
       self._handlers[op.kind](op)
     except Exception as e:  # pylint: disable=broad-except
       self._failed(op, error_status(e))
     finally:
       self._on_lane.task = self._on_lane.snapshot = None
+      self._on_lane.program = None
       for pending in task.results:  # an op that stored nothing
         if not pending.done:
           pending.resolve(Status(Code.INTERNAL, f"op {op.seq} made no "
@@ -365,7 +369,8 @@ class Worker:
     self._completions.add(op.seq, [], lambda: metadata)
 
   def _launch(self, op: Any) -> None:
-    program = self._programs.get(op.program)
+    program = (getattr(self._on_lane, "program", None) or
+               self._programs.get(op.program))
     if program is None:
       raise StatusError(Code.FAILED_PRECONDITION,
                         f"program {op.program} was not compiled on this worker")

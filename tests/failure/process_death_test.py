@@ -125,8 +125,16 @@ def test_controller_death_fails_calls_without_abort(client):
   assert c.proc.wait(timeout=30) == 0  # no abort at exit
   # ... and jax_pathways names the dead process.
   assert f"the controller (pid {pids['controller']}) exited" in c.stderr()
-  # Workers notice their controller is gone and exit on their own.
+  # Workers notice their controller is gone and exit on their own: before
+  # jaxlib's coordination agent, which aborts a worker whose service is
+  # gone (the service outlives the controller: coordination_host.py).
   assert not _wait_gone(pids["workers"], 10)
+  for i in range(len(pids["workers"])):
+    with open(os.path.join(pids["logs"], f"worker{i}.log"),
+              errors="replace") as f:
+      log = f.read()
+    assert "controller is gone" in log, log[-2000:]
+    assert "Terminating process" not in log, log[-2000:]
 
 
 @pytest.mark.parametrize("client", ["spanning"], indirect=True)

@@ -21,7 +21,8 @@ def say(**kw):
 
 
 cluster = jax_pathways.local_cluster()
-say(controller=cluster.controller.pid, workers=[w.pid for w in cluster.workers])
+say(controller=cluster.controller.pid, workers=[w.pid for w in cluster.workers],
+    logs=cluster.log_dir)
 devices = jax.devices()
 mesh = Mesh(np.array(devices[4:]), ("i",))
 x = jax.device_put(np.ones((8, 64), np.float32), NamedSharding(mesh, P("i")))
