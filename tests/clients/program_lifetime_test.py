@@ -5,6 +5,7 @@ XLA:CPU program holds ~3 memory mappings, of which Linux gives a process
 65,530: a worker that kept every program it compiled died of it in a long
 test suite."""
 import gc
+import os
 import time
 
 import jax
@@ -89,12 +90,15 @@ def test_a_program_released_while_its_launches_wait_still_runs_them(
 @pytest.mark.slow
 def test_a_long_stream_of_distinct_programs_keeps_the_worker_flat(
     pathways, proxy_devices):
-  """30,000 distinct programs, dropped as a long job's retracing drops
-  them: no worker lost, its mappings flat (without freeing, ~21,600
-  programs reach the kernel's limit)."""
+  """30,000 distinct programs ($JAX_PATHWAYS_SOAK_PROGRAMS), dropped 400 at
+  a time as a long job's retracing drops them: no worker lost, its
+  mappings flat (without freeing, ~21,600 programs reach the kernel's
+  limit)."""
   worker = pathways.workers[0].pid
+  rounds = int(os.environ.get("JAX_PATHWAYS_SOAK_PROGRAMS", "30000")) // (
+      PROGRAMS)
   start = None
-  for _ in range(75):
+  for _ in range(rounds):
     _distinct_programs(proxy_devices[0], PROGRAMS)
     jax.clear_caches()
     gc.collect()
@@ -102,3 +106,5 @@ def test_a_long_stream_of_distinct_programs_keeps_the_worker_flat(
       start = _mappings(worker)
   assert _wait_until(lambda: _mappings(worker) <= start * 1.1)
   assert pathways.workers[0].poll() is None
+  print(f"{rounds * PROGRAMS} programs: worker mappings {start} after the "
+        f"first {PROGRAMS}, {_mappings(worker)} at the end")
