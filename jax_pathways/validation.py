@@ -11,7 +11,6 @@ import math
 from typing import (TYPE_CHECKING, AbstractSet, Any, Container, Iterable,
                     Sequence)
 
-from jax_pathways.controller.handle_store import check_client_handle
 from jax_pathways.status import invalid_argument
 
 if TYPE_CHECKING:
@@ -105,6 +104,18 @@ def check_dense_strides(shape: Sequence[int], itemsize: int,
           "permutation of the dimensions, each stride the product of the "
           "smaller ones)")
     expected *= d
+
+
+# Handles a client mints stay below this; the controller's start here
+# (controller/handle_store.py), so the two never collide.
+SERVER_HANDLES_START = 1 << 48
+
+
+def check_client_handle(handle: int, kind: str) -> None:
+  if not 0 < handle < SERVER_HANDLES_START:
+    raise invalid_argument(
+        f"{kind} handle {handle} is outside the range a client may choose "
+        f"(1 to 2**48 - 1; the controller mints handles from 2**48 up)")
 
 
 # Entries of one list a request may hold: work on the controller grows

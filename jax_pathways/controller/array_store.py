@@ -24,11 +24,11 @@ from typing import Any, Iterator, Sequence
 from jax_pathways import _core
 from jax_pathways.controller import op_payloads
 from jax_pathways.controller.arrays import Array, Buffer
-from jax_pathways.controller.handle_store import (HandleStore,
-                                                  check_client_handle)
+from jax_pathways.controller.handle_store import HandleStore
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.resources.island import Island
 from jax_pathways.status import Code, StatusError
+from jax_pathways.validation import check_client_handle
 
 Layout = tuple[tuple[Island, ...], str, tuple[int, ...], Sharding | None]
 

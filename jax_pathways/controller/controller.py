@@ -158,16 +158,15 @@ class Controller:
                     "worker: %s", island, report["given_up"])
     self._supervision[island] = report
     self._noted.discard(island)
-    self._note_give_ups()
+    self._note_give_ups({s["island"]: s for s in self.dispatcher.stats()})
 
-  def _note_give_ups(self) -> None:
+  def _note_give_ups(self, stats: dict[int, dict[str, Any]]) -> None:
     """Every later error of a lost island whose supervisor gave up says
-    so (once the controller has seen the island lost)."""
-    alive = {s["island"]: s.get("alive", False)
-             for s in self.dispatcher.stats()}
+    so (once the controller has seen the island lost; `stats`: the
+    dispatcher's, by island)."""
     for island, report in list(self._supervision.items()):
       if (report["given_up"] and island not in self._noted and
-          not alive.get(island, True)):
+          not stats.get(island, {}).get("alive", True)):
         self._noted.add(island)
         self.dispatcher.note_loss(
             island, f"; its supervisor gave up restarting its worker: "
@@ -175,8 +174,8 @@ class Controller:
 
   def status(self) -> dict[str, Any]:
     """What `jax-pathways status` shows."""
-    self._note_give_ups()  # a loss seen after its give-up was reported
     stats = {s["island"]: s for s in self.dispatcher.stats()}
+    self._note_give_ups(stats)  # a loss seen after its give-up was reported
     joining = self.topology.joining()
     # Programs spanning islands run on the workers up that are in the
     # global client's current generation, built.

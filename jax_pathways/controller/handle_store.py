@@ -12,19 +12,10 @@ import threading
 from typing import Generic, Iterator, TypeVar
 
 from jax_pathways.status import Code, StatusError
+from jax_pathways.validation import SERVER_HANDLES_START, check_client_handle
 
 T = TypeVar("T")
 
-# Handles the client mints stay below this; the controller's start here.
-SERVER_HANDLES_START = 1 << 48
-
-
-def check_client_handle(handle: int, kind: str) -> None:
-  if not 0 < handle < SERVER_HANDLES_START:
-    raise StatusError(
-        Code.INVALID_ARGUMENT,
-        f"{kind} handle {handle} is outside the range a client may choose "
-        f"(1 to 2**48 - 1; the controller mints handles from 2**48 up)")
 
 
 class HandleStore(Generic[T]):

@@ -31,8 +31,7 @@ from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.callbacks import CallbackRouter
 from jax_pathways.controller.compile_cache import CompileCache
 from jax_pathways.controller.coordination import GlobalClient
-from jax_pathways.controller.handle_store import (SERVER_HANDLES_START,
-                                                  HandleStore, ServerHandles)
+from jax_pathways.controller.handle_store import HandleStore, ServerHandles
 from jax_pathways.controller.profile_executable import ProfileExecutable
 from jax_pathways.controller.tracing import Recording
 from jax_pathways.dispatch import payloads
@@ -402,7 +401,7 @@ class Session:
     if handles is None:
       return
     for h in handles(body):
-      if not 0 < h < SERVER_HANDLES_START:
+      if not 0 < h < validation.SERVER_HANDLES_START:
         continue  # refused as a handle: nothing was made under it
       made = self.arrays.discard(h)
       if made is not None:

@@ -181,11 +181,10 @@ def test_missing_or_wrong_token_is_reported_at_once(cluster, how, tmp_path):
                             str(token_file))
     procs.append(proc)
   try:
-    start = time.monotonic()
     # JAX's client retries a failed InitRequest until this timeout (120 s
-    # unless set); it logs the controller's message on every try.
+    # unless set, which _client's own bound would catch); it logs the
+    # controller's message on every try.
     got = _client(target, PATHWAYS_PROXY_CONNECTION_TIMEOUT_SECS="5")
-    took = time.monotonic() - start
   finally:
     processes.stop(procs)
   assert "UNAUTHENTICATED" in got["error"], got["error"]
@@ -193,7 +192,6 @@ def test_missing_or_wrong_token_is_reported_at_once(cluster, how, tmp_path):
   assert "jax-pathways connect" in got["error"]
   assert "init: UNAUTHENTICATED: jax_pathways: wrong or missing" in (
       got["stderr"])
-  assert took < 60, took  # a hang guard: 120 s if the timeout were lost
 
 
 def _metadata(other: bool = False) -> bytes:
