@@ -53,7 +53,8 @@ def initialize(address: str | None = None, *, islands: int | None = None,
                pin_islands: bool | None = None,
                worker_timeout: float | None = None,
                restart_workers: bool | None = None,
-               platform: str | None = None) -> str:
+               platform: str | None = None,
+               controller_timeout: float | None = None) -> str:
   """Makes JAX in this process run on jax_pathways; returns the address.
 
   Args:
@@ -93,6 +94,10 @@ def initialize(address: str | None = None, *, islands: int | None = None,
       runs on the i-th `devices_per_island` GPUs this process may use (the
       platform's *_VISIBLE_DEVICES variable; the worker needs JAX's plugin
       for it).
+    controller_timeout: seconds the controller may leave this process's
+      pings (one a second) unanswered before its JAX calls fail with
+      UNAVAILABLE instead of waiting on (default 60; 0: wait forever;
+      JAX_PATHWAYS_CONTROLLER_TIMEOUT).
   """
   global _cluster, _address, _token, _at_exit_registered
   from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
@@ -117,6 +122,12 @@ def initialize(address: str | None = None, *, islands: int | None = None,
           "jnp.ones, jax.jit). Call jax_pathways.initialize() right after "
           "`import jax_pathways`, at the top of the program.")
     cfg = config.from_env()
+    if controller_timeout is not None:
+      try:
+        config.client_controller_timeout(
+            controller_timeout, "jax_pathways.initialize: controller_timeout")
+      except StatusError as e:
+        raise ValueError(e.status.message) from None
     address = address or cfg.address
     wanted = _slice_request(devices if devices is not None else cfg.devices,
                             island if island is not None else cfg.island)
@@ -172,7 +183,7 @@ def initialize(address: str | None = None, *, islands: int | None = None,
                        "worker --device-cores --platform)")
     _address = _normalize(address)
     _token = token or cfg.token
-    plugin.configure(_token, wanted)
+    plugin.configure(_token, wanted, controller_timeout)
     plugin.register()
     jax.config.update("jax_backend_target", _address)
     platforms = jax.config.jax_platforms or ""

@@ -27,6 +27,11 @@ PIN_ISLANDS = "JAX_PATHWAYS_PIN_ISLANDS"  # embedded cluster: 1 = cores per isla
 # worker (its --worker-timeout)
 WORKER_TIMEOUT = "JAX_PATHWAYS_WORKER_TIMEOUT"
 PLATFORM = "JAX_PATHWAYS_PLATFORM"  # embedded cluster: the islands' platform
+# clients: seconds the controller may leave this process's pings unanswered
+# before its JAX calls fail (frontend/controller_watch.py); 0: wait forever
+CONTROLLER_TIMEOUT = "JAX_PATHWAYS_CONTROLLER_TIMEOUT"
+# controller: the largest message a call may send, in MiB
+MAX_REQUEST_MIB = "JAX_PATHWAYS_MAX_REQUEST_MIB"
 
 DEFAULT_ISLANDS = 2
 DEFAULT_DEVICES_PER_ISLAND = 4
@@ -40,6 +45,13 @@ DEFAULT_START_TIMEOUT = 120.0
 DEFAULT_WORKER_TIMEOUT = 5.0
 DEFAULT_CONTROLLER_TIMEOUT = 10.0
 MIN_HEARTBEAT_TIMEOUT = 2.0
+# Long enough for any pause of a healthy controller; a silence past the
+# workers' timeout has cost the islands already (they rejoin once it
+# answers), past this one the client's own calls.
+DEFAULT_CLIENT_CONTROLLER_TIMEOUT = 60.0
+# JAX's client uploads in 1 MiB chunks: only a program with this much
+# inlined constant data needs more (protobuf's own bound is 2 GiB).
+DEFAULT_MAX_REQUEST_MIB = 256
 
 
 def _int(name: str, default: int, lo: int, hi: int) -> int:
@@ -89,6 +101,8 @@ class Config:
   pin_islands: bool
   worker_timeout: float | None  # None: the controller's default
   platform: str  # a PJRT platform name: cpu, cuda, rocm, tpu, ...
+  controller_timeout: float  # 0: never give up on a silent controller
+  max_request_mib: int
 
 
 def from_env() -> Config:
@@ -116,6 +130,12 @@ def from_env() -> Config:
                                      WORKER_TIMEOUT)
                       if os.environ.get(WORKER_TIMEOUT) else None),
       platform=platform_name(os.environ.get(PLATFORM) or "cpu", PLATFORM),
+      controller_timeout=(
+          0.0 if os.environ.get(CONTROLLER_TIMEOUT) == "0" else
+          client_controller_timeout(
+              _float(CONTROLLER_TIMEOUT, DEFAULT_CLIENT_CONTROLLER_TIMEOUT),
+              CONTROLLER_TIMEOUT)),
+      max_request_mib=_int(MAX_REQUEST_MIB, DEFAULT_MAX_REQUEST_MIB, 1, 2047),
   )
 
 
@@ -134,6 +154,16 @@ def worker_timeout(seconds: float, what: str) -> float:
     raise invalid_argument(
         f"{what}={seconds} must be >= {MIN_HEARTBEAT_TIMEOUT:g} seconds "
         "(workers send a heartbeat every second)")
+  return seconds
+
+
+def client_controller_timeout(seconds: float, what: str) -> float:
+  """`seconds`, checked as how long a client waits for a silent controller
+  (named `what`); 0 waits forever."""
+  if seconds != 0 and not MIN_HEARTBEAT_TIMEOUT <= seconds < float("inf"):
+    raise invalid_argument(
+        f"{what}={seconds} must be 0 (wait forever) or >= "
+        f"{MIN_HEARTBEAT_TIMEOUT:g} seconds (the client asks every second)")
   return seconds
 
 

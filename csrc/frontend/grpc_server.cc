@@ -782,11 +782,12 @@ GrpcServer::GrpcServer()
 
 GrpcServer::~GrpcServer() { Shutdown(); }
 
-StatusOr<int> GrpcServer::Start(const std::string& address) {
+StatusOr<int> GrpcServer::Start(const std::string& address,
+                                int max_request_bytes) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(-1);
+  builder.SetMaxReceiveMessageSize(max_request_bytes);
   builder.SetMaxSendMessageSize(-1);
   builder.RegisterAsyncGenericService(service_.get());
   cq_ = builder.AddCompletionQueue();

@@ -63,7 +63,10 @@ class GrpcServer {
 
   // Binds `address` ("host:port", port 0 for any, or "unix:/path") and
   // starts serving; returns the bound port (0 for a Unix socket).
-  StatusOr<int> Start(const std::string& address);
+  // Messages larger than max_request_bytes end their call with
+  // RESOURCE_EXHAUSTED before they are buffered (uploads come in 1 MiB
+  // chunks; only a program this large would need more).
+  StatusOr<int> Start(const std::string& address, int max_request_bytes);
   std::vector<FrontendEvent> Poll(double timeout_s, size_t max_items);
   // Queues one response message on stream `id`; false if it is gone.
   bool Send(uint64_t id, std::string data);

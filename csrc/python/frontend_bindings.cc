@@ -63,14 +63,15 @@ void RegisterGrpcServer(py::module_& m) {
       .def(py::init<>())
       .def(
           "start",
-          [](GrpcServer& s, const std::string& address) {
+          [](GrpcServer& s, const std::string& address,
+             int max_request_bytes) {
             StatusOr<int> port = [&] {
               py::gil_scoped_release nogil;
-              return s.Start(address);
+              return s.Start(address, max_request_bytes);
             }();
             return ValueOrThrow(std::move(port));
           },
-          py::arg("address"))
+          py::arg("address"), py::arg("max_request_bytes"))
       .def(
           "poll",
           [](GrpcServer& s, double timeout_s, size_t max_items) {

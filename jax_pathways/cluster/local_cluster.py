@@ -285,9 +285,10 @@ class LocalCluster:
           logging.log_every_n_seconds(
               logging.ERROR, "jax_pathways local cluster: the controller "
               "(pid %d) has not answered for %.0f s: stopped or stalled. "
-              "Calls wait until it answers again; its workers leave after "
-              "their --controller-timeout of silence and are started again "
-              "once it does. If it never does, stop this program.", 60,
+              "Calls wait until it answers again, or fail after "
+              "JAX_PATHWAYS_CONTROLLER_TIMEOUT (60 s); its workers leave "
+              "after their --controller-timeout of silence and are started "
+              "again once it does.", 60,
               self.controller.pid, now - answered_at)
         next_loss_poll = time.monotonic() + _LOSS_POLL_S
       for i, worker in enumerate(self.workers):

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator
 from absl import logging
 
 from jax_pathways import _frontend
+from jax_pathways import config
 from jax_pathways import protos
 from jax_pathways import threads
 from jax_pathways.controller import op_payloads
@@ -40,6 +41,9 @@ ADMIN_STATUS = "/jax_pathways.Admin/Status"
 ADMIN_TRACE = "/jax_pathways.Admin/Trace"
 ADMIN_CHECK_SLICE = "/jax_pathways.Admin/CheckSlice"
 ADMIN_SUPERVISION = "/jax_pathways.Admin/Supervision"
+# Liveness only (no token): answered by the sessions thread, as clients'
+# requests are (frontend/controller_watch.py).
+ADMIN_PING = "/jax_pathways.Admin/Ping"
 # Where a client puts its cluster token: the session's initialization data,
 # or this header for the admin service.
 TOKEN_KEY = "jax_pathways_token"
@@ -100,7 +104,9 @@ class GrpcService:
       self._server.set_request_hook(fast.hook())
       fast.attach(self._server.reply_sink())
       fast.set_fetch_payload(op_payloads.fetch(None))
-    port = self._server.start(bind)
+    # gRPC refuses a longer message from its length prefix, before
+    # buffering it (RESOURCE_EXHAUSTED "Received message larger than max").
+    port = self._server.start(bind, config.from_env().max_request_mib << 20)
     self._thread = threads.start(self._loop, "jp-sessions")
     return port
 
@@ -339,6 +345,8 @@ class GrpcService:
     try:
       if method == GET_VERSION:
         reply = self._get_version(data)
+      elif method == ADMIN_PING:
+        reply = b""
       elif method == ADMIN_STATUS:
         self._check_admin_token(metadata)
         reply = json.dumps(self._status()).encode()

@@ -37,6 +37,21 @@ def up() -> frozenset[int]:
                    if i["alive"] and not i.get("joining", False))
 
 
+def given_up(islands: Iterable[int]) -> str:
+  """Why a supervisor stopped restarting the worker of each of `islands`
+  it gave up on, with what to do ("island N: ..." lines; "" if none)."""
+  address, token = _initialize.connection()
+  try:
+    status = admin.status(address, token, timeout=5.0)
+  except admin.AdminError:
+    return ""
+  keep = frozenset(islands)
+  return "\n".join(
+      f"island {i['island']}: its supervisor gave up: "
+      f"{i['supervisor']['given_up']}" for i in status["islands"]
+      if i["island"] in keep and (i.get("supervisor") or {}).get("given_up"))
+
+
 def wait(enough: Callable[[frozenset[int]], bool],
          timeout: float) -> frozenset[int]:
   """The up islands once `enough` of them are, or when `timeout` has

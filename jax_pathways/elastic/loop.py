@@ -62,6 +62,9 @@ class Event:
   islands_at: float          # knew which islands to go on with
   placed_at: float           # the commit was on the devices again
   resumed_at: float          # first step after it finished (compile too)
+  # For islands it went on without whose supervisor gave up restarting
+  # their worker: why, and what to do ("island N: ..." lines).
+  given_up: str = ""
 
   @property
   def steps_redone(self) -> int:
@@ -191,8 +194,13 @@ def run(setup: Callable[[Sequence[jax.Device]], Plan], state: Any,
           on_event(pending)
       using = _islands_to_use(wanted, rejoin_timeout, min_islands,
                               give_up_after)
+      gone = islands_lib.given_up(i for i in wanted if i not in using)
+      if gone:
+        logging.error("elastic: going on without islands whose worker is "
+                      "not restarted any more; training grows back onto "
+                      "them at a commit once they are up again:\n%s", gone)
       pending = Event("lost", str(e), lost, step, commit.step, using,
-                      detected, time.monotonic(), 0.0, 0.0)
+                      detected, time.monotonic(), 0.0, 0.0, gone)
       state = None  # its arrays are failed: let them go before placing anew
 
 

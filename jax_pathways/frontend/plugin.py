@@ -15,7 +15,9 @@ import os
 import time
 from typing import Any
 
+from jax_pathways import config
 from jax_pathways.frontend import callbacks
+from jax_pathways.frontend import controller_watch
 from jax_pathways.frontend import cross_client
 from jax_pathways.frontend import flusher
 from jax_pathways.frontend import make_mesh
@@ -32,6 +34,7 @@ CONNECT_TIMEOUT_S = 60
 
 _token: str | None = None
 _slice: dict[str, str] = {}  # the virtual slice asked for (DEVICES_KEY, ...)
+_controller_timeout: float | None = None  # None: JAX_PATHWAYS_CONTROLLER_TIMEOUT
 _closed = False
 connected = False  # a client was made in this process
 
@@ -49,10 +52,12 @@ def register() -> None:
                                       priority=-1, fail_quietly=True)
 
 
-def configure(token: str | None, wanted: dict[str, str]) -> None:
-  global _token, _slice, _closed
+def configure(token: str | None, wanted: dict[str, str],
+              controller_timeout: float | None = None) -> None:
+  global _token, _slice, _closed, _controller_timeout
   _token = token
   _slice = dict(wanted)
+  _controller_timeout = controller_timeout
   _closed = False
 
 
@@ -61,6 +66,7 @@ def close() -> None:
   global _closed
   _closed = True
   callbacks.stop()
+  controller_watch.stop()
 
 
 def _target() -> str:
@@ -147,6 +153,9 @@ def _make_client() -> Any:
   client = flusher.calm_new_threads(connect)
   callbacks.adopt(client)
   callbacks.start(target, token, client_id)
+  controller_watch.start(target, _controller_timeout
+                         if _controller_timeout is not None
+                         else config.from_env().controller_timeout)
   if not connected:
     connected = True
     atexit.register(_quiet_session_end)

@@ -12,9 +12,10 @@ import pytest
 from jax._src import compiler, config
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jax_pathways import dtypes, protos
+from jax_pathways import config, dtypes, protos
 from jax_pathways.programs import sharding as sharding_lib
 from jax_pathways.programs.sharding import Sharding
+from jax_pathways.status import StatusError
 
 pytestmark = pytest.mark.integration
 
@@ -547,6 +548,43 @@ def test_a_huge_request_is_refused_without_holding_others(
       b.array_handle.extend(range(10**6, 10**6 + 20))))
   _assert_rejected(reply, "[1000000, 1000001", "(20 in all)",
                    code=NOT_FOUND)
+
+
+def _rss_mib(pid: int) -> float:
+  with open(f"/proc/{pid}/status") as f:
+    for line in f:
+      if line.startswith("VmRSS:"):
+        return int(line.split()[1]) / 1024
+  raise AssertionError(f"no VmRSS for {pid}")
+
+
+def test_a_request_over_the_limit_ends_only_its_session(
+    raw_session, pathways, cluster_works):
+  """One message over the controller's limit (256 MiB by default): gRPC
+  ends that session with RESOURCE_EXHAUSTED; another session goes on. (The
+  system gRPC buffers the whole message before it refuses it: the
+  controller's memory grows by its size meanwhile, docs/security.md.)"""
+  limit = config.from_env().max_request_mib << 20
+  controller = pathways.pids[0]
+  before = _rss_mib(controller)
+  hostile = raw_session()
+  other = Client(raw_session(), pathways.address)
+  hostile.send_raw(bytes(limit + 1))
+  assert hostile.ended(timeout=60), "the oversized session was not ended"
+  assert hostile.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+  assert "larger than max" in hostile.error.details(), hostile.error
+  print(f"controller grew {_rss_mib(controller) - before:.1f} MiB")
+  other.round_trip()
+  other.close()
+
+
+def test_the_request_limit_is_checked(monkeypatch):
+  monkeypatch.setenv(config.MAX_REQUEST_MIB, "16")
+  assert config.from_env().max_request_mib == 16
+  for bad in ("0", "4096", "lots"):
+    monkeypatch.setenv(config.MAX_REQUEST_MIB, bad)
+    with pytest.raises(StatusError, match=config.MAX_REQUEST_MIB):
+      config.from_env()
 
 
 def test_error_arrays_carry_valid_codes(client, cluster_works):

@@ -100,6 +100,27 @@ def test_embedded_cluster_goes_on_with_fewer_islands():
                             restart_workers=False)))
 
 
+def test_a_given_up_island_is_brought_back_and_training_grows_onto_it():
+  """Six quick kills of island 1's worker: the supervisor gives up (its
+  restarts 5); the loss event says so and what to do; the client brings
+  the island back (restart_worker) and training grows onto it."""
+  commit_every = 4
+  result = _train({"islands": 2, "devices": 2, "steps": 24,
+                   "commit_every": commit_every, "rejoin_timeout": 0.5,
+                   "worker_timeout": WORKER_TIMEOUT, "restart_delays": [0.0],
+                   "faults": [[8, "hammer", 1]], "bring_back": True})
+  assert len(result["hurt"]) == 6, result["hurt"]
+  events = result["events"]
+  assert [(e["kind"], e["islands"]) for e in events] == [
+      ("lost", [0]), ("grew", [0, 1])], events
+  _check_lost(events[0], 1, commit_every)
+  assert "island 1: its supervisor gave up" in events[0]["given_up"]
+  assert "6 times in a row" in events[0]["given_up"], events[0]
+  assert "restart_worker(1)" in events[0]["given_up"], events[0]
+  assert result["islands"] == [0, 1]
+  _losses_fall(result, 8)
+
+
 def test_cli_cluster_islands_rejoin_bit_identical():
   with restarting_cluster.started(2, 2, WORKER_TIMEOUT) as cluster:
     result = _train(dict(REJOIN, address=cluster.address,

@@ -4,8 +4,14 @@ argv[1]: JSON settings:
   address, token:     a running controller; absent: an embedded cluster of
                       `islands` x `devices` (worker_timeout, restart_workers)
   steps, commit_every, rejoin_timeout, min_islands
-  faults:             [[after step, "kill" | "stop", island], ...]: the
-                      island's current worker gets SIGKILL / SIGSTOP
+  faults:             [[after step, "kill" | "stop" | "hammer", island],
+                      ...]: the island's current worker gets SIGKILL /
+                      SIGSTOP; "hammer" (embedded cluster) SIGKILLs each
+                      worker the supervisor starts until it gives up
+  bring_back:         embedded cluster: an event saying the supervisor
+                      gave up on an island restarts its worker
+                      (restart_worker) and waits until it is up
+  restart_delays:     embedded cluster: the supervisor's RESTART_DELAYS_S
   reference:          also run the same steps without faults on the final
                       islands and report its parameters
   cpu_reference:      N: also run them on N devices of plain JAX on CPU
@@ -31,6 +37,9 @@ import jax_pathways  # noqa: E402
 if "address" in settings:
   jax_pathways.initialize(settings["address"], token=settings["token"])
 else:
+  if "restart_delays" in settings:
+    from jax_pathways.cluster import local_cluster
+    local_cluster.RESTART_DELAYS_S = tuple(settings["restart_delays"])
   jax_pathways.initialize(
       islands=settings["islands"], devices_per_island=settings["devices"],
       worker_timeout=settings.get("worker_timeout"),
@@ -98,10 +107,30 @@ losses: list[tuple[int, float]] = []
 hurt: list[dict] = []
 
 
+def hammer(step: int, island: int) -> None:
+  """SIGKILLs island's workers as the supervisor starts them, until it
+  gives up (a hang guard of 120 s)."""
+  cluster = jax_pathways.local_cluster()
+  deadline = time.monotonic() + 120
+  while not (next(x for x in admin.status(address, token)["islands"]
+                 if x["island"] == island).get("supervisor") or {}).get(
+                     "given_up"):
+    assert time.monotonic() < deadline, "the supervisor never gave up"
+    worker = cluster.workers[island]
+    if worker.poll() is None and worker.pid not in {h["pid"] for h in hurt}:
+      os.kill(worker.pid, signal.SIGKILL)
+      hurt.append({"step": step, "what": "kill", "island": island,
+                   "pid": worker.pid, "at": time.monotonic()})
+    time.sleep(0.02)
+
+
 def on_step(i: int, loss) -> None:
   losses.append((i, float(loss)))
   if i in faults and i not in {h["step"] for h in hurt}:
     what, island = faults[i]
+    if what == "hammer":
+      hammer(i, island)
+      return
     pid = next(x["pid"] for x in admin.status(address, token)["islands"]
                if x["island"] == island)
     os.kill(pid, signal.SIGKILL if what == "kill" else signal.SIGSTOP)
@@ -113,7 +142,13 @@ events = []
 
 
 def on_event(e: elastic.Event) -> None:
+  if e.given_up and settings.get("bring_back"):
+    from jax_pathways.elastic import islands as islands_lib
+    for island in e.lost:
+      jax_pathways.local_cluster().restart_worker(island)
+    islands_lib.wait(lambda up: set(e.lost) <= up, 120)
   events.append({"kind": e.kind, "lost": list(e.lost),
+                 "given_up": e.given_up,
                  "failed_step": e.failed_step,
                  "resumed_step": e.resumed_step, "islands": list(e.islands),
                  "error": e.error.splitlines()[0] if e.error else "",

@@ -4,6 +4,7 @@ instead of hanging. Each test runs its own embedded cluster (no client)."""
 import glob
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -68,10 +69,39 @@ def _wait_exit(procs, timeout_s):
   return exited
 
 
+def _client(cluster, controller_timeout_s: float) -> subprocess.Popen:
+  """tests/failure/stalled_client.py on `cluster`, once it is ready."""
+  env = dict(os.environ, JAX_PATHWAYS_TOKEN=cluster.token,
+             JAX_PATHWAYS_CONTROLLER_TIMEOUT=str(controller_timeout_s))
+  env.pop("JAX_PLATFORMS", None)
+  client = subprocess.Popen(
+      [sys.executable, os.path.join(os.path.dirname(__file__),
+                                    "stalled_client.py"), cluster.address],
+      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True)
+  assert client.stdout.readline() == "ready\n", client.communicate(timeout=60)
+  return client
+
+
 def test_workers_of_a_stopped_controller_exit_and_say_why(cluster):
   controller = cluster.controller.pid
   _wait_joined(cluster)
+  client = _client(cluster, controller_timeout_s=3)
   os.kill(controller, signal.SIGSTOP)
+  # The client's call waiting on the stopped controller fails once the
+  # controller has not answered its pings for 3 s, and so do later ones;
+  # the process ends normally (jaxlib aborted at 52b5207 after a death).
+  out, err = client.communicate("go\n", timeout=HANG_S)
+  assert client.returncode == 0, err[-4000:]
+  unavailable = ("JaxRuntimeError: UNAVAILABLE: Connection to IFRT proxy "
+                 "server was terminated")
+  lines = out.splitlines()
+  assert len(lines) == 2, out
+  assert lines[0].startswith(f"waiting: {unavailable}"), out
+  assert lines[1].startswith(f"later: {unavailable}"), out
+  assert re.search(r"has not answered for \d s \(stopped, wedged or "
+                   "unreachable\)", err), err[-4000:]
+  assert "JAX_PATHWAYS_CONTROLLER_TIMEOUT" in err
   exited = _wait_exit(cluster.workers, HANG_S)
   print("workers exited after (s):", exited)
   assert len(exited) == len(cluster.workers), (
