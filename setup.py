@@ -120,11 +120,13 @@ setup(
         # jax_pathways.ray, `jax-pathways ray`: a cluster as Ray actors.
         "ray": ["ray>=2.60.0"],
         # pybind11, setuptools: tests/sanitizers_test.py builds csrc/.
+        # pytest-xdist: the suite runs its files on parallel workers.
         # pathwaysutils (brings orbax-checkpoint): tests/elastic/.
         # kubernetes: tests/deploy/k8s_test.py checks the manifests against
         # its models of the API. ray: tests/deploy/ray_test.py runs a
         # cluster on a local Ray cluster; psutil finds the processes there.
-        "test": ["optax", "pytest", "pytest-timeout", "pybind11>=3.0",
+        "test": ["optax", "pytest", "pytest-timeout", "pytest-xdist",
+                 "pybind11>=3.0",
                  "setuptools>=64", "pathwaysutils==0.1.13",
                  "orbax-checkpoint", "kubernetes==37.0.2", "ray==2.60.0",
                  "psutil"],

@@ -695,9 +695,7 @@ def test_compile_options_are_bounded_by_the_slice(client, cpu_devices,
     bad.CopyFrom(options)
     bad.executable_build_options.ClearField("device_assignment")
     setattr(bad.executable_build_options, name, value)
-    start = time.monotonic()
     reply = _compile(client, text, bad)
-    assert time.monotonic() - start < 1.0
     _assert_rejected(reply, "compile options", "10000000", "this client has 8")
   # A device assignment of 2 devices for a 1-partition program, and one
   # naming a device twice.
