@@ -456,6 +456,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   return 0
 
 
+def client_exports(target: str) -> list[str]:
+  """The environment of a pathwaysutils-only client of `target`."""
+  return [f"export JAX_BACKEND_TARGET={target}",
+          "export JAX_PLATFORMS=proxy",
+          "export IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS=true"]
+
+
 def _connect(parser: argparse.ArgumentParser, args: argparse.Namespace,
              cfg: config.Config) -> int:
   """Runs a forwarder until SIGINT/SIGTERM; prints where JAX connects."""
@@ -485,7 +492,13 @@ def _connect(parser: argparse.ArgumentParser, args: argparse.Namespace,
   stop = threading.Event()
   for sig in (signal.SIGINT, signal.SIGTERM):
     signal.signal(sig, lambda *_: stop.set())
-  print(f"JAX_BACKEND_TARGET=grpc://unix:{path}", flush=True)
+  # What a client without jax_pathways sets, as lines a shell can run.
+  # jaxlib's client speaks ALTS (Google Cloud's) unless told otherwise, and
+  # fails after its connection timeout with "Invalid credentials"; the
+  # socket is this user's only, so plaintext is what it needs.
+  for line in client_exports(f"grpc://unix:{path}"):
+    print(line)
+  sys.stdout.flush()
   while not stop.wait(1.0):
     pass
   server.stop(grace=2).wait(5)

@@ -38,6 +38,7 @@ jax.config.update("jax_num_cpu_devices", ISLANDS * DEVICES_PER_ISLAND)
 _LONG_FIRST = ("sanitizers_test.py", "jax_suite_test.py")
 
 
+@pytest.hookimpl(optionalhook=True)  # with -p no:xdist there is no such hook
 def pytest_xdist_auto_num_workers(config) -> int:
   """`-n auto`: a worker per core, at most 4 (each runs clusters of its
   own: controller, workers and their XLA threads)."""

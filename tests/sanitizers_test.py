@@ -122,7 +122,7 @@ def test_cpp_tests_pass_under_sanitizer(mode, tmp_path):
   # cwd is the tree, so that `-m pytest` imports the sanitized package.
   run = subprocess.run(
       [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-       "-p", "no:xdist",
+       "-n0",  # one process: the sanitizers watch this one
        "--rootdir", str(REPO), "-c", str(REPO / "pyproject.toml"),
        *tests],
       cwd=tree, env=env, capture_output=True, text=True, timeout=1500)

@@ -20,7 +20,7 @@ import grpc
 import numpy as np
 import pytest
 
-from jax_pathways import protos
+from jax_pathways import cli, protos
 from jax_pathways.cluster import forwarder
 from jax_pathways.controller.grpc_service import SESSION_METADATA, TOKEN_KEY
 
@@ -72,10 +72,18 @@ CLIENT = textwrap.dedent("""
           lambda a: jax.debug.inspect_array_sharding(a, callback=print) or a)(
               jax.device_put(x, split)))
       still = np.asarray(jax.jit(lambda a: a + 1)(x)).tobytes().hex()
+      # pathwaysutils' elastic Manager: its slices, and a retried call.
+      from pathwaysutils.elastic import manager as elastic_manager
+      manager = elastic_manager.Manager()
+      retried = manager.elastic_retry(max_retries=1, minimum_slice_count=1,
+                                      poll_interval=1, timeout=30)(
+          lambda: float(jax.jit(jnp.sum)(x)))()
+      slices = sorted(manager.active_slice_indices)
       print(json.dumps({"factory": factory, "n": len(jax.devices()),
                         "y": [np.asarray(v).tobytes().hex() for v in y],
                         "big_ok": big_ok, "printed": printed,
                         "inspected": inspected, "still": still,
+                        "slices": slices, "retried": retried,
                         "jax_pathways": "jax_pathways" in sys.modules}))
     except Exception as e:
       print(json.dumps({"factory": factory, "error": str(e),
@@ -84,10 +92,14 @@ CLIENT = textwrap.dedent("""
 
 
 def _env(target: str, **extra: str) -> dict[str, str]:
+  """A client's environment: nothing of JAX's or ours but what `connect`
+  prints for `target` (cli.client_exports), and `extra`."""
   env = {k: v for k, v in os.environ.items()
-         if not k.startswith(("JAX_", "PATHWAYS_"))}
-  env.update(JAX_PLATFORMS="proxy", JAX_BACKEND_TARGET=target,
-             IFRT_PROXY_USE_INSECURE_GRPC_CREDENTIALS="true", **extra)
+         if not k.startswith(("JAX_", "PATHWAYS_", "IFRT_"))}
+  for line in cli.client_exports(target):
+    name, value = line[len("export "):].split("=", 1)
+    env[name] = value
+  env.update(extra)
   return env
 
 
@@ -136,9 +148,12 @@ def _connect(address: str, *args: str, token: str | None = None
     env["JAX_PATHWAYS_TOKEN"] = token
   proc = cli_cluster.spawn("connect", "--controller", address, *args,
                            env=env)
-  line = _line(proc, 60)
-  assert line.startswith("JAX_BACKEND_TARGET=grpc://unix:"), line
-  return proc, line.split("=", 1)[1]
+  lines = [_line(proc, 60) for _ in range(3)]
+  assert lines[0].startswith("export JAX_BACKEND_TARGET=grpc://unix:"), lines
+  target = lines[0].split("=", 1)[1]
+  # Exactly what the client's environment gets (_env).
+  assert lines == cli.client_exports(target), lines
+  return proc, target
 
 
 @pytest.mark.integration
@@ -161,6 +176,7 @@ def test_pathwaysutils_client_through_connect(cluster):
     assert "does not serve callbacks" in got["inspected"], got
     assert "jax_pathways.initialize" in got["inspected"], got
     assert got["still"] == (x + 1).tobytes().hex()
+    assert got["slices"] == [0] and got["retried"] == float(np.sum(x)), got
   finally:
     processes.stop([proc])
   assert proc.returncode == 0  # SIGTERM: a clean stop

@@ -500,7 +500,8 @@ def _lent_op_frame(locations: bytes) -> bytes:
     # Where nothing is mapped.
     (struct.pack("<I", 1) + struct.pack("<QQQ", os.getpid(), 8, 64),
      "could not read an upload from the controller's memory"),
-])
+], ids=["count_past_the_frame", "unmapped"])  # ids without the pid: xdist
+# workers must collect the same tests
 def test_executor_fails_clearly_on_bad_lent_tails(locations, error):
   a, b = socket.socketpair()
   ex = _core.Executor(b.detach())
