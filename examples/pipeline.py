@@ -2,6 +2,8 @@
 
     pip install '.[examples]' && python examples/pipeline.py [trace.json]
 
+(Without an argument the trace goes into a new temporary folder, printed.)
+
 An MLP of 8 layers is cut into 4 stages, one per island; every training step
 splits the batch into 8 microbatches, which flow through the islands in the
 1F1B order (each island alternates a forward and a backward once the pipe
@@ -10,7 +12,9 @@ one call from this process, the islands pass activations and gradients
 worker to worker. The last step is traced: the trace file opens in
 https://ui.perfetto.dev, and a picture of it is written next to it (.svg).
 """
+import os
 import sys
+import tempfile
 
 import jax_pathways
 
@@ -26,7 +30,8 @@ import optax  # noqa: E402
 
 from jax_pathways import mpmd  # noqa: E402
 
-TRACE = sys.argv[1] if len(sys.argv) > 1 else "pipeline_trace.json"
+TRACE = (sys.argv[1] if len(sys.argv) > 1 else os.path.join(
+    tempfile.mkdtemp(prefix="jax_pathways_pipeline_"), "pipeline_trace.json"))
 STAGES, LAYERS_PER_STAGE, WIDTH, MICROBATCHES = 4, 2, 64, 8
 
 

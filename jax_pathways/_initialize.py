@@ -19,6 +19,7 @@ from absl import logging
 from jax_pathways import config
 from jax_pathways.cluster import cores
 from jax_pathways.cluster.local_cluster import LocalCluster
+from jax_pathways.frontend import make_mesh
 from jax_pathways.frontend import plugin
 from jax_pathways.frontend import stderr_filter
 from jax_pathways.resources.virtual_slice import SliceRequest
@@ -183,7 +184,8 @@ def initialize(address: str | None = None, *, islands: int | None = None,
                        "worker --device-cores --platform)")
     _address = _normalize(address)
     _token = token or cfg.token
-    plugin.configure(_token, wanted, controller_timeout)
+    plugin.configure(_token, wanted, controller_timeout,
+                     before_connect=_check_late_settings)
     plugin.register()
     jax.config.update("jax_backend_target", _address)
     platforms = jax.config.jax_platforms or ""
@@ -198,9 +200,19 @@ def initialize(address: str | None = None, *, islands: int | None = None,
     if not _at_exit_registered:
       atexit.register(_at_exit)
       _at_exit_registered = True
+    # Now, not when JAX starts the backend: JAX starts it inside the very
+    # first jax.make_mesh call, too late to replace that call.
+    make_mesh.install()
     if _cluster is None:
       _warn_if_compilation_cache()
-    logging.info("jax_pathways: JAX runs on the controller at %s", _address)
+      logging.info("jax_pathways: JAX runs on the controller at %s",
+                   _address)
+    else:
+      logging.info("jax_pathways: embedded cluster at %s: %d islands x %d "
+                   "%s devices; logs in %s (removed at exit unless "
+                   "something failed)", _address, _cluster.islands,
+                   _cluster.devices_per_island, _cluster.platform,
+                   _cluster.log_dir)
     return _address
 
 
@@ -228,6 +240,23 @@ def _compilation_cache_dir() -> str | None:
   # Absolute: the workers run in the cluster's log directory.
   return os.path.abspath(os.path.join(os.path.expanduser(cache_dir),
                                       "jax_pathways"))
+
+
+def _check_late_settings() -> None:
+  """When JAX starts the backend (its first use): JAX settings made after
+  initialize() that the cluster could not follow, said once."""
+  cluster = _cluster
+  if cluster is None:
+    _warn_if_compilation_cache()
+    return
+  wanted = _compilation_cache_dir()
+  if wanted != cluster.compilation_cache_dir:
+    logging.warning(
+        "jax_pathways: jax_compilation_cache_dir is %s now, but the embedded "
+        "cluster's workers started with %s: it was set after "
+        "jax_pathways.initialize(). Set it before initialize() (or export "
+        "JAX_COMPILATION_CACHE_DIR) so that compiled programs are kept.",
+        _jax_compilation_cache(), cluster.compilation_cache_dir or "none")
 
 
 def _warn_if_compilation_cache() -> None:

@@ -194,7 +194,9 @@ def make_parser() -> argparse.ArgumentParser:
 
   s = sub.add_parser("status", help="show a controller's islands and queues")
   s.add_argument("--address", default=None,
-                 help=f"grpc://HOST:PORT (default ${config.ADDRESS})")
+                 help=f"grpc://HOST:PORT (default ${config.ADDRESS}, else "
+                 "every cluster of this host: embedded, CLI, Ray actors "
+                 "here, and those `connect` forwards to)")
   s.add_argument("--json", action="store_true", help="print raw JSON")
 
   f = sub.add_parser("connect", help="a local socket that adds the cluster "
@@ -371,6 +373,16 @@ def _k8s(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+  try:
+    return _main(argv)
+  except BrokenPipeError:
+    # The reader went (`jax-pathways status --json | head`): what it did
+    # not read is not an error; Python's own flush at exit would say so.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def _main(argv: Sequence[str] | None) -> int:
   parser = make_parser()
   args = parser.parse_args(argv)
   if args.command == "k8s":
@@ -440,20 +452,48 @@ def main(argv: Sequence[str] | None = None) -> int:
   if args.command == "connect":
     setup_logging(cfg.verbosity)
     return _connect(parser, args, cfg)
+  return _status(parser, args, cfg)
+
+
+def _status(parser: argparse.ArgumentParser, args: argparse.Namespace,
+            cfg: config.Config) -> int:
+  """The status of --address, else of every cluster of this host."""
   from jax_pathways import admin  # pylint: disable=import-outside-toplevel
+  from jax_pathways.cluster import registry  # pylint: disable=import-outside-toplevel
   address = args.address or cfg.address
-  if not address:
-    parser.error(f"give --address or set {config.ADDRESS}")
-  try:
-    s = admin.status(address, cfg.token)
-  except admin.AdminError as e:
-    print(f"jax-pathways status: {e}", file=sys.stderr)
-    return 1
-  if args.json:
-    print(json.dumps(s, indent=1))
+  if address:
+    targets = [{"kind": "controller", "address": address,
+                "token": cfg.token}]
   else:
-    _print_status(s)
-  return 0
+    targets, seen = [], set()
+    for entry in registry.live():
+      if entry["address"] not in seen:  # a connect to a local controller
+        seen.add(entry["address"])
+        targets.append(entry)
+    if not targets:
+      parser.error(f"no cluster of this host is listed in "
+                   f"{registry.folder()}; give --address or set "
+                   f"{config.ADDRESS}")
+  failed = 0
+  for target in targets:
+    try:
+      s = admin.status(target["address"], target.get("token") or cfg.token)
+    except admin.AdminError as e:
+      print(f"jax-pathways status: {e}", file=sys.stderr)
+      failed = 1
+      continue
+    if args.json:
+      print(json.dumps(s if args.address or cfg.address else
+                       dict(s, address=target["address"],
+                            kind=target["kind"]), indent=1))
+    else:
+      if len(targets) > 1 or not (args.address or cfg.address):
+        logs = (f", logs in {target['log_dir']}" if target.get("log_dir")
+                else "")
+        print(f"== {target['kind']} {target['address']} (pid "
+              f"{target.get('pid', '?')}{logs})")
+      _print_status(s)
+  return failed
 
 
 def client_exports(target: str) -> list[str]:
@@ -489,6 +529,10 @@ def _connect(parser: argparse.ArgumentParser, args: argparse.Namespace,
     if made:
       shutil.rmtree(made, ignore_errors=True)
     return 2
+  from jax_pathways.cluster import registry  # pylint: disable=import-outside-toplevel
+  controller = (args.controller if "://" in args.controller
+                else "grpc://" + args.controller)
+  listed = registry.add("connect", controller, token)
   stop = threading.Event()
   for sig in (signal.SIGINT, signal.SIGTERM):
     signal.signal(sig, lambda *_: stop.set())
@@ -501,6 +545,7 @@ def _connect(parser: argparse.ArgumentParser, args: argparse.Namespace,
   sys.stdout.flush()
   while not stop.wait(1.0):
     pass
+  registry.remove(listed)
   server.stop(grace=2).wait(5)
   fwd.close()
   if made:

@@ -12,12 +12,24 @@ pytestmark = pytest.mark.integration
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
 
 
+def _tree_state() -> str | None:
+  """`git status --porcelain` of the checkout (None outside one)."""
+  out = subprocess.run(["git", "status", "--porcelain"], cwd=EXAMPLES,
+                       capture_output=True, text=True, timeout=60)
+  return out.stdout if out.returncode == 0 else None
+
+
 def _run(name, *args):
   env = dict(os.environ)
   env.pop("JAX_PLATFORMS", None)
+  before = _tree_state()
+  # Run from the checkout's root, as the README does: an example writes
+  # into a folder it prints, never into the working tree.
   out = subprocess.run([sys.executable, os.path.join(EXAMPLES, name), *args],
-                       env=env, capture_output=True, text=True, timeout=300)
+                       env=env, capture_output=True, text=True, timeout=300,
+                       cwd=os.path.dirname(EXAMPLES))
   assert out.returncode == 0, out.stderr[-3000:]
+  assert _tree_state() == before, "the example changed the working tree"
   # What jaxlib's client logs by itself (stderr_filter.py) reads as a crash.
   for noise in ("Stack trace", "insecure client credentials"):
     assert noise not in out.stderr, out.stderr[-3000:]

@@ -490,6 +490,30 @@ class LocalCluster:
       return
     if self.controller is not None:
       self.controller.send_signal(signal.SIGUSR1)
+    # Its processes end after this one; their sockets and logs are not
+    # needed unless something failed (removed files stay usable).
+    self._clean_up()
+
+  def _failed(self) -> bool:
+    """Whether anything went wrong that the logs may explain: a worker
+    restarted or given up on, a process that exited other than with 0."""
+    return (any(self.restarts) or bool(self._given_up) or
+            any(p.poll() not in (None, 0) for p in self._started))
+
+  def _clean_up(self) -> None:
+    """Removes the folder this cluster made (sockets, and logs unless
+    log_dir was given), keeping logs and saying where after a failure."""
+    if self.socket_dir != self.log_dir:
+      shutil.rmtree(self.socket_dir, ignore_errors=True)
+    elif self._failed():
+      for name in os.listdir(self.socket_dir):
+        if name.endswith(".sock"):
+          os.unlink(os.path.join(self.socket_dir, name))
+      logging.warning("jax_pathways local cluster: something failed in this "
+                      "run (restarts %s); its logs are kept in %s",
+                      self.restarts, self.log_dir)
+    else:
+      shutil.rmtree(self.socket_dir, ignore_errors=True)
 
   def _stop_watching(self) -> None:
     # Popen.poll() from two threads can return None for a dead child (the
@@ -521,12 +545,8 @@ class LocalCluster:
         p.wait(timeout=5)
       if p.stdout is not None:
         p.stdout.close()
+    if os.path.isdir(self.socket_dir):  # not yet cleaned up by drain()
+      self._clean_up()
     self.controller = None
     self.workers = []
     self._started = []
-    if self.socket_dir == self.log_dir:  # keep the logs, drop the sockets
-      for name in os.listdir(self.socket_dir):
-        if name.endswith(".sock"):
-          os.unlink(os.path.join(self.socket_dir, name))
-    else:
-      shutil.rmtree(self.socket_dir, ignore_errors=True)

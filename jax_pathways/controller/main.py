@@ -50,20 +50,8 @@ def token(cfg: Any, insecure: bool, *listen: str) -> str | None:
   return made
 
 
-def run(islands: int, listen: str, worker_listen: str,
-        coordinator_listen: str, token: str | None, max_in_flight: int,
-        parent_pid: int | None, memory_wait_s: float | None = None,
-        reduction_order: str = "rank",
-        worker_timeout_s: float | None = None) -> int:
-  # pylint: disable=import-outside-toplevel
-  from jax_pathways.controller.controller import Controller
-  controller = Controller(islands, listen, worker_listen, coordinator_listen,
-                          token, max_in_flight, memory_wait_s, reduction_order,
-                          worker_timeout_s)
-  controller.start()
-  print(json.dumps({"address": controller.address,
-                    "worker_address": controller.worker_address,
-                    "pid": os.getpid()}), flush=True)
+def _serve(controller: Any, parent_pid: int | None) -> None:
+  """Until SIGTERM/SIGINT, a drain's end, or the parent's death."""
   stop = threading.Event()
   drain_until: list[float] = []
   for sig in (signal.SIGTERM, signal.SIGINT):
@@ -73,11 +61,34 @@ def run(islands: int, listen: str, worker_listen: str,
   while not stop.wait(0.1):
     if drain_until and (not controller.service.sessions or
                         time.monotonic() > drain_until[0]):
-      break
+      return
     if parent_pid is not None and os.getppid() != parent_pid:
       logging.warning("the process that started this controller is gone; "
                       "stopping")
-      break
+      return
+
+
+def run(islands: int, listen: str, worker_listen: str,
+        coordinator_listen: str, token: str | None, max_in_flight: int,
+        parent_pid: int | None, memory_wait_s: float | None = None,
+        reduction_order: str = "rank",
+        worker_timeout_s: float | None = None) -> int:
+  # pylint: disable=import-outside-toplevel
+  from jax_pathways.cluster import registry
+  from jax_pathways.controller.controller import Controller
+  controller = Controller(islands, listen, worker_listen, coordinator_listen,
+                          token, max_in_flight, memory_wait_s, reduction_order,
+                          worker_timeout_s)
+  controller.start()
+  print(json.dumps({"address": controller.address,
+                    "worker_address": controller.worker_address,
+                    "pid": os.getpid()}), flush=True)
+  listed = registry.add("controller", controller.address, token,
+                        log_dir=os.getcwd())
+  try:
+    _serve(controller, parent_pid)
+  finally:
+    registry.remove(listed)
   controller.stop()
   sys.stdout.flush()
   return 0

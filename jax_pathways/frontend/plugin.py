@@ -13,7 +13,9 @@ from __future__ import annotations
 import atexit
 import os
 import time
-from typing import Any
+from typing import Any, Callable
+
+from absl import logging
 
 from jax_pathways import config
 from jax_pathways.frontend import callbacks
@@ -35,8 +37,10 @@ CONNECT_TIMEOUT_S = 60
 _token: str | None = None
 _slice: dict[str, str] = {}  # the virtual slice asked for (DEVICES_KEY, ...)
 _controller_timeout: float | None = None  # None: JAX_PATHWAYS_CONTROLLER_TIMEOUT
+_before_connect: Callable[[], None] | None = None  # initialize()'s checks
 _closed = False
 connected = False  # a client was made in this process
+_quiet_end_registered = False
 
 
 def initialize() -> None:
@@ -53,12 +57,15 @@ def register() -> None:
 
 
 def configure(token: str | None, wanted: dict[str, str],
-              controller_timeout: float | None = None) -> None:
-  global _token, _slice, _closed, _controller_timeout
+              controller_timeout: float | None = None,
+              before_connect: Callable[[], None] | None = None) -> None:
+  global _token, _slice, _closed, _controller_timeout, _before_connect
   _token = token
   _slice = dict(wanted)
   _controller_timeout = controller_timeout
+  _before_connect = before_connect
   _closed = False
+  _register_quiet_end()
 
 
 def close() -> None:
@@ -90,6 +97,7 @@ def _preflight(target: str, token: str | None) -> None:
   import grpc  # pylint: disable=import-outside-toplevel
   from jax_pathways import admin  # pylint: disable=import-outside-toplevel
   deadline = time.monotonic() + CONNECT_TIMEOUT_S
+  said_after, waiting_said = time.monotonic() + 3.0, False
   while True:
     try:
       admin.status(target, token, timeout=5.0)
@@ -101,11 +109,17 @@ def _preflight(target: str, token: str | None) -> None:
             "process's cluster token; pass jax_pathways.initialize(address, "
             "token=...) or set JAX_PATHWAYS_TOKEN to the controller's token"
         ) from None
-      if e.code != grpc.StatusCode.UNAVAILABLE:
+      if e.code not in (grpc.StatusCode.UNAVAILABLE,
+                        grpc.StatusCode.DEADLINE_EXCEEDED):
         return  # reachable; not ours to judge
       if time.monotonic() > deadline:
         raise RuntimeError(f"jax_pathways: no controller answers at {target} "
                            f"after {CONNECT_TIMEOUT_S} s ({e})") from None
+      if not waiting_said and time.monotonic() > said_after:
+        waiting_said = True
+        logging.warning("jax_pathways: waiting for a controller to answer at "
+                        "%s (up to %d s; is it running, and is that its "
+                        "address?)", target, CONNECT_TIMEOUT_S)
       time.sleep(0.5)
   if _slice:
     try:
@@ -140,6 +154,8 @@ def _make_client() -> Any:
   data[callbacks.CLIENT_KEY] = client_id.encode()
   options.initialization_data = data
   target = _target()
+  if _before_connect is not None:
+    _before_connect()
   _preflight(target, token)
   make_mesh.install()
   callbacks.install()
@@ -156,13 +172,24 @@ def _make_client() -> Any:
   controller_watch.start(target, _controller_timeout
                          if _controller_timeout is not None
                          else config.from_env().controller_timeout)
-  if not connected:
-    connected = True
-    atexit.register(_quiet_session_end)
+  connected = True
+  _register_quiet_end()
   return client
 
 
+def _register_quiet_end() -> None:
+  """Once per process. initialize() registers it before its own exit hook,
+  so that the cluster's last words (a dead controller's report) come out
+  before stderr is filtered."""
+  global _quiet_end_registered
+  if not _quiet_end_registered:
+    _quiet_end_registered = True
+    atexit.register(_quiet_session_end)
+
+
 def _quiet_session_end() -> None:
+  if not connected:
+    return
   # jaxlib's client, destroyed later at exit (by JAX's atexit handler, which
   # runs after this one, or as the interpreter finalizes), logs its session's
   # end as a warning with a stack trace. Never closed: the filter lasts until

@@ -148,7 +148,9 @@ def _connect(address: str, *args: str, token: str | None = None
     env["JAX_PATHWAYS_TOKEN"] = token
   proc = cli_cluster.spawn("connect", "--controller", address, *args,
                            env=env)
-  lines = [_line(proc, 60) for _ in range(3)]
+  # One write: the lines after the first are in the reader's buffer.
+  lines = [_line(proc, 60)] + [proc.stdout.readline().strip()
+                               for _ in range(2)]
   assert lines[0].startswith("export JAX_BACKEND_TARGET=grpc://unix:"), lines
   target = lines[0].split("=", 1)[1]
   # Exactly what the client's environment gets (_env).

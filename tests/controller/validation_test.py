@@ -12,7 +12,8 @@ import pytest
 from jax._src import compiler, config
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jax_pathways import config, dtypes, protos
+from jax_pathways import config as jp_config
+from jax_pathways import dtypes, protos
 from jax_pathways.programs import sharding as sharding_lib
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.status import StatusError
@@ -564,7 +565,7 @@ def test_a_request_over_the_limit_ends_only_its_session(
   ends that session with RESOURCE_EXHAUSTED; another session goes on. (The
   system gRPC buffers the whole message before it refuses it: the
   controller's memory grows by its size meanwhile, docs/security.md.)"""
-  limit = config.from_env().max_request_mib << 20
+  limit = jp_config.from_env().max_request_mib << 20
   controller = pathways.pids[0]
   before = _rss_mib(controller)
   hostile = raw_session()
@@ -579,12 +580,12 @@ def test_a_request_over_the_limit_ends_only_its_session(
 
 
 def test_the_request_limit_is_checked(monkeypatch):
-  monkeypatch.setenv(config.MAX_REQUEST_MIB, "16")
-  assert config.from_env().max_request_mib == 16
+  monkeypatch.setenv(jp_config.MAX_REQUEST_MIB, "16")
+  assert jp_config.from_env().max_request_mib == 16
   for bad in ("0", "4096", "lots"):
-    monkeypatch.setenv(config.MAX_REQUEST_MIB, bad)
-    with pytest.raises(StatusError, match=config.MAX_REQUEST_MIB):
-      config.from_env()
+    monkeypatch.setenv(jp_config.MAX_REQUEST_MIB, bad)
+    with pytest.raises(StatusError, match=jp_config.MAX_REQUEST_MIB):
+      jp_config.from_env()
 
 
 def test_error_arrays_carry_valid_codes(client, cluster_works):
