@@ -1,6 +1,6 @@
 """A mixture of experts over two islands: 8 experts, one per device.
 
-    pip install '.[examples]' && python examples/moe.py [--plain]
+    pip install '.[examples]' && python examples/moe.py [--plain] [--steps N]
 
 A small residual MLP model whose second block is an expert-parallel
 mixture-of-experts layer (GShard style): a router picks the top 2 of 8
@@ -173,6 +173,8 @@ def main() -> None:
     jax.config.update("jax_num_cpu_devices", EXPERTS)
   else:
     jax_pathways.initialize()
+  steps = (int(sys.argv[sys.argv.index("--steps") + 1])
+           if "--steps" in sys.argv[1:] else STEPS)
   devices = jax.devices()
   print("experts on", ", ".join(
       f"device {d.id} (island {getattr(d, 'slice_index', 0)})"
@@ -183,14 +185,14 @@ def main() -> None:
     if i == 0:  # the first step compiles; time the others
       loss.block_until_ready()
       started.append(time.perf_counter())
-    if i % 5 == 0 or i == STEPS - 1:
+    if i % 5 == 0 or i == steps - 1:
       print(f"step {i:3d}  loss {float(loss):.4f}  dropped "
             f"{int(dropped)}/{TOKENS * TOP_K} choices", flush=True)
 
-  losses, _ = train(devices, on_step=on_step)
+  losses, _ = train(devices, steps, on_step=on_step)
   elapsed = time.perf_counter() - started[0]
   print(f"loss {float(losses[0]):.4f} -> {float(losses[-1]):.4f}; "
-        f"{1e3 * elapsed / (STEPS - 1):.1f} ms a step")
+        f"{1e3 * elapsed / (steps - 1):.1f} ms a step")
 
 
 if __name__ == "__main__":
