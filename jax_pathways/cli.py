@@ -321,18 +321,20 @@ def _add_k8s(k: argparse.ArgumentParser) -> None:
                  help="default: kubectl's current namespace")
   k.add_argument("--islands", type=int, default=default["islands"],
                  help="island workers, one pod each (default %(default)s)")
-  k.add_argument("--devices-per-island", type=int,
-                 default=default["devices_per_island"],
-                 help="the worker's --devices (default %(default)s)")
-  k.add_argument("--cpu", default=default["cpu"],
-                 help="CPU per worker, request and limit (default "
-                 "%(default)s)")
-  k.add_argument("--memory", default=default["memory"],
-                 help="memory per worker (default %(default)s)")
+  k.add_argument("--devices-per-island", type=int, default=None,
+                 help="the worker's --devices (default: --gpus if given, "
+                 f"else {config.DEFAULT_DEVICES_PER_ISLAND})")
+  k.add_argument("--cpu", default=None,
+                 help="CPU per worker, request and limit (default 4; with "
+                 f"--gpus N, {k8s.CPU_PER_GPU} per GPU)")
+  k.add_argument("--memory", default=None,
+                 help="memory per worker (default 8Gi; with --gpus N, "
+                 f"{k8s.MEMORY_GIB_PER_GPU}Gi per GPU, and /dev/shm in "
+                 "memory)")
   k.add_argument("--gpus", type=int, default=default["gpus"],
                  help="nvidia.com/gpu per worker (default %(default)s); "
                  "more than 0: the workers are CUDA islands (--platform "
-                 "cuda), and --devices-per-island must equal it")
+                 "cuda) of that many devices")
   k.add_argument("--controller-cpu", default=default["controller_cpu"],
                  help="(default %(default)s)")
   k.add_argument("--controller-memory", default=default["controller_memory"],
@@ -344,7 +346,16 @@ def _add_k8s(k: argparse.ArgumentParser) -> None:
   k.add_argument("--token-secret", default=None,
                  help="an existing Secret holding the cluster token under "
                  f"the key '{k8s.TOKEN_KEY}' (default: render a Secret with "
-                 "a fresh token)")
+                 "$JAX_PATHWAYS_TOKEN, else the token kept for this "
+                 "cluster's name in ~/.jax_pathways/k8s/, made once: "
+                 "rendering again never rotates it)")
+  k.add_argument("--run-as-user", type=int, default=default["run_as_user"],
+                 help="the pods' uid and gid (default %(default)s; never "
+                 "root: the restricted Pod Security Standard)")
+  k.add_argument("--cache-pvc", default=None,
+                 help="a PersistentVolumeClaim for the workers' "
+                 "compilation cache (default: an emptyDir per pod, kept "
+                 "across restarts in place)")
   k.add_argument("--worker-restarts", type=int,
                  default=default["worker_restarts"],
                  help="restarts of one island's worker before the whole "
@@ -353,8 +364,9 @@ def _add_k8s(k: argparse.ArgumentParser) -> None:
                  help="restarts of the whole cluster (JobSet failurePolicy; "
                  "default %(default)s)")
   k.add_argument("--out", default=None,
-                 help="write one file per object into this folder (the "
-                 "Secret's mode 0600) instead of printing them")
+                 help="write one file per object into this folder, named "
+                 "in the order to apply them (the Secret's mode 0600), "
+                 "instead of printing them")
 
 
 def _k8s(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -363,7 +375,9 @@ def _k8s(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     spec = k8s.Spec(**{k: v for k, v in vars(args).items() if k in fields})
   except ValueError as e:
     parser.error(str(e))
-  objects = k8s.manifests(spec)
+  objects = k8s.manifests(spec, None if spec.token_secret else (
+      os.environ.get(config.TOKEN) or tokens.load_or_create(
+          k8s.token_path(spec))))
   if args.out:
     for path in k8s.write(objects, args.out):
       print(path)

@@ -126,9 +126,16 @@ class Forwarder(grpc.GenericRpcHandler):
     if isinstance(request, Iterator):  # a session's requests
 
       def requests() -> Iterator[bytes]:
-        for r in request:
-          first.set()
-          yield r
+        # A client that ends its session cancels its stream, and reading
+        # on raises; left to gRPC that is logged as a failure with a
+        # traceback ("Exception iterating requests!"). The call below is
+        # cancelled with it.
+        try:
+          for r in request:
+            first.set()
+            yield r
+        except grpc.RpcError:
+          return
 
       def cut() -> None:
         if not first.is_set():

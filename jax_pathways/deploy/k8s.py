@@ -54,6 +54,12 @@ JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 CONTROLLER = "controller"  # the replicated jobs' names
 WORKER = "worker"
 TOKEN_KEY = "token"  # the token's key in the Secret
+# A GPU worker's defaults, per GPU of its pod.
+CPU_PER_GPU = 8
+MEMORY_GIB_PER_GPU = 32
+# Where the pods may write, their root filesystem being read-only.
+TMP = "/tmp"
+CACHE_DIR = "/var/cache/jax-pathways"
 # JobSet labels every pod with its Job's index in its replicated job.
 JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 # Environment variables the commands refer to as $(NAME) (kubelet expands
@@ -78,9 +84,10 @@ class Spec:
   name: str = "jax-pathways"
   namespace: str | None = None  # None: kubectl's current namespace
   islands: int = config.DEFAULT_ISLANDS
-  devices_per_island: int = config.DEFAULT_DEVICES_PER_ISLAND
-  cpu: str = "4"  # per worker: request and limit
-  memory: str = "8Gi"
+  # None: --gpus if given, else config.DEFAULT_DEVICES_PER_ISLAND.
+  devices_per_island: int | None = None
+  cpu: str | None = None  # per worker, request and limit; None: per GPU
+  memory: str | None = None  # ... (CPU_PER_GPU, MEMORY_GIB_PER_GPU)
   gpus: int = 0  # nvidia.com/gpu per worker; > 0: CUDA islands
   controller_cpu: str = "2"
   controller_memory: str = "4Gi"
@@ -88,8 +95,23 @@ class Spec:
   token_secret: str | None = None  # an existing Secret; None: render one
   worker_restarts: int = 10  # per worker Job (its backoffLimit)
   max_restarts: int = 3  # of the whole JobSet
+  run_as_user: int = 1000  # the pods' uid and gid (never root)
+  # A PersistentVolumeClaim for the workers' compilation cache; None: an
+  # emptyDir, which lives as long as the pod (restarts in place keep it).
+  cache_pvc: str | None = None
 
   def __post_init__(self) -> None:
+    # Defaults that depend on --gpus (a frozen dataclass: set once, here).
+    if self.gpus < 0:
+      raise ValueError(f"--gpus={self.gpus} must be >= 0")
+    defaults = {
+        "devices_per_island": self.gpus or config.DEFAULT_DEVICES_PER_ISLAND,
+        "cpu": str(CPU_PER_GPU * self.gpus) if self.gpus else "4",
+        "memory": (f"{MEMORY_GIB_PER_GPU * self.gpus}Gi" if self.gpus
+                   else "8Gi")}
+    for field, value in defaults.items():
+      if getattr(self, field) is None:
+        object.__setattr__(self, field, value)
     longest = self.controller_hostname  # longer than any worker's
     if (not _DNS_LABEL.fullmatch(self.name) or
         len(longest) + _POD_NAME_SUFFIX > _MAX_LABEL):
@@ -114,8 +136,6 @@ class Spec:
       if not _QUANTITY.fullmatch(value):
         raise ValueError(f"{flag}={value!r} is not a Kubernetes quantity "
                          "such as 500m, 4, 8Gi or 16G")
-    if self.gpus < 0:
-      raise ValueError(f"--gpus={self.gpus} must be >= 0")
     if self.gpus and self.devices_per_island != self.gpus:
       raise ValueError(
           f"--devices-per-island={self.devices_per_island} with "
@@ -131,6 +151,13 @@ class Spec:
     if self.worker_restarts < 0 or self.max_restarts < 0:
       raise ValueError(f"--worker-restarts={self.worker_restarts} and "
                        f"--max-restarts={self.max_restarts} must be >= 0")
+    if not 1 <= self.run_as_user < 2**31:
+      raise ValueError(f"--run-as-user={self.run_as_user} must be a uid "
+                       "other than root's (1 or more)")
+    if self.cache_pvc is not None and not _DNS_LABEL.fullmatch(
+        self.cache_pvc):
+      raise ValueError(f"--cache-pvc={self.cache_pvc!r} is not a claim's "
+                       "name")
 
   @property
   def worker_port(self) -> int:
@@ -166,6 +193,14 @@ class Spec:
     return f"{self.controller_hostname}.{self.name}:{self.worker_port}"
 
 
+def token_path(spec: Spec) -> str:
+  """Where `jax-pathways k8s` keeps the token of the cluster `spec` names:
+  one per namespace and name, so that rendering again gives the same
+  Secret (a new token under running pods would lock out restarted ones)."""
+  return os.path.join(os.path.dirname(tokens.default_path()), "k8s",
+                      f"{spec.namespace or '_'}.{spec.name}.token")
+
+
 def manifests(spec: Spec, token: str | None = None) -> list[dict[str, Any]]:
   """The cluster's objects, in the order to apply them. The Secret (with
   `token`, or a fresh one) only when spec.token_secret names none."""
@@ -192,8 +227,10 @@ def write(objects: list[dict[str, Any]], directory: str) -> list[str]:
   the Secret's readable by its owner only. Returns the paths."""
   os.makedirs(directory, exist_ok=True)
   paths = []
-  for obj in objects:
-    path = os.path.join(directory, f"{obj['kind'].lower()}.yaml")
+  # Numbered: `kubectl apply -f DIRECTORY` applies files in name order, and
+  # the JobSet's pods need the Secret first.
+  for i, obj in enumerate(objects):
+    path = os.path.join(directory, f"{i:02d}-{obj['kind'].lower()}.yaml")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
       os.fchmod(f.fileno(), 0o600 if obj["kind"] == "Secret" else 0o644)
@@ -261,15 +298,18 @@ def jobset(spec: Spec) -> dict[str, Any]:
               "replicatedJobs": [
                   {"name": CONTROLLER, "replicas": 1,
                    "template": _job(spec, CONTROLLER, _controller(spec),
-                                    "Never", backoff_limit=0)},
+                                    "Never", backoff_limit=0,
+                                    volumes=[_TMP_VOLUME])},
                   {"name": WORKER, "replicas": spec.islands,
                    "template": _job(spec, WORKER, _worker(spec), "OnFailure",
-                                    backoff_limit=spec.worker_restarts)},
+                                    backoff_limit=spec.worker_restarts,
+                                    volumes=_worker_volumes(spec))},
               ]}}
 
 
 def _job(spec: Spec, component: str, container: dict[str, Any],
-         restart_policy: str, backoff_limit: int) -> dict[str, Any]:
+         restart_policy: str, backoff_limit: int,
+         volumes: list[dict[str, Any]]) -> dict[str, Any]:
   """A JobTemplateSpec of one pod (index 0: its DNS name ends in -0)."""
   return {"spec": {
       "completions": 1, "parallelism": 1, "completionMode": "Indexed",
@@ -279,7 +319,37 @@ def _job(spec: Spec, component: str, container: dict[str, Any],
           "spec": {"restartPolicy": restart_policy,
                    # No FOO_SERVICE_HOST variables from other Services.
                    "enableServiceLinks": False,
-                   "containers": [container]}}}}
+                   # Pod Security Standards, "restricted" profile.
+                   "securityContext": {
+                       "runAsNonRoot": True,
+                       "runAsUser": spec.run_as_user,
+                       "runAsGroup": spec.run_as_user,
+                       "fsGroup": spec.run_as_user,
+                       "seccompProfile": {"type": "RuntimeDefault"}},
+                   "containers": [container],
+                   "volumes": volumes}}}}
+
+
+_TMP_VOLUME = {"name": "tmp", "emptyDir": {}}
+# What every container gets: no root, no privilege, no capability, its
+# image read-only; it writes only to its volumes (HOME is /tmp).
+_CONTAINER_SECURITY = {"allowPrivilegeEscalation": False,
+                       "capabilities": {"drop": ["ALL"]},
+                       "readOnlyRootFilesystem": True}
+
+
+def _worker_volumes(spec: Spec) -> list[dict[str, Any]]:
+  cache: dict[str, Any] = (
+      {"persistentVolumeClaim": {"claimName": spec.cache_pvc}}
+      if spec.cache_pvc else {"emptyDir": {}})
+  volumes = [_TMP_VOLUME, dict(cache, name="cache")]
+  if spec.gpus:  # NCCL's shared memory; the container's /dev/shm is 64 MiB
+    volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+  return volumes
+
+
+def _mounts(*names_and_paths: tuple[str, str]) -> list[dict[str, Any]]:
+  return [{"name": n, "mountPath": p} for n, p in names_and_paths]
 
 
 def _token_env(spec: Spec) -> dict[str, Any]:
@@ -316,7 +386,10 @@ def _controller(spec: Spec) -> dict[str, Any]:
                   # Workers are told this address: the pod's, not 0.0.0.0.
                   "--coordinator-listen",
                   f"$({POD_IP}):{spec.coordinator_port}"],
-      "env": [_token_env(spec), _field_env(POD_IP, "status.podIP")],
+      "env": [_token_env(spec), _field_env(POD_IP, "status.podIP"),
+              {"name": "HOME", "value": TMP}],
+      "securityContext": _CONTAINER_SECURITY,
+      "volumeMounts": _mounts(("tmp", TMP)),
       "ports": [{"name": "client", "containerPort": spec.port},
                 {"name": "workers", "containerPort": spec.worker_port},
                 {"name": "coordination",
@@ -340,9 +413,16 @@ def _worker(spec: Spec) -> dict[str, Any]:
                   # on a node that has GPUs.
                   "--platform", "cuda" if spec.gpus else "cpu",
                   # Other workers are told this address: the pod's.
-                  "--data-listen", f"$({POD_IP}):{spec.data_port}"],
+                  "--data-listen", f"$({POD_IP}):{spec.data_port}",
+                  # A worker restarted in place loads what it compiled.
+                  "--compilation-cache-dir", CACHE_DIR],
       "env": [_token_env(spec), _field_env(POD_IP, "status.podIP"),
-              _field_env(JOB_INDEX, f"metadata.labels['{JOB_INDEX_LABEL}']")],
+              _field_env(JOB_INDEX, f"metadata.labels['{JOB_INDEX_LABEL}']"),
+              {"name": "HOME", "value": TMP}],
+      "securityContext": _CONTAINER_SECURITY,
+      "volumeMounts": _mounts(("tmp", TMP), ("cache", CACHE_DIR),
+                              *((("dshm", "/dev/shm"),) if spec.gpus
+                                else ())),
       "ports": [{"name": "data", "containerPort": spec.data_port}],
       "resources": _resources(spec.cpu, spec.memory, spec.gpus),
   }

@@ -183,6 +183,9 @@ def test_pathwaysutils_client_through_connect(cluster):
     processes.stop([proc])
   assert proc.returncode == 0  # SIGTERM: a clean stop
   assert not os.path.exists(folder)  # the folder it made, socket and all
+  # A session's normal end is no error of the forwarder's.
+  said = proc.stderr.read()
+  assert "Traceback" not in said and "Exception iterating" not in said, said
 
 
 @pytest.mark.integration

@@ -15,6 +15,7 @@ import importlib.metadata
 import json
 import os
 import re
+import shutil
 import socket
 import stat
 import subprocess
@@ -346,11 +347,98 @@ def test_longest_name():
   assert k8s.Spec(image="img:1", name="x" * 42).name == "x" * 42
 
 
-def test_fresh_token_each_time():
-  spec = SPECS[0]
-  first, second = (_by_kind(k8s.manifests(spec))["Secret"] for _ in range(2))
-  assert first["stringData"]["token"] != second["stringData"]["token"]
-  assert len(first["stringData"]["token"]) == 32
+def test_rendering_again_keeps_the_token(tmp_path, monkeypatch, capsys):
+  """Applying a second rendering must not rotate the Secret under running
+  pods (a worker restarted in place would read a token its controller
+  does not know): the CLI keeps one token per namespace and name."""
+  monkeypatch.setenv("HOME", str(tmp_path))
+  monkeypatch.delenv("JAX_PATHWAYS_TOKEN", raising=False)
+
+  def token(*flags):
+    assert cli.main(["k8s", "--image", "img:1", *flags]) == 0
+    return _by_kind(list(yaml.safe_load_all(capsys.readouterr().out)))[
+        "Secret"]["stringData"]["token"]
+
+  first = token()
+  assert len(first) == 32 and token() == first
+  assert token("--name", "other") != first
+  kept = tmp_path / ".jax_pathways" / "k8s" / "_.jax-pathways.token"
+  assert stat.S_IMODE(os.stat(kept).st_mode) == 0o600
+  monkeypatch.setenv("JAX_PATHWAYS_TOKEN", "given")
+  assert token() == "given"
+
+
+def _restricted_violations(pod: dict[str, Any]) -> list[str]:
+  """The Pod Security Standards' "restricted" profile (v1.30), the checks
+  that apply to these pods: what a namespace enforcing it would refuse."""
+  out = []
+  pod_ctx = pod.get("securityContext", {})
+  for c in pod["containers"] + pod.get("initContainers", []):
+    ctx = c.get("securityContext", {})
+    where = f"container {c['name']}"
+    if ctx.get("allowPrivilegeEscalation") is not False:
+      out.append(f"{where}: allowPrivilegeEscalation must be false")
+    if ctx.get("capabilities", {}).get("drop") != ["ALL"]:
+      out.append(f"{where}: capabilities must drop ALL")
+    if set(ctx.get("capabilities", {}).get("add", [])) - {"NET_BIND_SERVICE"}:
+      out.append(f"{where}: only NET_BIND_SERVICE may be added")
+    if not (ctx.get("runAsNonRoot", pod_ctx.get("runAsNonRoot")) is True):
+      out.append(f"{where}: runAsNonRoot must be true")
+    if ctx.get("runAsUser", pod_ctx.get("runAsUser")) == 0:
+      out.append(f"{where}: runAsUser must not be 0")
+    seccomp = ctx.get("seccompProfile", pod_ctx.get("seccompProfile", {}))
+    if seccomp.get("type") not in ("RuntimeDefault", "Localhost"):
+      out.append(f"{where}: seccompProfile must be RuntimeDefault")
+    if ctx.get("privileged"):
+      out.append(f"{where}: privileged")
+    for port in c.get("ports", []):
+      if port.get("hostPort"):
+        out.append(f"{where}: hostPort")
+  for volume in pod.get("volumes", []):
+    kinds = set(volume) - {"name"}
+    allowed = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+               "persistentVolumeClaim", "projected", "secret"}
+    if not kinds <= allowed:
+      out.append(f"volume {volume['name']}: {sorted(kinds - allowed)}")
+  for key in ("hostNetwork", "hostPID", "hostIPC"):
+    if pod.get(key):
+      out.append(key)
+  return out
+
+
+@pytest.mark.parametrize("spec", SPECS + [
+    k8s.Spec(image="img:1", gpus=8, cache_pvc="compiled")],
+                         ids=["defaults", "gpus", "secret", "gpus_pvc"])
+def test_pods_pass_the_restricted_profile(spec):
+  for name, job in _replicated(_by_kind(k8s.manifests(spec, TOKEN))[
+      "JobSet"]).items():
+    pod = job["template"]["spec"]["template"]["spec"]
+    assert not _restricted_violations(pod), (name, _restricted_violations(pod))
+    # Read-only images: every container writes only to its volumes.
+    for c in pod["containers"]:
+      assert c["securityContext"]["readOnlyRootFilesystem"] is True
+      mounts = {m["mountPath"] for m in c["volumeMounts"]}
+      assert "/tmp" in mounts
+      assert {"name": "HOME", "value": "/tmp"} in c["env"]
+
+
+def test_workers_keep_compiled_programs_and_gpus_get_their_sizes():
+  gpus = k8s.Spec(image="img:1", gpus=8)
+  assert (gpus.devices_per_island, gpus.cpu, gpus.memory) == (
+      8, str(8 * k8s.CPU_PER_GPU), f"{8 * k8s.MEMORY_GIB_PER_GPU}Gi")
+  for spec, cache in ((gpus, {"emptyDir": {}}),
+                      (k8s.Spec(image="img:1", cache_pvc="compiled"),
+                       {"persistentVolumeClaim": {"claimName": "compiled"}})):
+    pod = _replicated(_by_kind(k8s.manifests(spec, TOKEN))["JobSet"])[
+        k8s.WORKER]["template"]["spec"]["template"]["spec"]
+    [worker] = pod["containers"]
+    argv = worker["command"]
+    assert argv[argv.index("--compilation-cache-dir") + 1] == k8s.CACHE_DIR
+    assert {"name": "cache", **cache} in pod["volumes"]
+    assert {"name": "cache", "mountPath": k8s.CACHE_DIR} in (
+        worker["volumeMounts"])
+    shm = {"name": "dshm", "mountPath": "/dev/shm"}
+    assert (shm in worker["volumeMounts"]) == bool(spec.gpus)
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -360,7 +448,9 @@ def test_fresh_token_each_time():
     (["--memory", "8 GB"], "--memory='8 GB'"),
     (["--port", "65535"], "--port=65535"),
     (["--gpus", "-1"], "--gpus=-1"),
-    (["--gpus", "8"], "--devices-per-island=4 with --gpus=8"),
+    (["--gpus", "8", "--devices-per-island", "4"],
+     "--devices-per-island=4 with --gpus=8"),
+    (["--run-as-user", "0"], "--run-as-user=0"),
 ])
 def test_cli_refuses(flags, message, capsys):
   with pytest.raises(SystemExit) as e:
@@ -369,7 +459,8 @@ def test_cli_refuses(flags, message, capsys):
   assert message in capsys.readouterr().err
 
 
-def test_cli_prints_and_writes(tmp_path, capsys):
+def test_cli_prints_and_writes(tmp_path, capsys, monkeypatch):
+  monkeypatch.setenv("JAX_PATHWAYS_TOKEN", TOKEN)
   assert cli.main(["k8s", "--image", "img:1", "--islands", "3"]) == 0
   printed = list(yaml.safe_load_all(capsys.readouterr().out))
   assert [o["kind"] for o in printed] == ["Secret", "Service",
@@ -378,12 +469,13 @@ def test_cli_prints_and_writes(tmp_path, capsys):
 
   out = tmp_path / "manifests"
   assert cli.main(["k8s", "--image", "img:1", "--out", str(out)]) == 0
+  # Named in the order to apply them (kubectl applies a folder by name).
   written = sorted(os.listdir(out))
-  assert written == ["jobset.yaml", "networkpolicy.yaml", "secret.yaml",
-                     "service.yaml"]
-  assert stat.S_IMODE(os.stat(out / "secret.yaml").st_mode) == 0o600
-  assert stat.S_IMODE(os.stat(out / "jobset.yaml").st_mode) == 0o644
-  [secret] = yaml.safe_load_all((out / "secret.yaml").read_text())
+  assert written == ["00-secret.yaml", "01-service.yaml",
+                     "02-networkpolicy.yaml", "03-jobset.yaml"]
+  assert stat.S_IMODE(os.stat(out / "00-secret.yaml").st_mode) == 0o600
+  assert stat.S_IMODE(os.stat(out / "03-jobset.yaml").st_mode) == 0o644
+  [secret] = yaml.safe_load_all((out / "00-secret.yaml").read_text())
   assert secret["kind"] == "Secret"
 
 
@@ -441,8 +533,13 @@ def test_rendered_commands_start_a_cluster():
   controller_ip = "127.0.0.2"
   dns_name = spec.controller_address.rpartition(":")[0]
 
+  cache = tempfile.mkdtemp(prefix="jax_pathways_k8s_cache_")
+
   def start(argv: list[str], log: Any) -> subprocess.Popen:
-    argv = [a.replace(dns_name, controller_ip) for a in argv]
+    # The pod's volumes, here: the cache volume a folder of the test's.
+    argv = [cache if a == k8s.CACHE_DIR else a.replace(dns_name,
+                                                        controller_ip)
+            for a in argv]
     procs.append(subprocess.Popen(
         [sys.executable, "-m", "jax_pathways.cli", *argv[1:]], env=env,
         stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
@@ -489,3 +586,4 @@ def test_rendered_commands_start_a_cluster():
     raise AssertionError(logs.read()[-5000:]) from None
   finally:
     processes.stop(procs)
+    shutil.rmtree(cache, ignore_errors=True)
