@@ -258,6 +258,10 @@ def _add_ray(r: argparse.ArgumentParser) -> None:
                      "limit; default %(default)s)")
   start.add_argument("--worker-timeout", type=float, default=None,
                      help="the controller's --worker-timeout")
+  start.add_argument("--side-by-side", action="store_true",
+                     help="let islands share a node (a one-node Ray "
+                     "cluster); default: one island per node, and too few "
+                     "nodes is an error at once")
 
 
 def _check_worker_timeout(parser: argparse.ArgumentParser,
@@ -280,6 +284,8 @@ def _ray(parser: argparse.ArgumentParser, args: argparse.Namespace,
       print(f"jax-pathways ray: no cluster named {args.name!r}",
             file=sys.stderr)
       return 1
+    print(f"jax-pathways ray: stopped {args.name!r} (its controller and "
+          "worker actors, and its placement group)")
     return 0
   _check_worker_timeout(parser, args.worker_timeout)
   resources = {"CPU": args.cpus, "GPU": args.gpus}
@@ -298,7 +304,7 @@ def _ray(parser: argparse.ArgumentParser, args: argparse.Namespace,
         controller_resources={"CPU": args.controller_cpus}, port=args.port,
         token=token, max_restarts=args.max_restarts,
         worker_timeout_s=args.worker_timeout, ray_address=args.ray_address,
-        timeout_s=cfg.start_timeout)
+        timeout_s=cfg.start_timeout, side_by_side=args.side_by_side)
   except (ValueError, on_ray.ClusterError) as e:
     print(f"jax-pathways ray: {e}", file=sys.stderr)
     return 1

@@ -240,7 +240,8 @@ def start(islands: int = 2,
           worker_timeout_s: float | None = None,
           controller_timeout_s: float = config.DEFAULT_CONTROLLER_TIMEOUT,
           ray_address: str | None = None,
-          timeout_s: float = config.DEFAULT_START_TIMEOUT) -> Cluster:
+          timeout_s: float = config.DEFAULT_START_TIMEOUT,
+          side_by_side: bool = False) -> Cluster:
   """Starts a cluster on Ray; returns once every island's worker has joined.
 
   Args:
@@ -259,6 +260,9 @@ def start(islands: int = 2,
     ray_address: ray.init's address if Ray is not initialized yet
       (default "auto": the cluster of this node, or $RAY_ADDRESS).
     timeout_s: for the placement group and the workers to join.
+    side_by_side: let islands share a node (a laptop's one-node Ray
+      cluster; bundles packed where they fit). Default: one island per
+      node, and fewer nodes than islands is an error at once.
   """
   resources = dict({"CPU": 1} if resources_per_island is None
                    else resources_per_island)
@@ -273,17 +277,25 @@ def start(islands: int = 2,
     raise ClusterError(f"a cluster named {name!r} runs on this Ray cluster; "
                        f"stop it first (jax_pathways.ray.stop({name!r}) or "
                        f"`jax-pathways ray stop --name {name}`)")
+  nodes = [n for n in ray.nodes() if n["Alive"]]
+  if not side_by_side and len(nodes) < islands:
+    raise ClusterError(
+        f"{islands} islands need {islands} Ray nodes (one island each), and "
+        f"this Ray cluster has {len(nodes)}: add nodes (`ray start "
+        f"--address=...` on other hosts), or let islands share a node "
+        f"(side_by_side=True; `jax-pathways ray start --side-by-side`)")
   token = token or tokens.new()
   deadline = time.monotonic() + timeout_s
+  strategy = "PACK" if side_by_side else "STRICT_SPREAD"
   group = placement_group(
-      [resources] * islands, strategy="STRICT_SPREAD", name=name,
+      [resources] * islands, strategy=strategy, name=name,
       lifetime="detached")
   try:
     if not group.wait(timeout_seconds=timeout_s):
       raise ClusterError(
-          f"Ray could not place {islands} islands of {resources} each on "
-          f"{islands} different nodes within {timeout_s:.0f} s "
-          "(STRICT_SPREAD: one island per node); the nodes' resources: "
+          f"Ray could not place {islands} islands of {resources} each "
+          + ("" if side_by_side else f"on {islands} different nodes ") +
+          f"within {timeout_s:.0f} s ({strategy}); the nodes' resources: "
           f"{[n['Resources'] for n in ray.nodes() if n['Alive']]}")
     controller = _Controller.options(
         name=name, namespace=NAMESPACE, lifetime="detached", max_restarts=0,
@@ -315,16 +327,23 @@ def start(islands: int = 2,
   return Cluster(name, info["address"], token, islands)
 
 
-def connect(name: str = DEFAULT_NAME, ray_address: str | None = None
-            ) -> Cluster:
-  """The running cluster `name`, asked of its controller through Ray: a
-  training script on any node (or a Ray task) needs nothing else."""
+def connect(name: str = DEFAULT_NAME, ray_address: str | None = None, *,
+            initialize: bool = True) -> Cluster:
+  """Connects this process's JAX to the running cluster `name` (its
+  address and token asked of its controller through Ray): a training
+  script on any node, or a Ray task, needs nothing else. initialize=False
+  only finds the cluster; jax_pathways.initialize(cluster.address,
+  token=cluster.token) connects JAX later."""
   _connect(ray_address)
   controller = _actor(name)
   if controller is None:
     raise ClusterError(f"no cluster named {name!r} runs on this Ray cluster")
   info = ray.get(controller.connection.remote())
-  return Cluster(name, info["address"], info["token"], info["islands"])
+  cluster = Cluster(name, info["address"], info["token"], info["islands"])
+  if initialize:
+    import jax_pathways  # pylint: disable=import-outside-toplevel
+    jax_pathways.initialize(cluster.address, token=cluster.token)
+  return cluster
 
 
 def stop(name: str = DEFAULT_NAME, ray_address: str | None = None) -> bool:

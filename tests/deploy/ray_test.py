@@ -104,7 +104,7 @@ def test_trains_through_a_killed_worker_actor(ray_nodes, workdir):
   address = json.loads(started.stdout.strip().splitlines()[-1])["address"]
   actors: list[psutil.Process] = []
   try:
-    cluster = on_ray.connect()
+    cluster = on_ray.connect(initialize=False)  # this process has its own
     assert (cluster.address, cluster.token) == (address, TOKEN)
     assert TOKEN not in repr(cluster)
     # One island per node, neither on a node with the other.
@@ -149,6 +149,7 @@ def test_trains_through_a_killed_worker_actor(ray_nodes, workdir):
   finally:
     stopped = _cli(workdir, "ray", "stop", "--ray-address", ray_nodes.address)
   assert stopped.returncode == 0, stopped.stderr[-4000:]
+  assert "stopped 'jax-pathways'" in stopped.stdout, stopped.stdout
   psutil.wait_procs(actors, timeout=30)
   assert not [p.pid for p in actors if processes.alive(p.pid)]
   assert ray.util.placement_group_table(group)["state"] == "REMOVED"
@@ -172,6 +173,26 @@ def test_workers_leave_with_their_controller(ray_nodes):
   finally:
     assert on_ray.stop(cluster.name)
   assert not on_ray.stop(cluster.name)
+
+
+def test_too_few_nodes_fail_at_once_unless_islands_may_share(ray_nodes):
+  """A laptop's one-node Ray cluster: at 52b5207 start() waited 120 s and
+  then failed on STRICT_SPREAD. Here 3 nodes, 4 islands: refused at once,
+  saying what to do; side by side, two islands share a node."""
+  with pytest.raises(on_ray.ClusterError,
+                     match=r"4 islands need 4 Ray nodes .* has 3: add nodes "
+                     r".*side_by_side=True"):
+    on_ray.start(4, 1, {"CPU": 0.5}, name="too-wide", timeout_s=600)
+  cluster = on_ray.start(ISLANDS, 1, {"CPU": 0.5}, name="side-by-side",
+                         side_by_side=True)
+  try:
+    group = ray.util.get_placement_group(cluster.name)
+    nodes = ray.util.placement_group_table(group)["bundles_to_node_id"]
+    assert len(set(nodes.values())) == 1, nodes  # packed on one node
+    islands = admin.status(cluster.address, cluster.token)["islands"]
+    assert [i["alive"] for i in islands] == [True] * ISLANDS
+  finally:
+    assert on_ray.stop(cluster.name)
 
 
 def test_a_bundle_must_reserve_something():
