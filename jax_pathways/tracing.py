@@ -5,11 +5,16 @@
     print(t.utilization())     # per island: time in launches / step span
 
 Open the file in chrome://tracing or https://ui.perfetto.dev: one row per
-island, one box per op. Workers record when they issued each op and when its
-results were ready. A launch counts as running from the later of its issue and the
-previous launch's completion (an island runs its launches one after
-another) until it was ready; time spent waiting for data shows on the
-receive that waited, and launches never overlap.
+island, one box per op. Workers record when they issued each op, when its
+results were ready, and which earlier ops made its inputs. A launch counts
+as running from the later of its issue and the end of the ops it reads
+from (before that it waits for its turn, not running) until it was ready;
+time spent waiting for data shows on the receive that waited. An island
+can run independent programs side by side (XLA:CPU does): a launch that
+overlaps another of its island goes on a line of its own (`lane`), so no
+line shows two at once, and utilization counts the time any launch ran.
+Records of workers that do not name inputs are read as launches one after
+another.
 
 A worker learns that an op is done on one thread, in op order, so it notices
 a receive only after reporting the launch before it: on a core busy with the
@@ -42,6 +47,7 @@ class OpTiming(NamedTuple):
   issue_end_ns: int  # ... and handed it on (to PJRT, a peer, ...)
   start_ns: int    # running (or waiting for its data) from here
   ready_ns: int    # its results were ready
+  lane: int = 0    # its island's line: launches running at once differ
 
 
 class Trace:
@@ -57,21 +63,32 @@ class Trace:
   def fill(self, reply: dict[str, Any]) -> None:
     for island, records in sorted(reply["islands"].items(),
                                   key=lambda kv: int(kv[0])):
-      last_launch_ready = last_receive_ready = 0
+      ops = []
+      last_launch_ready = last_receive_ready = latest_launch_ready = 0
+      ready_of: dict[int, int] = {}  # seq -> when its results were there
       for seq, kind, name, issued, issue_end, ready, *rest in sorted(records):
         waited = rest[0] if rest else True
+        after = rest[1] if len(rest) > 1 else None
         start = issued
         if kind == "launch":
-          # An island's launches run one after another, and not before the
-          # data received before them (a launch may be issued ahead of it).
-          start = max(issued, min(last_launch_ready, ready),
-                      min(last_receive_ready, ready))
+          if after is None:
+            # An older worker's record: an island's launches read as one
+            # after another, and not before the data received before them.
+            start = max(issued, min(last_launch_ready, ready),
+                        min(last_receive_ready, ready))
+          else:
+            start = max([issued] + [min(ready_of.get(s, 0), ready)
+                                    for s in after])
           last_launch_ready = ready
+          latest_launch_ready = max(latest_launch_ready, ready)
         elif kind == "receive":
-          last_receive_ready = max(last_receive_ready, ready if waited else
-                                   min(ready, last_launch_ready))
-        self.ops.append(OpTiming(int(island), seq, kind, name, issued,
-                                 max(issue_end, issued), start, ready))
+          arrived = ready if waited else min(ready, latest_launch_ready)
+          last_receive_ready = max(last_receive_ready, arrived)
+          ready_of[seq] = arrived
+        ready_of.setdefault(seq, ready)
+        ops.append(OpTiming(int(island), seq, kind, name, issued,
+                            max(issue_end, issued), start, ready))
+      self.ops += _in_lanes(ops)
 
   def islands(self) -> list[int]:
     return sorted({op.island for op in self.ops})
@@ -91,7 +108,10 @@ class Trace:
             min(op.start_ns for op in launches))
     result = {}
     for island in self.islands():
-      busy = sum(op.ready_ns - op.start_ns for op in self.launches(island))
+      busy, until = 0, 0  # the union of its launches' times
+      for op in sorted(self.launches(island), key=lambda op: op.start_ns):
+        busy += max(0, op.ready_ns - max(op.start_ns, until))
+        until = max(until, op.ready_ns)
       result[island] = busy / span if span > 0 else 1.0
     return result
 
@@ -105,7 +125,7 @@ class Trace:
     for op in self.ops:
       events.append({
           "name": op.name, "cat": op.kind, "ph": "X", "pid": op.island,
-          "tid": 0, "ts": (op.start_ns - origin) / 1e3,
+          "tid": op.lane, "ts": (op.start_ns - origin) / 1e3,
           "dur": (op.ready_ns - op.start_ns) / 1e3,
           "args": {"seq": op.seq,
                    "issued_us": (op.issued_ns - origin) / 1e3,
@@ -138,6 +158,9 @@ class Trace:
     for r, island in enumerate(islands):
       y = 24 + r * row
       parts.append(f'<text x="4" y="{y + 15}">island {island}</text>')
+      # Launches that ran at once share the row's height, a band each.
+      band = 20 / (1 + max((op.lane for op in drawn if op.island == island),
+                           default=0))
       for op in drawn:
         if op.island != island:
           continue
@@ -149,11 +172,29 @@ class Trace:
           continue
         color = ("#4477aa" if "_fwd" in op.name else
                  "#ee7733" if "_bwd" in op.name else "#999999")
-        parts.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="20"'
+        parts.append(f'<rect x="{x:.1f}" y="{y + op.lane * band:.1f}" '
+                     f'width="{w:.1f}" height="{band:.1f}"'
                      f' fill="{color}" stroke="white" stroke-width="0.5">'
                      f'<title>{op.name}</title></rect>')
     parts.append("</svg>")
     return "\n".join(parts)
+
+
+def _in_lanes(ops: list[OpTiming]) -> list[OpTiming]:
+  """`ops` of one island with each launch on the first line where nothing
+  runs at its start (a line's launches never overlap)."""
+  ends: list[int] = []  # per lane: when its last launch ended
+  out = []
+  for op in sorted(ops, key=lambda op: (op.start_ns, op.seq)):
+    if op.kind == "launch":
+      lane = next((i for i, end in enumerate(ends) if end <= op.start_ns),
+                  len(ends))
+      if lane == len(ends):
+        ends.append(0)
+      ends[lane] = op.ready_ns
+      op = op._replace(lane=lane)
+    out.append(op)
+  return sorted(out, key=lambda op: op.seq)
 
 
 def _sync() -> None:

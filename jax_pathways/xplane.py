@@ -7,7 +7,8 @@ TensorBoard's profile plugin (xprof) and `jax.profiler.ProfileData` read
 tsl/profiler/protobuf/xplane.proto). An island becomes one "host" with one
 device plane, `/device:CUSTOM:<island>` (xprof shows custom device planes
 where a machine has no GPU or TPU planes), one line per op kind ("launch",
-"receive", ...) and one event per op, named after its program for launches.
+"receive", ...; "launch 2" and on for launches that ran beside others) and
+one event per op, named after its program for launches.
 As in the files JAX writes, times are relative to the profile's start, which
 a "Task Environment" plane gives as wall-clock ns (profile_start_time), so
 the islands' files line up with the client's.
@@ -63,10 +64,12 @@ def _device_plane(plane: Any, trace: Trace, island: int,
   lines: dict[str, Any] = {}
   for op in sorted((op for op in trace.ops if op.island == island),
                    key=lambda op: op.start_ns):
-    line = lines.get(op.kind)
+    # Launches running at once (tracing.py's lanes) on lines of their own.
+    name = op.kind if not op.lane else f"{op.kind} {op.lane + 1}"
+    line = lines.get(name)
     if line is None:
-      line = lines[op.kind] = plane.lines.add(
-          id=len(lines), name=op.kind, timestamp_ns=op.start_ns - start_ns)
+      line = lines[name] = plane.lines.add(
+          id=len(lines), name=name, timestamp_ns=op.start_ns - start_ns)
     metadata_id = event_ids.setdefault(op.name, len(event_ids) + 1)
     plane.event_metadata[metadata_id].id = metadata_id
     plane.event_metadata[metadata_id].name = op.name

@@ -63,6 +63,76 @@ def test_profile_holds_each_islands_launches_beside_jaxs_trace(proxy_devices,
             ["jit_scaled_square"] * 3)
 
 
+def test_a_loop_of_two_programs_shows_as_the_workers_ran_it(proxy_devices,
+                                                           tmp_path):
+  """A step spanning both islands and a step on island 0 alone, in a loop:
+  each step reads its own previous results, so each program's launches
+  follow one another, while the two programs run side by side on island 0
+  (XLA:CPU runs independent programs at once). At 52b5207 the local step
+  showed 0 us starting where the next spanning step started, spanning
+  steps overlapped each other, and island 0's utilization read 1.9."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # pylint: disable=import-outside-toplevel
+  mesh = Mesh(np.array(proxy_devices), ("d",))
+
+  @jax.jit
+  def train_step(w, x):
+    for _ in range(3):
+      x = jnp.tanh(x @ w)
+    return w - 0.01 * jnp.mean(x), x
+
+  @jax.jit
+  def local_step(a):
+    return jnp.sin(a) @ a
+
+  w = jax.device_put(np.eye(256, dtype=np.float32), NamedSharding(mesh, P()))
+  x = jax.device_put(np.ones((512, 256), np.float32),
+                     NamedSharding(mesh, P("d")))
+  a = jax.device_put(np.ones((128, 128), np.float32), proxy_devices[0])
+  w, x = train_step(w, x)
+  a = local_step(a)
+  jax.block_until_ready((w, x, a))  # compiled before the profile
+  steps = 4
+  with jax_pathways.profile(tmp_path) as recorded:
+    for _ in range(steps):
+      w, x = train_step(w, x)
+      a = local_step(a)
+    jax.block_until_ready((w, x, a))
+
+  assert all(0 < u <= 1 for u in recorded.utilization().values()), (
+      recorded.utilization())
+  [run] = os.listdir(tmp_path / "plugins" / "profile")
+  for island in (0, 1):
+    data = jax.profiler.ProfileData.from_file(str(
+        tmp_path / "plugins" / "profile" / run / f"island_{island}.xplane.pb"))
+    [plane] = [p for p in data.planes if p.name.startswith("/device")]
+    events = []
+    for line in plane.lines:
+      if not line.name.startswith("launch"):
+        continue
+      spans = sorted((e.start_ns, e.start_ns + e.duration_ns)
+                     for e in line.events)
+      for (_, end), (start, _) in zip(spans, spans[1:]):
+        assert end <= start, f"{line.name} of island {island} overlaps"
+      events += [(e.name, e.start_ns, e.duration_ns) for e in line.events]
+    events.sort(key=lambda e: e[1])
+    # The files say what the worker's records say, launch by launch.
+    mine = recorded.launches(island)
+    assert sorted((op.name, op.ready_ns - op.start_ns) for op in mine) == (
+        sorted((name, duration) for name, _, duration in events))
+    by_name: dict[str, list] = {}
+    for op in sorted(mine, key=lambda op: op.seq):
+      by_name.setdefault(op.name, []).append(op)
+    assert len(by_name["jit_train_step"]) == steps
+    assert len(by_name.get("jit_local_step", [])) == (
+        steps if island == 0 else 0)
+    for ops in by_name.values():  # each reads the one before: in turn
+      for before, after in zip(ops, ops[1:]):
+        assert before.ready_ns <= after.start_ns, (before, after)
+    for op in by_name.get("jit_local_step", []):
+      assert op.ready_ns > op.start_ns, op  # not 0 us
+
+
 def test_profile_names_the_run_after_the_session_id(proxy_devices, tmp_path):
   options = jax.profiler.ProfileOptions()
   options.session_id = "step_7"

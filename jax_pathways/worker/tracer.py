@@ -1,8 +1,12 @@
-"""Tracer: when asked, records when each op was issued and finished.
+"""Tracer: when asked, records when each op was issued and finished, and
+which earlier ops made its inputs.
 
 Timestamps are this host's wall clock (ns), so traces from several hosts line
-up as well as their clocks do. Recording costs two clock reads and a dict
-update per op, and nothing while off.
+up as well as their clocks do. A launch runs once it is issued and its
+inputs are there (XLA:CPU runs independent programs side by side), so each
+record names the ops whose results it reads (tracing.py computes its start
+from their ends). Recording costs two clock reads and a few dict updates
+per op, and nothing while off.
 """
 from __future__ import annotations
 
@@ -22,20 +26,30 @@ class Tracer:
     self._lock = threading.Lock()
     self._open: dict[int, list[Any]] = {}
     self._done: collections.deque = collections.deque(maxlen=MAX_EVENTS)
+    self._made_by: dict[int, int] = {}  # buffer handle -> the op's seq
 
   def start(self) -> None:
     with self._lock:
       self._open.clear()
       self._done.clear()
+      self._made_by.clear()
       self.enabled = True
 
-  def issuing(self, seq: int, kind: str, name: str) -> list[Any] | None:
-    """The op loop takes op `seq`; set [4] of the returned record when it
-    has handed the op on (its results may be ready even before that)."""
+  def issuing(self, seq: int, kind: str, name: str, inputs: Any = (),
+              outputs: Any = ()) -> list[Any] | None:
+    """The op loop takes op `seq`, reading buffers `inputs` and making
+    `outputs`; set [4] of the returned record when it has handed the op on
+    (its results may be ready even before that)."""
     if not self.enabled:
       return None
-    record = [seq, kind, name, time.time_ns(), 0, 0, True]
     with self._lock:
+      after = sorted({self._made_by[h] for h in inputs
+                      if h in self._made_by})
+      if len(self._made_by) > 4 * MAX_EVENTS:  # bounded: forget the oldest
+        self._made_by.clear()
+      for h in outputs:
+        self._made_by[h] = seq
+      record = [seq, kind, name, time.time_ns(), 0, 0, True, after]
       self._open[seq] = record
     return record
 
@@ -60,11 +74,12 @@ class Tracer:
           self._done.append(record)
 
   def stop(self) -> list[list[Any]]:
-    """[seq, kind, name, issue start, issue end, ready, waited] per
-    finished op."""
+    """[seq, kind, name, issue start, issue end, ready, waited, seqs of
+    the ops that made its inputs] per finished op."""
     with self._lock:
       self.enabled = False
       events = list(self._done)
       self._open.clear()
       self._done.clear()
+      self._made_by.clear()
     return events

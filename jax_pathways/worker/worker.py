@@ -162,7 +162,7 @@ class Worker:
     if op.kind in _READERS and self._to_lane(op):
       return
     record = (self._tracer.issuing(op.seq, op.kind.name.lower(),
-                                   self._name(op))
+                                   self._name(op), op.args, op.results)
               if self._tracer.enabled else None)
     try:
       self._handlers[op.kind](op)
