@@ -88,13 +88,3 @@ def test_elastic():
   assert "resumed from committed step 20 " in out
   assert "finished 60 steps on islands [0, 1]" in out
   assert "parameters bit-identical to an uninterrupted run: True" in out
-
-
-def test_moe():
-  # Its 40 steps, bit-identical to plain JAX: tests/conformance/moe_test.py.
-  out = _run("moe.py", "--steps", "11")
-  assert "device 7 (island 1)" in out
-  losses = [float(v) for v in re.findall(r"loss (\d+\.\d+)  dropped", out)]
-  assert len(losses) == 3 and losses[-1] < losses[1] < losses[0]
-  dropped = [int(v) for v in re.findall(r"dropped (\d+)/1024", out)]
-  assert all(0 < d < 1024 for d in dropped)

@@ -116,7 +116,8 @@ class LocalCluster:
                device_cores: list[list[int]] | None = None,
                tcp: bool = False, worker_timeout_s: float | None = None,
                restart_workers: bool = True, workers_over_tcp: bool = False,
-               platform: str = "cpu", compilation_cache_dir: str | None = None):
+               platform: str = "cpu", compilation_cache_dir: str | None = None,
+               controller_timeout_s: float | None = None):
     if device_cores is not None and len(device_cores) != islands:
       raise ValueError(f"device_cores names {len(device_cores)} islands' "
                        f"cores for {islands} islands")
@@ -127,6 +128,8 @@ class LocalCluster:
                        f"{platform} islands' devices are their own")
     self.platform = platform
     self.compilation_cache_dir = compilation_cache_dir
+    # The workers' --controller-timeout (None: their default).
+    self.controller_timeout_s = controller_timeout_s
     self.islands = islands
     self.device_cores = device_cores
     self.devices_per_island = devices_per_island
@@ -229,7 +232,9 @@ class LocalCluster:
                 ["--device-cores", cores.format_list(self.device_cores[i])]
                 if self.device_cores else []) + (
                     ["--compilation-cache-dir", self.compilation_cache_dir]
-                    if self.compilation_cache_dir else []))
+                    if self.compilation_cache_dir else []) + (
+                        ["--controller-timeout", str(self.controller_timeout_s)]
+                        if self.controller_timeout_s is not None else []))
         self.workers.append(self._spawn(f"worker{i}", self._worker_args[i],
                                         self._worker_env[i]))
       self._wait_complete(deadline)

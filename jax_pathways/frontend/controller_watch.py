@@ -6,10 +6,11 @@ stopped (SIGSTOP), wedged or unreachable controller never comes while the
 connection stays open. The watch pings the controller every second on a
 channel of its own; after `timeout_s` without an answer it logs what
 happened and what to do, then shuts down this process's connections to the
-controller's address. jaxlib then fails every waiting and later call with
-`JaxRuntimeError: UNAVAILABLE: Connection to IFRT proxy server was
-terminated`, as when the controller dies (no abort; measured with jaxlib
-0.10.2). A shutdown reaches the socket every descriptor shares, so gRPC's
+controller's address, and keeps cutting new ones for as long as the
+process lives: this process is done with that controller. jaxlib then
+fails every waiting and later call with `JaxRuntimeError: UNAVAILABLE:
+Connection to IFRT proxy server was terminated`, as when the controller
+dies (no abort; measured with jaxlib 0.10.2). A shutdown reaches the socket every descriptor shares, so gRPC's
 own descriptors see it; only the duplicates made here are closed.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from jax_pathways import threads
 
 PING = "/jax_pathways.Admin/Ping"
 PERIOD_S = 1.0
+CUT_PERIOD_S = 0.1  # after giving up: how often new connections are cut
 
 _watch: "ControllerWatch | None" = None
 
@@ -61,6 +63,11 @@ class ControllerWatch:
       silent = time.monotonic() - answered
       if silent >= self.timeout_s and not self._stopped.is_set():
         self._give_up(silent)
+        # jaxlib's client opens new connections for uploads in the
+        # background (GrpcClientHostBufferStore), whose calls would wait
+        # out their deadline (20 s, at exit too): cut those as well.
+        while not self._stopped.wait(CUT_PERIOD_S):
+          shut_down_connections(self.target)
         return
 
   def _give_up(self, silent: float) -> None:
