@@ -64,3 +64,30 @@ def test_worker_controller_timeout_is_checked():
       text=True, timeout=60, cwd=CWD)
   assert out.returncode == 2, out.stderr
   assert "--controller-timeout=1.0 must be >= 2 seconds" in out.stderr
+
+
+def test_status_finds_this_hosts_clusters_without_an_address(pathways):
+  """The embedded cluster's controller lists itself (cluster/registry.py):
+  plain `jax-pathways status` shows it, with no address or token given."""
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("JAX_PATHWAYS_TOKEN", "JAX_PATHWAYS_ADDRESS")}
+  out = subprocess.run([sys.executable, "-m", "jax_pathways.cli", "status"],
+                       env=env, capture_output=True, text=True, timeout=60,
+                       cwd=CWD)
+  assert out.returncode == 0, out.stderr
+  # Other clusters of this host (other test workers') may be listed too.
+  assert f"== controller {pathways.address} (pid {pathways.pids[0]}" in (
+      out.stdout), out.stdout
+  assert "islands alive 2/2" in out.stdout
+
+
+def test_status_survives_a_closed_pipe(pathways):
+  """`status --json | head -1`: the reader goes; no traceback."""
+  env = dict(os.environ, JAX_PATHWAYS_TOKEN=pathways.token)
+  out = subprocess.run(
+      f"{sys.executable} -m jax_pathways.cli status --address "
+      f"{pathways.address} --json | head -1", shell=True, env=env,
+      capture_output=True, text=True, timeout=60, cwd=CWD)
+  assert out.stdout == "{\n", out.stdout
+  assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, (
+      out.stderr)

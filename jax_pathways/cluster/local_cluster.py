@@ -48,6 +48,8 @@ QUICK_DEATH_S = 60.0
 RESTART_DELAYS_S = (0.0, 1.0, 2.0, 4.0, 8.0)
 MAX_QUICK_RESTARTS = 5
 _SUPERVISE_POLL_S = 0.1
+# A start slower than this says what it waits for.
+_SLOW_START_S = 10.0
 # How often the supervisor asks the controller which islands it has lost,
 # and for how long at most (a stopped controller must not hold it up).
 _LOSS_POLL_S = 1.0
@@ -464,6 +466,7 @@ class LocalCluster:
 
   def _wait_complete(self, deadline: float) -> None:
     from jax_pathways import admin  # pylint: disable=import-outside-toplevel
+    say_at = time.monotonic() + _SLOW_START_S
     while time.monotonic() < deadline:
       for i, w in enumerate(self.workers):
         if w.poll() is not None:
@@ -471,10 +474,18 @@ class LocalCluster:
       if self.controller.poll() is not None:
         raise self._died(self.controller, "controller")
       try:
-        if admin.status(self.address, self.token, timeout=2.0)["complete"]:
+        status = admin.status(self.address, self.token, timeout=2.0)
+        if status["complete"]:
           return
+        joined = len(status["islands"])
       except admin.AdminError:
-        pass
+        joined = 0
+      if time.monotonic() > say_at:  # a slow start says what it waits for
+        say_at = float("inf")
+        logging.warning("jax_pathways local cluster: waiting for the "
+                        "workers to join the controller (%d of %d so far, "
+                        "up to %.0f s in all; logs in %s)", joined,
+                        self.islands, self.start_timeout, self.log_dir)
       time.sleep(0.05)
     raise ClusterError(
         f"the workers did not all join within {self.start_timeout:.0f} s; "
@@ -497,7 +508,7 @@ class LocalCluster:
       self.controller.send_signal(signal.SIGUSR1)
     # Its processes end after this one; their sockets and logs are not
     # needed unless something failed (removed files stay usable).
-    self._clean_up()
+    self._clean_up(self._failed())
 
   def _failed(self) -> bool:
     """Whether anything went wrong that the logs may explain: a worker
@@ -505,12 +516,12 @@ class LocalCluster:
     return (any(self.restarts) or bool(self._given_up) or
             any(p.poll() not in (None, 0) for p in self._started))
 
-  def _clean_up(self) -> None:
+  def _clean_up(self, failed: bool) -> None:
     """Removes the folder this cluster made (sockets, and logs unless
     log_dir was given), keeping logs and saying where after a failure."""
     if self.socket_dir != self.log_dir:
       shutil.rmtree(self.socket_dir, ignore_errors=True)
-    elif self._failed():
+    elif failed:
       for name in os.listdir(self.socket_dir):
         if name.endswith(".sock"):
           os.unlink(os.path.join(self.socket_dir, name))
@@ -533,6 +544,7 @@ class LocalCluster:
   def stop(self) -> None:
     """Stops every process this cluster started; idempotent."""
     self._stop_watching()
+    failed = self._failed()  # before SIGTERM gives them other exit codes
     # Every process ever started: workers restarted under supervision too.
     procs = list(self._started)
     for p in procs:
@@ -551,7 +563,7 @@ class LocalCluster:
       if p.stdout is not None:
         p.stdout.close()
     if os.path.isdir(self.socket_dir):  # not yet cleaned up by drain()
-      self._clean_up()
+      self._clean_up(failed)
     self.controller = None
     self.workers = []
     self._started = []

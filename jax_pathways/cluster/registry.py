@@ -41,7 +41,8 @@ def add(kind: str, address: str, token: str | None,
     fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC |
                  os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
-      json.dump({"kind": kind, "address": address, "token": token,
+      json.dump({"kind": kind, "address": address if "://" in address
+                 else "grpc://" + address, "token": token,
                  "pid": os.getpid(), "log_dir": log_dir}, f)
     os.replace(path + ".tmp", path)
   except OSError as e:
@@ -74,8 +75,8 @@ def live() -> list[dict]:
     try:
       with open(path) as f:
         entry = json.load(f)
+        entry["since"] = os.fstat(f.fileno()).st_mtime
       pid = int(entry["pid"])
-      entry["since"] = os.fstat(f.fileno()).st_mtime
     except (OSError, ValueError, KeyError, TypeError):
       continue  # gone meanwhile, or not an entry
     try:
