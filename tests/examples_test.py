@@ -19,7 +19,12 @@ def _tree_state() -> str | None:
   return out.stdout if out.returncode == 0 else None
 
 
-def _run(name, *args):
+# A line at WARNING or above: absl's C++ (W1128 12:00:00.0 ...) or Python's.
+_LOUD = re.compile(r"^([WEF]\d{4} |(WARNING|ERROR|CRITICAL)\b)", re.M)
+
+
+def _run(name, *args, quiet=True):
+  """Its stdout; `quiet`: a healthy run, nothing at WARNING or above."""
   env = dict(os.environ)
   env.pop("JAX_PLATFORMS", None)
   before = _tree_state()
@@ -30,6 +35,8 @@ def _run(name, *args):
                        cwd=os.path.dirname(EXAMPLES))
   assert out.returncode == 0, out.stderr[-3000:]
   assert _tree_state() == before, "the example changed the working tree"
+  if quiet:
+    assert not _LOUD.search(out.stderr), out.stderr[-3000:]
   # What jaxlib's client logs by itself (stderr_filter.py) reads as a crash.
   for noise in ("Stack trace", "insecure client credentials"):
     assert noise not in out.stderr, out.stderr[-3000:]
@@ -82,7 +89,7 @@ def test_two_clients():
 
 
 def test_elastic():
-  out = _run("elastic.py")
+  out = _run("elastic.py", quiet=False)  # it kills a worker of its own
   assert "step  22  killing island 1's worker (pid " in out
   assert "lost island(s) [1] at step " in out and "DATA_LOSS" in out
   assert "resumed from committed step 20 " in out

@@ -26,6 +26,9 @@ def take(state: Any, step: int) -> Commit:
   (JaxRuntimeError with DATA_LOSS when an island it needs was lost): then
   nothing is committed."""
   leaves = jax.tree.leaves(state)
+  # One readiness check for all first: a lost island fails it once, where
+  # each download would fail (and jaxlib log a warning) on its own.
+  jax.block_until_ready(leaves)
   for leaf in leaves:  # every download in flight at once, then read them
     if isinstance(leaf, jax.Array):
       leaf.copy_to_host_async()

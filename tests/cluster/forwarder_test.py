@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import subprocess
 import sys
@@ -186,6 +187,10 @@ def test_pathwaysutils_client_through_connect(cluster):
   # A session's normal end is no error of the forwarder's.
   said = proc.stderr.read()
   assert "Traceback" not in said and "Exception iterating" not in said, said
+  # A healthy session says nothing at WARNING or above (absl's C++ or
+  # Python's format).
+  assert not re.search(r"^([WEF]\d{4} |(WARNING|ERROR|CRITICAL)\b)", said,
+                       re.M), said
 
 
 @pytest.mark.integration
