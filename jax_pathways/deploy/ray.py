@@ -90,6 +90,7 @@ class _Controller:
                max_in_flight: int, worker_timeout_s: float | None,
                group: PlacementGroup):
     # pylint: disable=import-outside-toplevel
+    from jax_pathways.cluster import registry
     from jax_pathways.controller.controller import Controller
     ip = _prepare_process()
     self._name = name
@@ -100,6 +101,9 @@ class _Controller:
         islands, f"{ip}:{port}", f"{ip}:0", f"{ip}:0", token, max_in_flight,
         worker_timeout_s=worker_timeout_s)
     self._controller.start()
+    # `jax-pathways status` on this node finds it; the entry of a killed
+    # actor is dropped by the next reader (its pid is gone).
+    registry.add("controller", self._controller.address, token)
     threading.Thread(target=self._kill_lost, name="jp-ray-kill-lost",
                      daemon=True).start()
 
