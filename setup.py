@@ -121,7 +121,7 @@ setup(
         "tpu": ["jax[tpu]==0.10.2"],
         # jax_pathways.ray, `jax-pathways ray`: a cluster as Ray actors.
         "ray": ["ray>=2.60.0"],
-        # pybind11, setuptools: tests/sanitizers_test.py builds csrc/.
+        # pybind11, setuptools: tests/sanitizers/ builds csrc/.
         # pytest-xdist: the suite runs its files on parallel workers.
         # pathwaysutils (brings orbax-checkpoint): tests/elastic/.
         # kubernetes: tests/deploy/k8s_test.py checks the manifests against

@@ -33,7 +33,7 @@ import jax_pathways
 EXPERTS, TOP_K, CAPACITY_FACTOR = 8, 2, 1.25
 IN, MODEL, HIDDEN, OUT = 16, 32, 64, 8
 TOKENS = 512                    # per step, over all devices
-STEPS = 40
+STEPS = 24
 AUX_WEIGHT = 1e-2               # load balancing: keeps experts in use
 
 Params = dict[str, Any]

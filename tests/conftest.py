@@ -35,7 +35,7 @@ jax.config.update("jax_num_cpu_devices", ISLANDS * DEVICES_PER_ISLAND)
 
 
 # Test files that take minutes go first, so that no worker starts one last.
-_LONG_FIRST = ("sanitizers_test.py", "jax_suite_test.py")
+_LONG_FIRST = ("address_test.py", "thread_test.py", "jax_suite_test.py")
 
 
 @pytest.hookimpl(optionalhook=True)  # with -p no:xdist there is no such hook

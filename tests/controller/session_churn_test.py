@@ -2,7 +2,7 @@
 controller over TCP: the controller survives every one and serves the next
 client. (A Call used to start ops after its RPC was over and be freed with
 them pending: SIGSEGV in the controller's gRPC thread after 1-200 sessions.)
-tests/sanitizers_test.py runs it under ASan and TSan too."""
+tests/sanitizers/ runs it under ASan and TSan too."""
 from __future__ import annotations
 
 import os

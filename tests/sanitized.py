@@ -1,7 +1,9 @@
-"""csrc/ under AddressSanitizer and ThreadSanitizer: builds the extensions
-with JAX_PATHWAYS_SANITIZE (BUILD.md, "Sanitizers") into build/sanitize-*/,
-then runs the C++-level tests and a session churn against them in a
-subprocess. Any sanitizer report, from any process, fails the test."""
+"""csrc/ under AddressSanitizer and ThreadSanitizer (tests/sanitizers/,
+one file per mode, so that the suite's workers run them side by side):
+builds the extensions with JAX_PATHWAYS_SANITIZE (BUILD.md, "Sanitizers")
+into build/sanitize-*/, then runs the C++-level tests and a session churn
+against them in a subprocess. Any sanitizer report, from any process,
+fails the test."""
 from __future__ import annotations
 
 import os
@@ -11,8 +13,6 @@ import subprocess
 import sys
 
 import pytest
-
-pytestmark = pytest.mark.integration
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SUPPRESSIONS = REPO / "tests" / "tsan_suppressions.txt"
@@ -88,9 +88,8 @@ def _report(path: pathlib.Path) -> str:
       if line.strip() and not any(n in line for n in _NOT_REPORTS))
 
 
-@pytest.mark.timeout(1800)
-@pytest.mark.parametrize("mode", ["address", "thread"])
-def test_cpp_tests_pass_under_sanitizer(mode, tmp_path):
+def check(mode: str, tmp_path: pathlib.Path) -> None:
+  """Builds csrc/ under `mode` and runs the tests above against it."""
   runtime = _runtime("libasan.so" if mode == "address" else "libtsan.so")
   tree = _build(mode)
   logs = tmp_path / "reports"
@@ -122,7 +121,9 @@ def test_cpp_tests_pass_under_sanitizer(mode, tmp_path):
   # cwd is the tree, so that `-m pytest` imports the sanitized package.
   run = subprocess.run(
       [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-       "-n0",  # one process: the sanitizers watch this one
+       # Two processes, each watched: most of these tests wait (heartbeats,
+       # timeouts), so they overlap well.
+       "-n", "2", "--dist", "loadfile",
        "--rootdir", str(REPO), "-c", str(REPO / "pyproject.toml"),
        *tests],
       cwd=tree, env=env, capture_output=True, text=True, timeout=1500)
