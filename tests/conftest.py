@@ -34,19 +34,11 @@ DEVICES_PER_ISLAND = 4
 jax.config.update("jax_num_cpu_devices", ISLANDS * DEVICES_PER_ISLAND)
 
 
-# Test files that take minutes go first, so that no worker starts one last.
-_LONG_FIRST = ("address_test.py", "thread_test.py", "jax_suite_test.py")
-
-
 @pytest.hookimpl(optionalhook=True)  # with -p no:xdist there is no such hook
 def pytest_xdist_auto_num_workers(config) -> int:
   """`-n auto`: a worker per core, at most 4 (each runs clusters of its
   own: controller, workers and their XLA threads)."""
   return max(1, min(os.cpu_count() or 1, 4))
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-  items.sort(key=lambda item: item.path.name not in _LONG_FIRST)
 
 
 @pytest.fixture(autouse=True)
