@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+import processes  # tests/conftest.py puts tests/ on sys.path
+
 pytestmark = pytest.mark.integration
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
@@ -17,10 +19,6 @@ def _tree_state() -> str | None:
   out = subprocess.run(["git", "status", "--porcelain"], cwd=EXAMPLES,
                        capture_output=True, text=True, timeout=60)
   return out.stdout if out.returncode == 0 else None
-
-
-# A line at WARNING or above: absl's C++ (W1128 12:00:00.0 ...) or Python's.
-_LOUD = re.compile(r"^([WEF]\d{4} |(WARNING|ERROR|CRITICAL)\b)", re.M)
 
 
 def _run(name, *args, quiet=True):
@@ -36,7 +34,7 @@ def _run(name, *args, quiet=True):
   assert out.returncode == 0, out.stderr[-3000:]
   assert _tree_state() == before, "the example changed the working tree"
   if quiet:
-    assert not _LOUD.search(out.stderr), out.stderr[-3000:]
+    assert not processes.LOUD.search(out.stderr), out.stderr[-3000:]
   # What jaxlib's client logs by itself (stderr_filter.py) reads as a crash.
   for noise in ("Stack trace", "insecure client credentials"):
     assert noise not in out.stderr, out.stderr[-3000:]

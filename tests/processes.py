@@ -2,8 +2,13 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
+
+# A line at WARNING or above, as absl's C++ (W1128 12:00:00.0 ...) or
+# Python's logging writes it: what a healthy process's stderr never has.
+LOUD = re.compile(r"^([WEF]\d{4} |(WARNING|ERROR|CRITICAL)\b)", re.M)
 
 
 def alive(pid: int) -> bool:
