@@ -191,6 +191,12 @@ def make_parser() -> argparse.ArgumentParser:
                  "each, which acknowledge ops without computing (to measure "
                  "the controller at scale; see jax_pathways/worker/"
                  "simulated.py)")
+  w.add_argument("--restart-in-place", action="store_true",
+                 help="run the worker as a child and start it again here "
+                 "when it exits with a code a restart can fix, with the "
+                 "embedded cluster's limits per incident; exit 2 at once "
+                 "when it cannot start on this host (a Kubernetes pod's "
+                 "command: worker/in_place.py)")
 
   s = sub.add_parser("status", help="show a controller's islands and queues")
   s.add_argument("--address", default=None,
@@ -455,6 +461,10 @@ def _main(argv: Sequence[str] | None) -> int:
         config.platform_name(args.platform, "--platform")
       except StatusError as e:
         parser.error(e.status.message)
+    if args.restart_in_place:
+      from jax_pathways.worker import in_place  # pylint: disable=import-outside-toplevel
+      given = list(sys.argv[1:] if argv is None else argv)
+      return in_place.run([a for a in given[1:] if a != in_place.FLAG])
     if args.simulate is not None:
       if not args.simulate >= 1:
         parser.error(f"--simulate={args.simulate} must be >= 1")

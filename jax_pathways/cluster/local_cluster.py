@@ -15,7 +15,7 @@ wedged past the controller's --worker-timeout; the supervisor asks the
 controller's status about once a second) is SIGKILLed first, so it can
 never come back, and then restarted the same way. A worker
 that keeps dying soon after it starts is restarted after growing delays and
-given up on after `MAX_QUICK_RESTARTS`: the supervisor tells the controller
+given up on (cluster/restarts.py): the supervisor tells the controller
 (admin.report_supervision, as after every restart), whose `status` shows it
 and whose error for the island says so from then on; `restart_worker(i)`
 brings such an island back.
@@ -39,14 +39,9 @@ from absl import logging
 
 from jax_pathways import config
 from jax_pathways.cluster import cores
+from jax_pathways.cluster import restarts
 
 _STOP_GRACE_S = 5.0
-# A worker that lived less than this died "quickly": restarts of quickly
-# dying workers wait RESTART_DELAYS_S[k] (the last one from then on) and
-# stop after MAX_QUICK_RESTARTS in a row.
-QUICK_DEATH_S = 60.0
-RESTART_DELAYS_S = (0.0, 1.0, 2.0, 4.0, 8.0)
-MAX_QUICK_RESTARTS = 5
 _SUPERVISE_POLL_S = 0.1
 # A start slower than this says what it waits for.
 _SLOW_START_S = 10.0
@@ -155,7 +150,7 @@ class LocalCluster:
     self._started: list[subprocess.Popen] = []
     self._worker_args: list[list[str]] = []
     self.restarts = [0] * islands  # per island
-    self._quick_deaths = [0] * islands  # in a row
+    self._incidents = [restarts.Incident() for _ in range(islands)]
     self._given_up: dict[int, str] = {}  # island -> why
     self._supervisor: threading.Thread | None = None
     self._controller_gone = threading.Event()
@@ -267,7 +262,7 @@ class LocalCluster:
 
   def _supervise(self) -> None:
     """Starts a dead worker again (the only thread polling workers until
-    stop()): at once the first time, later after RESTART_DELAYS_S. A worker
+    stop()): when cluster/restarts.py says. A worker
     the controller has declared lost is killed first (_kill_lost)."""
     started = [time.monotonic()] * self.islands
     due: dict[int, float] = {}  # island -> when to start its worker
@@ -315,12 +310,10 @@ class LocalCluster:
               i, worker.pid, lived)
           awaiting.add(i)
           continue
-        self._quick_deaths[i] = (self._quick_deaths[i] + 1
-                                 if lived < QUICK_DEATH_S else 1)
-        if self._quick_deaths[i] > MAX_QUICK_RESTARTS:
+        delay = self._incidents[i].died(lived)
+        if delay is None:
           why = (f"it exited with code {worker.returncode} (pid "
-                 f"{worker.pid}) {self._quick_deaths[i]} times in a row "
-                 f"within {QUICK_DEATH_S:.0f} s of starting (its log: "
+                 f"{worker.pid}) {self._incidents[i].describe()} (its log: "
                  f"{self._logs.get(worker.pid, '')}); fix the cause, then "
                  f"call jax_pathways.local_cluster().restart_worker({i}), "
                  "or start the program again")
@@ -329,8 +322,6 @@ class LocalCluster:
           self._given_up[i] = why
           self._report(i)
           continue
-        delay = RESTART_DELAYS_S[min(self._quick_deaths[i] - 1,
-                                     len(RESTART_DELAYS_S) - 1)]
         logging.warning(
             "jax_pathways local cluster: the worker of island %d (pid %d) "
             "exited with code %s after %.1f s; restarting it in %.0f s",
@@ -365,7 +356,7 @@ class LocalCluster:
         raise ValueError(f"island {island}'s worker (pid {worker.pid}) is "
                          "running")
       self._given_up.pop(island, None)
-      self._quick_deaths[island] = 0
+      self._incidents[island].reset()
       self.workers[island] = self._spawn(f"worker{island}",
                                          self._worker_args[island],
                                          self._worker_env[island])

@@ -10,14 +10,20 @@ created once it is ready, i.e. answers `jax-pathways status`), and a
 `worker` replicated job with one Job per island (replicas = islands); each
 worker takes the island of its Job's index.
 
-Restarts. A worker that exits with an error (it crashed, or the controller
-dropped it: worker/main.py's exit codes) restarts in place
-(restartPolicy OnFailure) and takes its island back as the island's next
-generation; after `worker_restarts` restarts its Job fails. The controller
-is not restarted in place (restartPolicy Never, backoffLimit 0): a new
-controller knows none of the clients' arrays and the workers would not all
-find it, so its failure, or a worker Job's, recreates the whole JobSet (up
-to `max_restarts` times; JobSet's failurePolicy). A worker exits 0 only when
+Restarts. A worker pod runs `jax-pathways worker --restart-in-place`
+(worker/in_place.py), which starts the worker again inside the pod when it
+crashes or the controller dropped it (worker/main.py's exit codes), with the
+embedded cluster's limits per incident (cluster/restarts.py), keeping its
+compilation cache volume; the new process takes its island back as the
+island's next generation. The pod itself never restarts (restartPolicy
+Never, which a pod failure policy needs): a worker that cannot start on its
+host (exit 2) fails the JobSet at once instead of looping, an incident given
+up on in place makes a new pod (the Job's backoffLimit, `worker_restarts`,
+counts those), and a pod evicted or preempted is replaced without counting.
+The controller is not restarted (backoffLimit 0): a new controller knows
+none of the clients' arrays and the workers would not all find it, so its
+failure, or a worker Job's, recreates the whole JobSet (up to
+`max_restarts` times; JobSet's failurePolicy). A worker exits 0 only when
 its controller stopped it or is gone; the JobSet completes when the
 controller does (drained with SIGUSR1, or stopped).
 
@@ -49,6 +55,7 @@ import yaml
 
 from jax_pathways import config
 from jax_pathways.cluster import tokens
+from jax_pathways.worker import main as worker_main
 
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 CONTROLLER = "controller"  # the replicated jobs' names
@@ -93,7 +100,9 @@ class Spec:
   controller_memory: str = "4Gi"
   port: int = 8470
   token_secret: str | None = None  # an existing Secret; None: render one
-  worker_restarts: int = 10  # per worker Job (its backoffLimit)
+  # New pods per worker Job (its backoffLimit): each after an incident
+  # given up on in place, or a pod lost with its node.
+  worker_restarts: int = 10
   max_restarts: int = 3  # of the whole JobSet
   run_as_user: int = 1000  # the pods' uid and gid (never root)
   # A PersistentVolumeClaim for the workers' compilation cache; None: an
@@ -294,29 +303,51 @@ def jobset(spec: Spec) -> dict[str, Any]:
               "startupPolicy": {"startupPolicyOrder": "InOrder"},
               "successPolicy": {"operator": "All",
                                 "targetReplicatedJobs": [CONTROLLER]},
-              "failurePolicy": {"maxRestarts": spec.max_restarts},
+              "failurePolicy": {
+                  "maxRestarts": spec.max_restarts,
+                  # A worker that cannot start here (its pod failure
+                  # policy) would fail the same way in a new JobSet.
+                  "rules": [{"name": "worker-cannot-start",
+                             "action": "FailJobSet",
+                             "onJobFailureReasons": ["PodFailurePolicy"],
+                             "targetReplicatedJobs": [WORKER]}]},
               "replicatedJobs": [
                   {"name": CONTROLLER, "replicas": 1,
                    "template": _job(spec, CONTROLLER, _controller(spec),
-                                    "Never", backoff_limit=0,
+                                    backoff_limit=0,
                                     volumes=[_TMP_VOLUME])},
                   {"name": WORKER, "replicas": spec.islands,
-                   "template": _job(spec, WORKER, _worker(spec), "OnFailure",
+                   "template": _job(spec, WORKER, _worker(spec),
                                     backoff_limit=spec.worker_restarts,
-                                    volumes=_worker_volumes(spec))},
+                                    volumes=_worker_volumes(spec),
+                                    failure_policy=_WORKER_FAILURES)},
               ]}}
 
 
+# A worker's exit codes (worker/main.py; worker/in_place.py restarts the
+# rest in place), and pods taken away from a healthy worker, which do not
+# count against the Job's backoffLimit.
+_WORKER_FAILURES = {"rules": [
+    {"action": "FailJob",
+     "onExitCodes": {"containerName": WORKER, "operator": "In",
+                     "values": [worker_main.EXIT_SETUP]}},
+    {"action": "Ignore",
+     "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+]}
+
+
 def _job(spec: Spec, component: str, container: dict[str, Any],
-         restart_policy: str, backoff_limit: int,
-         volumes: list[dict[str, Any]]) -> dict[str, Any]:
-  """A JobTemplateSpec of one pod (index 0: its DNS name ends in -0)."""
+         backoff_limit: int, volumes: list[dict[str, Any]],
+         failure_policy: dict[str, Any] | None = None) -> dict[str, Any]:
+  """A JobTemplateSpec of one pod (index 0: its DNS name ends in -0) that
+  never restarts in place."""
   return {"spec": {
       "completions": 1, "parallelism": 1, "completionMode": "Indexed",
       "backoffLimit": backoff_limit,
+      **({"podFailurePolicy": failure_policy} if failure_policy else {}),
       "template": {
           "metadata": {"labels": labels(spec, component)},
-          "spec": {"restartPolicy": restart_policy,
+          "spec": {"restartPolicy": "Never",
                    # No FOO_SERVICE_HOST variables from other Services.
                    "enableServiceLinks": False,
                    # Pod Security Standards, "restricted" profile.
@@ -404,7 +435,7 @@ def _controller(spec: Spec) -> dict[str, Any]:
 def _worker(spec: Spec) -> dict[str, Any]:
   return {
       "name": WORKER, "image": spec.image,
-      "command": ["jax-pathways", "worker",
+      "command": ["jax-pathways", "worker", "--restart-in-place",
                   "--controller", spec.controller_address,
                   "--island", f"$({JOB_INDEX})",
                   "--devices", str(spec.devices_per_island),
@@ -414,7 +445,7 @@ def _worker(spec: Spec) -> dict[str, Any]:
                   "--platform", "cuda" if spec.gpus else "cpu",
                   # Other workers are told this address: the pod's.
                   "--data-listen", f"$({POD_IP}):{spec.data_port}",
-                  # A worker restarted in place loads what it compiled.
+                  # A worker restarted in its pod loads what it compiled.
                   "--compilation-cache-dir", CACHE_DIR],
       "env": [_token_env(spec), _field_env(POD_IP, "status.podIP"),
               _field_env(JOB_INDEX, f"metadata.labels['{JOB_INDEX_LABEL}']"),

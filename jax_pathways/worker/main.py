@@ -17,14 +17,15 @@ whether it is still up: then it has dropped this worker (declared it lost,
 say after a SIGSTOP past its --worker-timeout), and a new worker should
 take the island's place.
 
-Exit codes, for restart policies (Kubernetes' OnFailure, the embedded
-cluster's supervisor):
+Exit codes, for restart policies (worker/in_place.py in a Kubernetes pod,
+Ray's actor restarts, the embedded cluster's supervisor):
   0  the controller told it to stop, or is gone (dead, or silent and not
      answering): a new worker could not join it either
   1  an unexpected error
   2  EXIT_SETUP: bad --device-cores, a --platform or --devices this host
      lacks, or the worker could not join the controller: a restart on the
-     same host with the same flags fails the same way, so none is made
+     same host with the same flags fails the same way, so Ray and a pod
+     make none (the embedded supervisor gives up after its quick restarts)
   3  EXIT_LOST: the controller is up but dropped this worker: start a new one
 """
 from __future__ import annotations

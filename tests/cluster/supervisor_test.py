@@ -14,7 +14,7 @@ import time
 import pytest
 
 from jax_pathways import admin
-from jax_pathways.cluster import local_cluster
+from jax_pathways.cluster import restarts
 from jax_pathways.cluster.local_cluster import LocalCluster
 
 import processes  # tests/conftest.py puts tests/ on sys.path
@@ -25,8 +25,8 @@ pytestmark = pytest.mark.integration
 def test_a_worker_that_keeps_dying_is_given_up_on(monkeypatch, caplog):
   """Given up on: said in the log with what to do, in `status` with the
   true restart count and pid, in the island's error; then brought back."""
-  monkeypatch.setattr(local_cluster, "RESTART_DELAYS_S", (0.0, 0.2, 0.4))
-  monkeypatch.setattr(local_cluster, "MAX_QUICK_RESTARTS", 3)
+  monkeypatch.setattr(restarts, "RESTART_DELAYS_S", (0.0, 0.2, 0.4))
+  monkeypatch.setattr(restarts, "MAX_QUICK_RESTARTS", 3)
   cluster = LocalCluster(1, 1, 4)
   cluster.start()
   try:

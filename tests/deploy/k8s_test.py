@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -34,6 +35,7 @@ from jax_pathways import cli
 from jax_pathways import config
 from jax_pathways.cluster import addresses
 from jax_pathways.deploy import k8s
+from jax_pathways.worker import main as worker_main
 
 import processes  # tests/conftest.py puts tests/ on sys.path
 
@@ -238,12 +240,32 @@ def test_jobset_rules(spec):
   controller, worker = jobs[k8s.CONTROLLER], jobs[k8s.WORKER]
   assert controller["replicas"] == 1
   assert worker["replicas"] == spec.islands  # one Job per island
-  # The controller never restarts in place; the JobSet restarts instead.
+  # No pod restarts in place: the controller's failure recreates the
+  # JobSet; a worker restarts inside its pod (`--restart-in-place`), and a
+  # pod failure policy (which needs restartPolicy Never) fails the JobSet
+  # when it cannot start on its host (exit 2), ignores evictions and counts
+  # the rest (incidents given up on in place) against backoffLimit.
   assert _pod(controller)["spec"]["restartPolicy"] == "Never"
   assert controller["template"]["spec"]["backoffLimit"] == 0
-  assert _pod(worker)["spec"]["restartPolicy"] == "OnFailure"
-  assert worker["template"]["spec"]["backoffLimit"] == spec.worker_restarts
-  assert jobset["spec"]["failurePolicy"]["maxRestarts"] == spec.max_restarts
+  assert "podFailurePolicy" not in controller["template"]["spec"]
+  assert _pod(worker)["spec"]["restartPolicy"] == "Never"
+  [container] = _pod(worker)["spec"]["containers"]
+  assert "--restart-in-place" in container["command"]
+  worker_job = worker["template"]["spec"]
+  assert worker_job["backoffLimit"] == spec.worker_restarts
+  cannot_start, evicted = worker_job["podFailurePolicy"]["rules"]
+  assert cannot_start == {
+      "action": "FailJob", "onExitCodes": {
+          "containerName": container["name"], "operator": "In",
+          "values": [worker_main.EXIT_SETUP]}}
+  assert evicted == {"action": "Ignore", "onPodConditions": [
+      {"type": "DisruptionTarget", "status": "True"}]}
+  policy = jobset["spec"]["failurePolicy"]
+  assert policy["maxRestarts"] == spec.max_restarts
+  assert policy["rules"] == [{
+      "name": "worker-cannot-start", "action": "FailJobSet",
+      "onJobFailureReasons": ["PodFailurePolicy"],
+      "targetReplicatedJobs": [k8s.WORKER]}]
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=["defaults", "gpus", "secret"])
@@ -581,6 +603,18 @@ def test_rendered_commands_start_a_cluster():
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.splitlines()[-1]) == {
         "total": 28.0, "moved": [0.0, 1.0, 2.0, 3.0]}
+    # A worker killed in its pod: started again there (the pod's process
+    # lives on), its island back as its next generation.
+    pod, [before, _] = procs[1], islands
+    os.kill(before["pid"], signal.SIGKILL)
+    while True:
+      after = admin.status(address, token)["islands"][0]
+      if after["alive"] and after["pid"] != before["pid"]:
+        break
+      assert time.monotonic() < deadline + 120, after  # hang guard
+      time.sleep(0.2)
+    assert after["generation"] > before["generation"], after
+    assert pod.poll() is None
   except AssertionError:
     logs.seek(0)
     raise AssertionError(logs.read()[-5000:]) from None

@@ -11,7 +11,7 @@ argv[1]: JSON settings:
   bring_back:         embedded cluster: an event saying the supervisor
                       gave up on an island restarts its worker
                       (restart_worker) and waits until it is up
-  restart_delays:     embedded cluster: the supervisor's RESTART_DELAYS_S
+  restart_delays:     embedded cluster: cluster/restarts.py's RESTART_DELAYS_S
   reference:          also run the same steps without faults on the final
                       islands and report its parameters
   cpu_reference:      N: also run them on N devices of plain JAX on CPU
@@ -38,8 +38,8 @@ if "address" in settings:
   jax_pathways.initialize(settings["address"], token=settings["token"])
 else:
   if "restart_delays" in settings:
-    from jax_pathways.cluster import local_cluster
-    local_cluster.RESTART_DELAYS_S = tuple(settings["restart_delays"])
+    from jax_pathways.cluster import restarts
+    restarts.RESTART_DELAYS_S = tuple(settings["restart_delays"])
   jax_pathways.initialize(
       islands=settings["islands"], devices_per_island=settings["devices"],
       worker_timeout=settings.get("worker_timeout"),

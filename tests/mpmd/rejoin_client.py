@@ -22,11 +22,11 @@ os.environ["JAX_PLATFORMS"] = "proxy,cpu"
 sys.path.insert(0, os.path.dirname(__file__))
 
 import jax_pathways  # noqa: E402
-from jax_pathways.cluster import local_cluster  # noqa: E402
+from jax_pathways.cluster import restarts  # noqa: E402
 
 # The restarted worker waits this long before it starts, so the steps "lost"
 # runs meet the island lost, not back already.
-local_cluster.RESTART_DELAYS_S = (2.0,)
+restarts.RESTART_DELAYS_S = (2.0,)
 jax_pathways.initialize(islands=3, devices_per_island=2)
 
 import jax  # noqa: E402
