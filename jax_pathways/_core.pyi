@@ -161,10 +161,13 @@ class Executor:
   def next_batch(self, timeout_s: float, max_ops: int) -> list[Op]:
     """The ops that have arrived, in order (at most max_ops): one wake-up
     for a burst; [] after timeout_s without one."""
-  def complete(self, seq: int, code: int, message: str, payload: bytes) -> None:
+  def complete(self, seq: int, code: int, message: str, payload: bytes,
+               device_seconds: float = 0.0) -> None:
     """Reports op `seq`. A payload of at most 64 KiB is copied and sent
     without waiting, the GIL held; a larger one releases the GIL until the
-    socket has taken it."""
+    socket has taken it. `device_seconds`: how long a launch held the
+    island (what fair sharing charges its client; 0: the controller
+    measures it, network included)."""
   def backlog(self) -> int: ...
   def pending_losses(self) -> list[tuple[int, int, str]]:
     """PEER_LOST notices not handed out yet: (island, upto, why); upto is

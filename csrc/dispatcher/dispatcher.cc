@@ -720,14 +720,18 @@ void Dispatcher::HandleEvent(Island* island, Event event) {
       ++island->finished;
       island->lent.erase(event.seq);
       if (slot->is_launch) {
-        // The island was this launch's from when it was sent or the previous
-        // launch finished, whichever is later.
+        // What the worker measured; else the island was this launch's from
+        // when it was sent or the previous launch finished, whichever is
+        // later.
         auto now = std::chrono::steady_clock::now();
         auto began = std::max(slot->sent, island->last_finish);
         island->last_finish = now;
-        fair_.Finished(slot->client,
-                       std::chrono::duration<double>(now - began).count(),
-                       slot->estimate);
+        fair_.Finished(
+            slot->client,
+            event.device_ns > 0
+                ? static_cast<double>(event.device_ns) * 1e-9
+                : std::chrono::duration<double>(now - began).count(),
+            slot->estimate);
       }
       FinishSlot(*slot, event.status, std::move(event.payload), &done);
       EndHeldByInputs(&done);

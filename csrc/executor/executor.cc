@@ -413,13 +413,14 @@ StatusOr<std::vector<Op>> Executor::Next(double timeout_s, size_t max_ops) {
 }
 
 Status Executor::Complete(uint64_t seq, const Status& status,
-                          std::string_view payload) {
-  return channel_->Send(FrameKind::kEvent,
-                        EncodeEventHead(seq, status, payload.size()), payload);
+                          std::string_view payload, uint64_t device_ns) {
+  return channel_->Send(
+      FrameKind::kEvent,
+      EncodeEventHead(seq, status, payload.size(), device_ns), payload);
 }
 
 Status Executor::CompleteSmall(uint64_t seq, const Status& status,
-                               std::string_view payload) {
+                               std::string_view payload, uint64_t device_ns) {
   if (payload.size() > kSmallEvent) {
     return InvalidArgument("event payload of " +
                            std::to_string(payload.size()) +
@@ -428,7 +429,8 @@ Status Executor::CompleteSmall(uint64_t seq, const Status& status,
   auto owned = std::make_shared<std::string>(payload);
   std::vector<Channel::Frame> frames;
   frames.push_back(Channel::Frame{
-      FrameKind::kEvent, EncodeEventHead(seq, status, owned->size()),
+      FrameKind::kEvent,
+      EncodeEventHead(seq, status, owned->size(), device_ns),
       std::string_view(*owned)});
   return channel_->SendMany(std::move(frames), std::move(owned));
 }

@@ -51,13 +51,14 @@ class Executor {
   // none after `timeout_s` without one. Fails once the controller is gone
   // and no received op is left to run.
   StatusOr<std::vector<Op>> Next(double timeout_s, size_t max_ops);
+  // `device_ns`: how long a launch held the island (Event::device_ns).
   Status Complete(uint64_t seq, const Status& status,
-                  std::string_view payload);
+                  std::string_view payload, uint64_t device_ns = 0);
   // The same for a payload of at most kSmallEvent bytes, copied: never
   // waits (what the socket does not take now, the channel's writer sends),
   // so a caller may hold the GIL through it.
   Status CompleteSmall(uint64_t seq, const Status& status,
-                       std::string_view payload);
+                       std::string_view payload, uint64_t device_ns = 0);
   static constexpr size_t kSmallEvent = size_t{64} << 10;
   // Ops received but not yet handed out (including ones waiting for an
   // earlier sequence number).

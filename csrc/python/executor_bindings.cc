@@ -42,22 +42,27 @@ void RegisterExecutor(py::module_& m) {
       .def(
           "complete",
           [](Executor& e, uint64_t seq, int code, std::string message,
-             py::buffer payload) {
+             py::buffer payload, double device_seconds) {
+            if (!(device_seconds >= 0 &&
+                  device_seconds * 1e9 <= kMaxEventDeviceNs)) {
+              throw py::value_error("device_seconds must be in [0, 86400]");
+            }
+            const auto device_ns = static_cast<uint64_t>(device_seconds * 1e9);
             BytesView bytes(payload);
             Status status(static_cast<Code>(code), message);
             Status s;
             if (bytes.view().size() <= Executor::kSmallEvent) {
               // A launch's report: written (or queued) at once. Keeping the
               // GIL saves the op loop a hand-off of it per op.
-              s = e.CompleteSmall(seq, status, bytes.view());
+              s = e.CompleteSmall(seq, status, bytes.view(), device_ns);
             } else {
               py::gil_scoped_release nogil;
-              s = e.Complete(seq, status, bytes.view());
+              s = e.Complete(seq, status, bytes.view(), device_ns);
             }
             ThrowIfError(s);
           },
           py::arg("seq"), py::arg("code"), py::arg("message"),
-          py::arg("payload"))
+          py::arg("payload"), py::arg("device_seconds") = 0.0)
       .def("backlog", &Executor::backlog)
       .def("pending_losses",
            [](Executor& e) {

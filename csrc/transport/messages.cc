@@ -34,11 +34,12 @@ Status DecodeOp(const Bytes& body, Op* op) {
 }
 
 std::string EncodeEventHead(uint64_t seq, const Status& status,
-                            size_t payload_size) {
+                            size_t payload_size, uint64_t device_ns) {
   WireWriter w;
   w.U64(seq);
   w.I32(static_cast<int32_t>(status.code()));
   w.Bytes(status.message());
+  w.U64(device_ns);
   w.PayloadSize(payload_size);
   return w.Take();
 }
@@ -49,7 +50,8 @@ Status DecodeEvent(const Bytes& body, Event* event) {
   std::string message;
   std::string_view payload;
   if (!r.U64(&event->seq) || !r.I32(&code) || !r.Bytes(&message) ||
-      !r.Payload(&payload) || !r.AtEnd() || code < 0 || code > 16) {
+      !r.U64(&event->device_ns) || !r.Payload(&payload) || !r.AtEnd() ||
+      code < 0 || code > 16 || event->device_ns > kMaxEventDeviceNs) {
     return DataLoss("malformed event frame");
   }
   event->payload = body.Slice(payload.data() - body.data(), payload.size());

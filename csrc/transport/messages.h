@@ -101,7 +101,14 @@ struct Event {
   uint64_t seq = 0;
   Status status;
   Bytes payload;
+  // How long a launch held its island, as its worker measured it (no
+  // network in it: what fair sharing charges); 0: not measured.
+  uint64_t device_ns = 0;
 };
+
+// The most device time an event may report (a day): beyond it a frame is
+// malformed, so no report can overflow a client's account.
+inline constexpr uint64_t kMaxEventDeviceNs = uint64_t{86400} * 1000000000;
 
 // A frame body is the head followed by the payload bytes, so large payloads
 // go to the socket without another copy (Channel::Send(kind, head, payload)).
@@ -109,7 +116,7 @@ struct Event {
 std::string EncodeOpHead(const Op& op);
 Status DecodeOp(const Bytes& body, Op* op);
 std::string EncodeEventHead(uint64_t seq, const Status& status,
-                            size_t payload_size);
+                            size_t payload_size, uint64_t device_ns = 0);
 Status DecodeEvent(const Bytes& body, Event* event);
 
 }  // namespace jax_pathways

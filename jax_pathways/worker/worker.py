@@ -113,6 +113,11 @@ class Worker:
     # id(exchange header) -> (header, how it is pulled or None): _pulled_as.
     self._pull_kinds: dict[int, tuple[dict[str, Any], Any]] = {}
     self._tracer = Tracer()
+    # Launches' issue times, and when the island's latest launch ended:
+    # how long each held the island, reported for fair sharing (no network
+    # in it, as in the controller's own measure).
+    self._launched: dict[int, float] = {}
+    self._last_launch_end = 0.0
     # Why programs spanning islands fail at once (an island was lost).
     self._spanning_lost: Status | None = None
     self._completions = Completions(self._report, self._stuck,
@@ -314,7 +319,16 @@ class Worker:
   def _report(self, seq: int, status: Status, payload: Any,
               waited: bool) -> None:
     self._tracer.finished(seq, waited)
-    self._executor.complete(seq, int(status.code), status.message, payload)
+    issued = self._launched.pop(seq, None)
+    held = 0.0
+    if issued is not None:
+      # The island was this launch's from its issue or the previous
+      # launch's end, whichever is later (launches end in order).
+      now = time.monotonic()
+      held = min(now - max(issued, self._last_launch_end), 86400.0)
+      self._last_launch_end = now
+    self._executor.complete(seq, int(status.code), status.message, payload,
+                            held)
 
   @staticmethod
   def _stuck(seq: int, seconds: float) -> None:
@@ -384,6 +398,7 @@ class Worker:
       if lost is not None:
         raise StatusError(lost.code, lost.message)
     args = [self._array(b) for b in op.args]
+    self._launched[op.seq] = time.monotonic()
     if program.callbacks is not None:  # on its lane
       self._launch_calling_back(op, program, args)
       return
