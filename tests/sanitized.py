@@ -33,10 +33,6 @@ DESELECT = ("tests/controller/staged_uploads_test.py::"
 # thread churn in uninstrumented jaxlib tripped TSan's own bookkeeping
 # once in CI ("dup thread with used id"), no report of ours.
 ASAN_TESTS = ["tests/controller/fast_path_test.py"]
-# Its bound assumes submitting 80 ops is fast next to serving them; under
-# TSan it is not, and the first op is charged the whole wait.
-TSAN_DESELECT = ("tests/dispatch/dispatcher_core_test.py::"
-                 "test_saturated_island_is_shared_by_weight")
 
 
 def _runtime(name: str) -> str:
@@ -116,8 +112,6 @@ def check(mode: str, tmp_path: pathlib.Path) -> None:
   tests += ["--deselect", str(REPO / DESELECT)]
   if mode == "address":
     tests += [str(REPO / t) for t in ASAN_TESTS]
-  if mode == "thread":
-    tests += ["--deselect", str(REPO / TSAN_DESELECT)]
   # cwd is the tree, so that `-m pytest` imports the sanitized package.
   run = subprocess.run(
       [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
