@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 from absl import logging
 
 from jax_pathways.cluster import addresses
+from jax_pathways.controller import coordination_host
 from jax_pathways.resources.island import Island
 from jax_pathways.status import Code, Status, StatusError
 
@@ -58,8 +59,9 @@ def _concrete(address: str) -> str:
 
 
 class CoordinationHost:
-  """The child process holding the services (coordination_host.py): a dead
-  controller's workers leave before their services go. Thread-safe."""
+  """The child process holding the services (coordination_host.py): a
+  stopped or dead controller's workers leave before their services go.
+  Thread-safe."""
 
   def __init__(self):
     self._lock = threading.Lock()
@@ -96,7 +98,8 @@ class CoordinationHost:
       except (OSError, ValueError):
         pass
     try:
-      self._proc.wait(timeout=5)
+      # It goes once the workers have (told to stop by now, they leave).
+      self._proc.wait(timeout=coordination_host.LINGER_S + 5)
     except subprocess.TimeoutExpired:
       self._proc.kill()
       self._proc.wait()

@@ -4,27 +4,57 @@ client (controller/coordination.py), the controller's child.
 Not the controller's own process: a worker in the global client runs
 jaxlib's coordination agent, which aborts the worker (SIGABRT) as soon as
 its service is unreachable, and jaxlib 0.10.2 gives no way to handle that
-from Python. Were the services in the controller, a controller that dies
-would take them down at the very moment the workers' own exit path starts
-(their connection closes, their probe is refused: exit 0), and the agents
-won the race. Here the services outlive a dead controller by LINGER_S,
-time for its workers to leave on their own.
+from Python. So the services go only after the workers have: once the
+controller has stopped (its workers are told, and leave) or died (their
+connection drops and their probe is refused), this process waits until no
+agent is connected, for at most LINGER_S (a stopped worker's agent stays).
 
 Commands, one JSON object a line on stdin: {"address": A, "islands": N}
 starts a service for N workers at A and answers {"ready": A} or
-{"error": why} on stdout; {"exit": true} ends the process at once (a clean
-stop). stdin closing without it means the controller died.
+{"error": why} on stdout; {"exit": true} (a clean stop) or stdin closing
+(the controller died) ends it, once the agents have left.
 """
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sys
 import time
 
-# A dead controller's workers leave within seconds (their connection drops
-# at once, and their probe is refused).
+# A stopped or dead controller's workers leave within seconds (their
+# connection drops at once, and their probe is refused).
 LINGER_S = 10.0
+_LINGER_POLL_S = 0.05
 HEARTBEAT_TIMEOUT_S = 30
+
+
+def _connected_sockets() -> int:
+  """How many of this process's sockets have a peer: the agents'
+  connections (the services' listeners have none)."""
+  count = 0
+  for name in os.listdir("/proc/self/fd"):
+    try:
+      if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+        continue
+      sock = socket.socket(fileno=os.dup(int(name)))
+    except (OSError, ValueError):
+      continue  # closed meanwhile
+    try:
+      sock.getpeername()
+      count += 1
+    except OSError:
+      pass  # a listener
+    finally:
+      sock.close()
+  return count
+
+
+def _linger() -> None:
+  """Until no agent is connected, at most LINGER_S."""
+  deadline = time.monotonic() + LINGER_S
+  while _connected_sockets() and time.monotonic() < deadline:
+    time.sleep(_LINGER_POLL_S)
 
 
 def main() -> None:
@@ -33,7 +63,7 @@ def main() -> None:
   for line in sys.stdin:
     command = json.loads(line)
     if command.get("exit"):
-      return
+      break
     try:
       services.append(_jax.get_distributed_runtime_service(
           command["address"], int(command["islands"]),
@@ -42,7 +72,7 @@ def main() -> None:
     except Exception as e:  # pylint: disable=broad-except
       answer = {"error": f"{type(e).__name__}: {e}"}
     print(json.dumps(answer), flush=True)
-  time.sleep(LINGER_S)
+  _linger()
 
 
 if __name__ == "__main__":

@@ -168,20 +168,18 @@ def test_large_uploads_stream_to_workers_elsewhere(cluster):
 
 
 FROZEN = textwrap.dedent("""
-    import sys, json, time
+    import sys, json
     import jax_pathways
     address, token = sys.argv[1:]
     jax_pathways.initialize(address, token=token)
     import jax, numpy as np
     x = np.arange(4 << 20, dtype=np.float32)
     out = {}
-    started = time.monotonic()
     try:
       np.asarray(jax.device_put(x, jax.devices()[0]))  # island 0's
       out["frozen"] = "no error"
     except Exception as e:  # pylint: disable=broad-except
       out["frozen"] = str(e)
-    out["frozen_s"] = time.monotonic() - started
     y = jax.device_put(x, jax.devices()[2])  # island 1's
     out["island1_whole"] = bool((np.asarray(y) == x).all())
     print(json.dumps(out))
@@ -211,7 +209,9 @@ def test_an_upload_streaming_to_a_frozen_worker_fails_it_alone(cluster):
   got = json.loads(out.stdout.strip().splitlines()[-1])
   assert f"pid {victim}" in got["frozen"], got
   assert "island 0" in got["frozen"], got
-  assert got["frozen_s"] < 30, got  # the 5 s worker timeout, not a hang
+  # Declared lost by its silence while still stopped (it is resumed only
+  # after the client is done), not after a resume.
+  assert "--worker-timeout" in got["frozen"], got
   assert got["island1_whole"] is True
   islands = {i["island"]: i for i in admin.status(address, TOKEN)["islands"]}
   assert not islands[0]["alive"] and islands[1]["alive"]

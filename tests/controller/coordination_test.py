@@ -1,9 +1,14 @@
 """GlobalClient: which workers may run programs spanning islands, generation
 by generation, following the islands that are up (real jaxlib coordination
 services, on loopback; the controller's side faked)."""
+import subprocess
+import sys
+import threading
+import time
+
 import pytest
 
-from jax_pathways.controller.coordination import GlobalClient
+from jax_pathways.controller.coordination import CoordinationHost, GlobalClient
 from jax_pathways.resources.island import Island, IslandId
 from jax_pathways.status import Code, Status, StatusError
 
@@ -129,3 +134,53 @@ def test_a_generation_that_failed_says_why_until_the_next(make):
   g.follow()
   g.finished(1, Status(Code.INTERNAL, "late news of generation 1"))
   assert g.check([_island(0), _island(1)]) == 2
+
+
+# A worker's agent: connects, then answers each line on stdin with whether
+# its service still serves it (a key-value write).
+AGENT = """
+import sys
+from jaxlib import _jax
+client = _jax.get_distributed_runtime_client(sys.argv[1], 0, init_timeout=60,
+                                             shutdown_on_destruction=False)
+client.connect()
+print("connected", flush=True)
+for n, _ in enumerate(sys.stdin):
+  try:
+    client.key_value_set(f"k{n}", "v")
+    print("served", flush=True)
+  except Exception as e:
+    print(type(e).__name__, flush=True)
+"""
+
+
+def test_the_services_stay_until_their_agents_have_left(tmp_path):
+  """A clean stop ends the services only once no worker's agent is
+  connected: jaxlib's agent aborts its process (SIGABRT) when its service
+  goes first, which a stop during a generation's build did to a worker in
+  CI. The agent here is a process of its own, as a worker's is."""
+  host = CoordinationHost()
+  address = f"unix:{tmp_path}/coordination.sock"
+  agent = None
+  try:
+    host.serve(address, 1)
+    agent = subprocess.Popen([sys.executable, "-c", AGENT, address],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    assert agent.stdout.readline() == "connected\n"
+    stopping = threading.Thread(target=host.close)
+    stopping.start()
+    time.sleep(0.5)  # the stop under way (the service shut down at once)
+    agent.stdin.write("\n")
+    agent.stdin.flush()
+    assert agent.stdout.readline() == "served\n"
+    assert stopping.is_alive()
+    agent.kill()  # the worker leaves: then the services go
+    stopping.join(timeout=30)  # hang guard
+    assert not stopping.is_alive()
+    assert host._proc.returncode == 0  # pylint: disable=protected-access
+  finally:
+    host._proc.kill()  # pylint: disable=protected-access
+    if agent is not None:
+      agent.kill()
+      agent.wait(timeout=10)
