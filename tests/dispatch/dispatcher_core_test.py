@@ -796,26 +796,40 @@ def test_a_worker_over_tcp_gets_uploads_sent():
   assert not stats["reads_locally"] and stats["lent"] == 0
 
 
-def test_device_time_reports_are_checked():
-  """A worker's report of how long a launch held its island is bounded
-  where it is made and again where it enters the controller."""
+def _event_frame(seq: int, device_ns: int) -> bytes:
+  """A raw OK event frame with no payload (messages.cc's layout)."""
+  head = struct.pack("<QiQQ", seq, 0, 0, device_ns)
+  pad = (64 - (len(head) + 12) % 64) % 64  # the payload's alignment
+  return _frame(2, head + struct.pack("<I", pad) + b"\0" * pad +
+                struct.pack("<Q", 0))
+
+
+def test_device_time_reports_are_charged_and_checked():
+  """A worker's report of how long a launch held its island is what the
+  client is charged; it is bounded where it is made and again where it
+  enters the controller."""
   d, ex = _pair(window=1)
   d.submit([(0, OpKind.LAUNCH, 7, [], [1], b"")], 0, 1)
   op = ex.next(5.0)
   for bad in (-1.0, float("nan"), float("inf"), 86401.0):
     with pytest.raises(ValueError, match="device_seconds"):
       ex.complete(op.seq, 0, "", b"", bad)
-  # A frame past the bound (a day), written by hand: the worker is lost,
-  # its launch failed with why, nothing charged.
-  a, b = socket.socketpair()
-  d.add_island(1, a.detach(), "w1", 0)
-  d.submit([(1, OpKind.LAUNCH, 7, [], [2], b"")], 5, 2)
-  event = (struct.pack("<QiQ", 0, 0, 0) +
-           struct.pack("<Q", 86401 * 10**9) + struct.pack("<Q", 0))
-  b.sendall(_frame(2, event))
-  [(tag, code, message, _)] = _poll_all(d, 1)
-  assert (tag, code) == (5, 15) and "malformed event frame" in message, (
-      message)
-  assert 2 not in {s["client"] for s in d.shares()
-                   if s["device_seconds"] > 0}
-  b.close()
+  # Frames written by hand: 7 s is charged as reported (no wall clock in
+  # it); past the bound (a day) the worker is lost and its launch fails
+  # with why, nothing charged.
+  for island, client, device_ns in ((1, 2, 7 * 10**9), (2, 3, 86401 * 10**9)):
+    a, b = socket.socketpair()
+    d.add_island(island, a.detach(), f"w{island}", 0)
+    d.submit([(island, OpKind.LAUNCH, 7, [], [10 * island], b"")], island,
+             client)
+    b.sendall(_event_frame(1, device_ns))
+    [(tag, code, message, _)] = _poll_all(d, 1)
+    shares = {s["client"]: s["device_seconds"] for s in d.shares()}
+    if device_ns == 7 * 10**9:
+      assert (tag, code) == (island, 0), message
+      assert shares[client] == 7.0
+    else:
+      assert (tag, code) == (island, 15), message
+      assert "malformed event frame" in message
+      assert shares.get(client, 0.0) == 0.0
+    b.close()

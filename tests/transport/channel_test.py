@@ -246,7 +246,7 @@ def test_a_local_transfer_of_a_terabyte_is_refused():
   receiver.add(b.detach(), "sender")
   try:
     location = struct.pack("<QQQ", os.getpid(), 4096, TERABYTE)
-    head = struct.pack("<QiQ", 9, 0, 0)
+    head = struct.pack("<QiQ", 9, 0, 0) + struct.pack("<Q", 0)  # no time
     pad = (64 - (len(head) + 12) % 64) % 64
     body = (head + struct.pack("<I", pad) + b"\0" * pad +
             struct.pack("<Q", len(location)) + location)

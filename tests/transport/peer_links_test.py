@@ -42,7 +42,9 @@ def test_bytes_arrive_whole(pair, size):
 
 def _frame(kind, seq, payload):
   message = b""
-  head = struct.pack("<QiQ", seq, 0, len(message)) + message
+  # An event head (messages.cc): seq, code, message, device time.
+  head = (struct.pack("<QiQ", seq, 0, len(message)) + message +
+          struct.pack("<Q", 0))
   used = len(head) + 4 + 8
   pad = (64 - used % 64) % 64
   body = head + struct.pack("<I", pad) + b"\0" * pad + struct.pack(
