@@ -304,8 +304,11 @@ def test_a_worker_lost_while_the_islands_first_join_stalls_no_one():
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["sum"] == np.arange(8.0).sum()
+    # The generation spanning both is ready: the first one if island 0's
+    # worker joined only after island 1 was lost (a loaded machine), else
+    # the next.
     status = admin.status(address, TOKEN)
-    assert status["global_client"]["generation"] == 1, status
+    assert status["global_client"]["state"] == "ready", status
     assert _island(address, 0)["generation"] == 0  # never restarted
   finally:
     if silent is not None:
