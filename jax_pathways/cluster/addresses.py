@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Callable
+from typing import Callable, Iterator
 
 UNIX = "unix:"
 
@@ -91,3 +91,25 @@ def connect(address: str, timeout: float,
       sock.close()
       error = e
   raise error or OSError(f"{address!r} resolves to no address")
+
+
+def connected_sockets() -> Iterator[tuple[socket.socket, object]]:
+  """This process's sockets that have a peer, each as a duplicate (closed
+  once the caller moves on) with its getpeername(); listeners and closed
+  descriptors are skipped."""
+  for name in os.listdir("/proc/self/fd"):
+    try:
+      if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+        continue
+      sock = socket.socket(fileno=os.dup(int(name)))
+    except (OSError, ValueError):
+      continue  # closed meanwhile, or not a socket after all
+    try:
+      peer = sock.getpeername()
+    except OSError:
+      sock.close()
+      continue  # not connected: a listener
+    try:
+      yield sock, peer
+    finally:
+      sock.close()

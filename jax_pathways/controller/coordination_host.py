@@ -17,10 +17,10 @@ starts a service for N workers at A and answers {"ready": A} or
 from __future__ import annotations
 
 import json
-import os
-import socket
 import sys
 import time
+
+from jax_pathways.cluster import addresses
 
 # A stopped or dead controller's workers leave within seconds (their
 # connection drops at once, and their probe is refused).
@@ -29,31 +29,16 @@ _LINGER_POLL_S = 0.05
 HEARTBEAT_TIMEOUT_S = 30
 
 
-def _connected_sockets() -> int:
-  """How many of this process's sockets have a peer: the agents'
-  connections (the services' listeners have none)."""
-  count = 0
-  for name in os.listdir("/proc/self/fd"):
-    try:
-      if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
-        continue
-      sock = socket.socket(fileno=os.dup(int(name)))
-    except (OSError, ValueError):
-      continue  # closed meanwhile
-    try:
-      sock.getpeername()
-      count += 1
-    except OSError:
-      pass  # a listener
-    finally:
-      sock.close()
-  return count
+def _agents_connected() -> bool:
+  """Whether a socket of this process has a peer: an agent's connection
+  (the services' listeners have none)."""
+  return next(addresses.connected_sockets(), None) is not None
 
 
 def _linger() -> None:
   """Until no agent is connected, at most LINGER_S."""
   deadline = time.monotonic() + LINGER_S
-  while _connected_sockets() and time.monotonic() < deadline:
+  while _agents_connected() and time.monotonic() < deadline:
     time.sleep(_LINGER_POLL_S)
 
 

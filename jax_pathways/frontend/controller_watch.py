@@ -15,7 +15,6 @@ own descriptors see it; only the duplicates made here are closed.
 """
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
@@ -24,6 +23,7 @@ import grpc
 from absl import logging
 
 from jax_pathways import threads
+from jax_pathways.cluster import addresses
 
 PING = "/jax_pathways.Admin/Ping"
 PERIOD_S = 1.0
@@ -105,23 +105,14 @@ def shut_down_connections(target: str) -> int:
   returns how many."""
   peers = _peers(target)
   closed = 0
-  for name in os.listdir("/proc/self/fd"):
-    try:
-      if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
-        continue
-      sock = socket.socket(fileno=os.dup(int(name)))
-    except (OSError, ValueError):
-      continue  # closed meanwhile, or not a socket after all
-    try:
-      peer = sock.getpeername()
-      if (peer if isinstance(peer, (str, bytes)) else tuple(peer[:2])
-          ) in peers:
+  for sock, peer in addresses.connected_sockets():
+    if (peer if isinstance(peer, (str, bytes)) else tuple(peer[:2])
+        ) in peers:
+      try:
         sock.shutdown(socket.SHUT_RDWR)
         closed += 1
-    except OSError:
-      pass  # not connected
-    finally:
-      sock.close()
+      except OSError:
+        pass  # closed meanwhile
   return closed
 
 
