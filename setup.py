@@ -150,8 +150,10 @@ setup(
         # kubernetes: tests/deploy/k8s_test.py checks the manifests against
         # its models of the API. ray: tests/deploy/ray_test.py runs a
         # cluster on a local Ray cluster; psutil finds the processes there.
+        # flatbuffers: jax.export's serialization (tests/conformance/
+        # export_test.py), which JAX leaves optional.
         "test": ["optax", "pytest", "pytest-timeout", "pytest-xdist",
-                 "pybind11>=3.0",
+                 "pybind11>=3.0", "flatbuffers",
                  "setuptools>=64", "pathwaysutils==0.1.13",
                  "orbax-checkpoint", "kubernetes==37.0.2", "ray==2.60.0",
                  "psutil"],

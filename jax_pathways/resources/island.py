@@ -32,6 +32,9 @@ class Island:
   # The custom call kernels its jaxlib registers (programs/custom_calls.py);
   # None: not reported, the controller's own view of the platform.
   custom_call_targets: frozenset[str] | None = None
+  # Whether its PJRT client takes exported programs with their Shardy
+  # annotations (jax.export asks the client: InitResponse).
+  serialize_with_sdy: bool = True
 
   @property
   def name(self) -> str:

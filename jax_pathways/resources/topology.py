@@ -92,6 +92,10 @@ class Topology:
       island.host_memory_bytes = host_memory
       island.transfer_address = str(hello.get("transfer_address") or "")
       island.custom_call_targets = _targets(hello.get("custom_call_targets"))
+      sdy = hello.get("serialize_with_sdy", True)
+      if not isinstance(sdy, bool):
+        raise ValueError(f"worker reports serialize_with_sdy={sdy!r}")
+      island.serialize_with_sdy = sdy
       self._islands[island.id] = island
       self._device_islands = None
       if before is None and len(self._islands) == self.expected_islands:

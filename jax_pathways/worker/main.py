@@ -179,6 +179,8 @@ def worker_hello(backend: Any, island: int | None, device_memory: int,
       # What programs on this island may call (programs/custom_calls.py).
       "custom_call_targets": sorted(
           custom_calls.registered(backend.platform)),
+      # Asked of the client by jax.export (InitResponse's attributes).
+      "serialize_with_sdy": bool(backend.client.serialize_with_sdy),
   }
 
 

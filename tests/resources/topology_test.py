@@ -33,6 +33,8 @@ def test_refusals():
     t.register(_hello(5))
   with pytest.raises(ValueError, match="devices"):
     t.register(_hello(1, n=0))
+  with pytest.raises(ValueError, match="serialize_with_sdy='yes'"):
+    t.register(dict(_hello(1), serialize_with_sdy="yes"))
   t.register(_hello(1))
   with pytest.raises(ValueError, match="already has its 2 islands"):
     t.register(_hello())

@@ -34,6 +34,10 @@ def init(session: Session, req: Any, reply: Reply) -> None:
     # The proxy client cannot serialize executables; JAX must not try to
     # use its persistent compilation cache with them.
     _attribute(r.client_attributes, "supports_executable_serialization", False)
+    # jax.export reads it before it serializes (as the islands' PJRT
+    # clients say; without it every export fails in the client).
+    _attribute(r.client_attributes, "serialize_with_sdy",
+               all(i.serialize_with_sdy for i in topology.islands()))
     # The client sees its virtual slice: devices 0..n-1, each saying where
     # it really is.
     for device, physical in enumerate(devices.physical_ids):
