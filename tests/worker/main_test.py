@@ -5,6 +5,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 
 import pytest
 
@@ -34,6 +35,8 @@ class _Backend:
   def __init__(self, platform: str, devices: list[_Device]):
     self.platform = platform
     self.devices = devices
+    # Its PJRT client, as far as the hello asks (jax.export's question).
+    self.client = types.SimpleNamespace(serialize_with_sdy=False)
 
 
 def _admitted(hello):
@@ -47,6 +50,8 @@ def test_an_accelerator_island_reports_its_platform_kind_and_memory():
   gpus = [_Device("NVIDIA H100 80GB HBM3", {"bytes_limit": 60 << 30})] * 2
   hello = main.worker_hello(_Backend("cuda", gpus), 0, 0, "a:1", "")
   assert _admitted(hello) == ("cuda", "NVIDIA H100 80GB HBM3", 120 << 30)
+  # What the client's jax.export asks, as the island's PJRT client says.
+  assert Topology(1).register(hello).serialize_with_sdy is False
   # --device-memory overrides what the platform reports.
   hello = main.worker_hello(_Backend("cuda", gpus), 0, 16 << 30, "a:1", "")
   assert _admitted(hello)[2] == 32 << 30
