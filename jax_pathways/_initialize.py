@@ -8,7 +8,6 @@ way JAX's own IFRT-proxy client becomes the default backend, named 'proxy'
 from __future__ import annotations
 
 import atexit
-import contextlib
 import gc
 import os
 import threading
@@ -32,6 +31,8 @@ _token: str | None = None
 _shut_down = False  # shutdown() ran in this process
 _at_exit_registered = False
 _cache_warned = False
+# How long shutdown() waits for a held client's logged session end.
+_SESSION_END_WAIT_S = 5.0
 
 
 def _normalize(address: str) -> str:
@@ -316,13 +317,27 @@ def shutdown() -> None:
   # The client ends its session here unless the program still holds arrays
   # (then at exit, see plugin._quiet_session_end); it logs that end as a
   # warning with a stack trace.
-  with (stderr_filter.Dropping("session_end") if plugin.connected
-        else contextlib.nullcontext()):
-    jax.clear_caches()
-    xla_bridge._clear_backends()  # pylint: disable=protected-access
-    gc.collect()
-  if cluster is not None:
-    cluster.stop()
+  if not plugin.connected:
+    _clear(jax, xla_bridge)
+    if cluster is not None:
+      cluster.stop()
+    return
+  with stderr_filter.Dropping("session_end") as dropping:
+    _clear(jax, xla_bridge)
+    if cluster is not None:
+      # Arrays or functions the program still holds keep the client, whose
+      # session then ends as the controller stops: that end is logged too,
+      # from the client's own thread, moments after.
+      held = plugin.client_alive()
+      cluster.stop()
+      if held:
+        dropping.wait_until_dropped(_SESSION_END_WAIT_S)
+
+
+def _clear(jax, xla_bridge) -> None:
+  jax.clear_caches()
+  xla_bridge._clear_backends()  # pylint: disable=protected-access
+  gc.collect()
 
 
 def _delete_arrays(xla_bridge) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import os
 import time
+import weakref
 from typing import Any, Callable
 
 from absl import logging
@@ -40,6 +41,7 @@ _controller_timeout: float | None = None  # None: JAX_PATHWAYS_CONTROLLER_TIMEOU
 _before_connect: Callable[[], None] | None = None  # initialize()'s checks
 _closed = False
 connected = False  # a client was made in this process
+_client: weakref.ref | None = None  # the newest one
 _quiet_end_registered = False
 
 
@@ -132,7 +134,7 @@ def _preflight(target: str, token: str | None) -> None:
 
 
 def _make_client() -> Any:
-  global connected
+  global connected, _client
   if _closed:
     raise RuntimeError("jax_pathways.shutdown() was called in this process; "
                        "JAX has no backend left here")
@@ -173,8 +175,15 @@ def _make_client() -> Any:
                          if _controller_timeout is not None
                          else config.from_env().controller_timeout)
   connected = True
+  _client = weakref.ref(client)
   _register_quiet_end()
   return client
+
+
+def client_alive() -> bool:
+  """Whether the newest client still exists (the program holds arrays or
+  executables of it)."""
+  return _client is not None and _client() is not None
 
 
 def _register_quiet_end() -> None:

@@ -33,9 +33,10 @@ from __future__ import annotations
 import os
 import re
 import signal
+import select
 import subprocess
 import sys
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 _LOG = rb"W\d{4} [\d:.]+ +\d+ "
 MESSAGES = {
@@ -51,10 +52,12 @@ END_OF_TRACE = b"*** End stack trace ***\n"
 _CLOSE_TIMEOUT_S = 5.0
 
 
-def copy_without(message: str, src: BinaryIO, dst: BinaryIO) -> None:
+def copy_without(message: str, src: BinaryIO, dst: BinaryIO,
+                 dropped: Callable[[], None] = lambda: None) -> None:
   """Copies src to dst line by line, leaving out `message` (a MESSAGES
-  key) with its stack trace. A trace cut short is not the message's known
-  shape: what was held back is written."""
+  key) with its stack trace; calls `dropped` after each one left out. A
+  trace cut short is not the message's known shape: what was held back is
+  written."""
   regex = re.compile(MESSAGES[message])
   held: list[bytes] = []  # a dropped message's stack trace so far
   after_trace = False
@@ -63,6 +66,7 @@ def copy_without(message: str, src: BinaryIO, dst: BinaryIO) -> None:
       held.append(line)
       if line == END_OF_TRACE:
         held, after_trace = [], True
+        dropped()
       continue
     if after_trace:
       after_trace = False
@@ -72,6 +76,8 @@ def copy_without(message: str, src: BinaryIO, dst: BinaryIO) -> None:
     if match:
       if match.lastindex:  # a stack trace follows
         held = [line]
+      else:
+        dropped()
       continue
     dst.write(line)
     dst.flush()
@@ -93,9 +99,10 @@ class Dropping:
     except OSError:  # no stderr: nothing to keep clean
       return
     try:
+      # Its stdout says "dropped one" (a line each): wait_until_dropped.
       self._child = subprocess.Popen(
           [sys.executable, "-I", "-S", os.path.abspath(__file__), message],
-          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     except OSError as e:  # noise is better than losing what follows
       os.close(self._saved)
       # Not at the top: the child runs with -I -S, where absl is not found.
@@ -104,6 +111,14 @@ class Dropping:
       return
     os.dup2(self._child.stdin.fileno(), 2)
     self._child.stdin.close()  # fd 2 is now the pipe's only writer here
+
+  def wait_until_dropped(self, timeout_s: float) -> bool:
+    """Whether the message has been left out once, waiting up to timeout_s
+    for it (for a message that comes from another thread, later)."""
+    if self._child is None:
+      return False
+    ready, _, _ = select.select([self._child.stdout], [], [], timeout_s)
+    return bool(ready) and bool(self._child.stdout.readline())
 
   def close(self) -> None:
     """Gives fd 2 back and waits (bounded) for the child to write out what
@@ -118,6 +133,7 @@ class Dropping:
       child.wait(timeout=_CLOSE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
       pass
+    child.stdout.close()
 
   def __enter__(self) -> Dropping:
     return self
@@ -130,8 +146,15 @@ def _main() -> None:
   # Ctrl-C reaches the whole process group: the filter outlives the
   # interrupted program to pass on its last words.
   signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+  def dropped() -> None:
+    try:  # unbuffered: nothing left to flush at exit, when nobody reads
+      os.write(sys.stdout.fileno(), b"dropped\n")
+    except OSError:  # nobody waits for it (after close(), or at exit)
+      pass
+
   try:
-    copy_without(sys.argv[1], sys.stdin.buffer, sys.stderr.buffer)
+    copy_without(sys.argv[1], sys.stdin.buffer, sys.stderr.buffer, dropped)
   except BrokenPipeError:  # nobody reads stderr any more
     pass
 

@@ -34,6 +34,14 @@ def test_drops_only_its_message():
   assert _copy("session_end", CREDENTIALS) == CREDENTIALS
 
 
+def test_says_each_message_it_dropped():
+  told = []
+  stderr_filter.copy_without(
+      "session_end", io.BytesIO(SESSION_END + CREDENTIALS + SESSION_END),
+      io.BytesIO(), lambda: told.append(len(told)))
+  assert told == [0, 1]
+
+
 def test_keeps_a_disconnect_that_is_not_the_clients_own_cancel():
   lost = (DISCONNECTED + b"UNAVAILABLE: Socket closed; Stack trace: *** Begin "
           b"stack trace ***\n" + TRACE)
@@ -72,6 +80,25 @@ def test_a_program_ends_quietly():
   """)
   assert out.returncode == 0 and "SUM 8.0" in out.stdout, out.stderr[-3000:]
   _assert_quiet(out.stderr)
+  assert out.stderr == "", out.stderr[-3000:]
+
+
+@pytest.mark.integration
+def test_a_shutdown_under_live_arrays_is_quiet():
+  """shutdown() while the program still holds an array and a jitted
+  function: the client outlives the cluster, whose stop ends its session."""
+  out = _run("""
+      import jax_pathways
+      jax_pathways.initialize(islands=1, devices_per_island=2)
+      import jax, jax.numpy as jnp
+      double = jax.jit(lambda a: a * 2)
+      x = double(jnp.ones(4))
+      print("SUM", float(x.sum()))
+      jax_pathways.shutdown()
+      print("STOPPED", x.is_deleted())
+  """)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout == "SUM 8.0\nSTOPPED True\n", out.stderr[-3000:]
   assert out.stderr == "", out.stderr[-3000:]
 
 
