@@ -475,10 +475,10 @@ def _main(argv: Sequence[str] | None) -> int:
       return simulated.run(args.controller, args.simulate, args.devices,
                            cfg.token, args.connect_timeout,
                            args.controller_timeout)
-    return worker_main.run(args.controller, args.island, args.devices,
-                           cfg.token, args.data_listen, args.connect_timeout,
-                           memory, device_cores, args.controller_timeout,
-                           args.platform, args.compilation_cache_dir)
+    worker_main.leave(worker_main.run(
+        args.controller, args.island, args.devices, cfg.token,
+        args.data_listen, args.connect_timeout, memory, device_cores,
+        args.controller_timeout, args.platform, args.compilation_cache_dir))
   if args.command == "connect":
     setup_logging(cfg.verbosity)
     return _connect(parser, args, cfg)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from absl import logging
 
@@ -209,6 +209,18 @@ def _callbacks_connection(controller: str, token: str | None, island: int,
     raise
   sock.settimeout(None)
   return sock
+
+
+def leave(code: int) -> NoReturn:
+  """Ends this worker process with `code` now. Its threads may still be
+  inside jaxlib (building a global client, in a collective): finalizing
+  the interpreter would stop each as it comes back for the GIL, and that
+  stop, through jaxlib's C++ frames, aborts the process (a clean stop
+  then reads as SIGABRT, not 0)."""
+  logging.flush()
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)  # pylint: disable=protected-access
 
 
 def _exit_code(ended: str, controller: str, token: str | None,
