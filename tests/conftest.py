@@ -34,6 +34,30 @@ DEVICES_PER_ISLAND = 4
 jax.config.update("jax_num_cpu_devices", ISLANDS * DEVICES_PER_ISLAND)
 
 
+_builds: list = []
+
+
+def pytest_configure(config) -> None:
+  """A run that holds tests/sanitizers/ starts their builds at once, at the
+  lowest priority (sanitized.start_builds); once, in xdist's main process."""
+  if hasattr(config, "workerinput") or config.getoption("keyword"):
+    return
+  wanted = os.path.join(os.path.dirname(__file__), "sanitizers")
+  for arg in config.args:
+    path = os.path.abspath(arg.split("::")[0])
+    if os.path.commonpath([path, wanted]) in (path, wanted):
+      import sanitized  # pylint: disable=import-outside-toplevel
+      _builds.extend(sanitized.start_builds())
+      return
+
+
+def pytest_unconfigure(config) -> None:
+  del config
+  if _builds:  # a run cut short leaves no compiler behind
+    import sanitized  # pylint: disable=import-outside-toplevel
+    sanitized.stop_builds(_builds)
+
+
 @pytest.hookimpl(optionalhook=True)  # with -p no:xdist there is no such hook
 def pytest_xdist_auto_num_workers(config) -> int:
   """`-n auto`: a worker per core, at most 4 (each runs clusters of its

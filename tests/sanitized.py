@@ -6,15 +6,19 @@ against them in a subprocess. Any sanitizer report, from any process,
 fails the test."""
 from __future__ import annotations
 
+import fcntl
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+MODES = ("address", "thread")
 SUPPRESSIONS = REPO / "tests" / "tsan_suppressions.txt"
 # The tests whose code paths are C++: dispatcher and executor over socket
 # pairs, worker links, the host-buffer side channel, and sessions that end
@@ -47,16 +51,62 @@ def _runtime(name: str) -> str:
   return path
 
 
+def _out(mode: str) -> pathlib.Path:
+  return REPO / "build" / f"sanitize-{mode}"
+
+
+def _compile(mode: str, timeout_s: float) -> subprocess.CompletedProcess:
+  """setup.py build_ext under `mode` into _out(mode), holding its lock: a
+  build started ahead (start_builds) finishes before another begins."""
+  out = _out(mode)
+  out.mkdir(parents=True, exist_ok=True)
+  deadline = time.monotonic() + timeout_s
+  with open(out / "build.lock", "w", encoding="utf-8") as lock:
+    while True:
+      try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        break
+      except BlockingIOError:
+        assert time.monotonic() < deadline, f"{mode} build: lock held"
+        time.sleep(0.5)
+    return subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--build-lib",
+         str(out / "lib"), "--build-temp", str(out / "obj")],
+        cwd=REPO, env=dict(os.environ, JAX_PATHWAYS_SANITIZE=mode),
+        capture_output=True, text=True,
+        timeout=max(1.0, deadline - time.monotonic()))
+
+
+def start_builds() -> list[subprocess.Popen]:
+  """Both modes' builds, started now at the lowest priority: the suite's
+  tests wait on processes about a third of the time, and the builds (two
+  minutes of compiling each from scratch) fill that. The tests then find
+  them done, or wait for them (_compile's lock)."""
+  return [subprocess.Popen(
+      ["nice", "-n", "19", sys.executable, __file__, mode], cwd=REPO,
+      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL,
+      start_new_session=True)  # its compilers are stopped with it
+          for mode in MODES]
+
+
+def stop_builds(builds: list[subprocess.Popen]) -> None:
+  """Kills those of start_builds' builds still running (a run cut short),
+  with their compilers; a killed link may leave a partial module, which
+  a later build would take for done: their outputs go too."""
+  for mode, build in zip(MODES, builds):
+    if build.poll() is None:
+      os.killpg(build.pid, signal.SIGKILL)
+      build.wait()
+      shutil.rmtree(_out(mode) / "lib", ignore_errors=True)
+
+
 def _build(mode: str) -> pathlib.Path:
   """The package with both extensions built under `mode`, in a tree of
   its own (incremental: build/ is kept between runs)."""
-  out = REPO / "build" / f"sanitize-{mode}"
-  env = dict(os.environ, JAX_PATHWAYS_SANITIZE=mode)
-  build = subprocess.run(
-      [sys.executable, "setup.py", "-q", "build_ext", "--build-lib",
-       str(out / "lib"), "--build-temp", str(out / "obj")],
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+  build = _compile(mode, timeout_s=900)
   assert build.returncode == 0, build.stderr[-4000:]
+  out = _out(mode)
   tree = out / "tree"
   shutil.rmtree(tree, ignore_errors=True)
   shutil.copytree(REPO / "jax_pathways", tree / "jax_pathways",
@@ -125,3 +175,7 @@ def check(mode: str, tmp_path: pathlib.Path) -> None:
              if text]
   assert not reports, "\n".join(text[:6000] for text in reports)
   assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
+
+
+if __name__ == "__main__":  # start_builds' processes: `sanitized.py MODE`
+  sys.exit(_compile(sys.argv[1], timeout_s=1800).returncode)
