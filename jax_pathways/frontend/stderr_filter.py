@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import select
+import signal
 import subprocess
 import sys
 from typing import BinaryIO, Callable
