@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import TextIO
 
 import pytest
 
@@ -55,26 +56,52 @@ def _out(mode: str) -> pathlib.Path:
   return REPO / "build" / f"sanitize-{mode}"
 
 
-def _compile(mode: str, timeout_s: float) -> subprocess.CompletedProcess:
+def _compile(mode: str, timeout_s: float, hurry: bool = True
+             ) -> subprocess.CompletedProcess:
   """setup.py build_ext under `mode` into _out(mode), holding its lock: a
-  build started ahead (start_builds) finishes before another begins."""
+  build started ahead (start_builds) finishes before another begins, at
+  this process's priority if `hurry` (_hurry)."""
   out = _out(mode)
   out.mkdir(parents=True, exist_ok=True)
   deadline = time.monotonic() + timeout_s
-  with open(out / "build.lock", "w", encoding="utf-8") as lock:
+  with open(out / "build.lock", "a+", encoding="utf-8") as lock:
+    hurried = False
     while True:
       try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         break
       except BlockingIOError:
         assert time.monotonic() < deadline, f"{mode} build: lock held"
+        if hurry and not hurried:
+          hurried = True
+          _hurry(lock)
         time.sleep(0.5)
+    # Its holder's process group, for a build that waits on this one.
+    lock.truncate(0)
+    lock.write(f"{os.getpgrp()}\n")
+    lock.flush()
     return subprocess.run(
         [sys.executable, "setup.py", "-q", "build_ext", "--build-lib",
          str(out / "lib"), "--build-temp", str(out / "obj")],
         cwd=REPO, env=dict(os.environ, JAX_PATHWAYS_SANITIZE=mode),
         capture_output=True, text=True,
         timeout=max(1.0, deadline - time.monotonic()))
+
+
+def _hurry(lock: TextIO) -> None:
+  """A test now waits for a build started at nice 19 (start_builds): the
+  build's process group gets this process's priority, where it may
+  (raising a priority needs CAP_SYS_NICE, which CI's root has)."""
+  lock.seek(0)
+  holder = lock.read().strip()
+  if not holder.isdigit() or int(holder) == os.getpgrp():
+    return
+  mine = os.getpriority(os.PRIO_PROCESS, 0)
+  try:
+    if os.getpriority(os.PRIO_PGRP, int(holder)) > mine:  # never lowered
+      os.setpriority(os.PRIO_PGRP, int(holder), mine)
+  except OSError:  # not allowed, or the build has just ended
+    pass
 
 
 def start_builds() -> list[subprocess.Popen]:
@@ -178,4 +205,4 @@ def check(mode: str, tmp_path: pathlib.Path) -> None:
 
 
 if __name__ == "__main__":  # start_builds' processes: `sanitized.py MODE`
-  sys.exit(_compile(sys.argv[1], timeout_s=1800).returncode)
+  sys.exit(_compile(sys.argv[1], timeout_s=1800, hurry=False).returncode)
