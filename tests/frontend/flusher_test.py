@@ -46,6 +46,27 @@ def test_only_a_new_thread_that_wakes_thousands_of_times_a_second_is_calmed():
       t.join(timeout=5)
 
 
+def _late_sleeper(stop: threading.Event) -> None:
+  time.sleep(0.12)  # starved through the first samples, as on a busy machine
+  _sleeper(stop, 50e-6)
+
+
+def test_a_flusher_that_hardly_ran_at_first_is_still_calmed():
+  stop = threading.Event()
+  late = threading.Thread(target=_late_sleeper, args=(stop,), daemon=True)
+
+  def connect():
+    late.start()
+    return "client"
+
+  try:
+    assert flusher.calm_new_threads(connect) == "client"
+    assert late.native_id in flusher.calmed
+  finally:
+    stop.set()
+    late.join(timeout=5)
+
+
 @pytest.mark.integration
 def test_no_thread_of_a_connected_client_wakes_thousands_of_times_a_second(
     proxy_devices):
