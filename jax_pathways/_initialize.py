@@ -8,6 +8,7 @@ way JAX's own IFRT-proxy client becomes the default backend, named 'proxy'
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import os
 import threading
@@ -317,27 +318,19 @@ def shutdown() -> None:
   # The client ends its session here unless the program still holds arrays
   # (then at exit, see plugin._quiet_session_end); it logs that end as a
   # warning with a stack trace.
-  if not plugin.connected:
-    _clear(jax, xla_bridge)
+  with (stderr_filter.Dropping("session_end") if plugin.connected
+        else contextlib.nullcontext()) as dropping:
+    jax.clear_caches()
+    xla_bridge._clear_backends()  # pylint: disable=protected-access
+    gc.collect()
+    # Arrays or functions the program still holds keep the client, whose
+    # session then ends as the controller stops: that end is logged too,
+    # from the client's own thread, moments after.
+    held = plugin.client_alive()
     if cluster is not None:
       cluster.stop()
-    return
-  with stderr_filter.Dropping("session_end") as dropping:
-    _clear(jax, xla_bridge)
-    if cluster is not None:
-      # Arrays or functions the program still holds keep the client, whose
-      # session then ends as the controller stops: that end is logged too,
-      # from the client's own thread, moments after.
-      held = plugin.client_alive()
-      cluster.stop()
-      if held:
+      if dropping is not None and held:
         dropping.wait_until_dropped(_SESSION_END_WAIT_S)
-
-
-def _clear(jax, xla_bridge) -> None:
-  jax.clear_caches()
-  xla_bridge._clear_backends()  # pylint: disable=protected-access
-  gc.collect()
 
 
 def _delete_arrays(xla_bridge) -> None:

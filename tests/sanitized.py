@@ -56,11 +56,10 @@ def _out(mode: str) -> pathlib.Path:
   return REPO / "build" / f"sanitize-{mode}"
 
 
-def _compile(mode: str, timeout_s: float, hurry: bool = True
-             ) -> subprocess.CompletedProcess:
+def _compile(mode: str, timeout_s: float) -> subprocess.CompletedProcess:
   """setup.py build_ext under `mode` into _out(mode), holding its lock: a
   build started ahead (start_builds) finishes before another begins, at
-  this process's priority if `hurry` (_hurry)."""
+  the waiter's priority if that is higher (_hurry)."""
   out = _out(mode)
   out.mkdir(parents=True, exist_ok=True)
   deadline = time.monotonic() + timeout_s
@@ -72,9 +71,8 @@ def _compile(mode: str, timeout_s: float, hurry: bool = True
         break
       except BlockingIOError:
         assert time.monotonic() < deadline, f"{mode} build: lock held"
-        if hurry and not hurried:
-          hurried = True
-          _hurry(lock)
+        if not hurried:  # once its holder has said who it is
+          hurried = _hurry(lock)
         time.sleep(0.5)
     # Its holder's process group, for a build that waits on this one.
     lock.truncate(0)
@@ -88,27 +86,29 @@ def _compile(mode: str, timeout_s: float, hurry: bool = True
         timeout=max(1.0, deadline - time.monotonic()))
 
 
-def _hurry(lock: TextIO) -> None:
+def _hurry(lock: TextIO) -> bool:
   """A test now waits for a build started at nice 19 (start_builds): the
-  build's process group gets this process's priority, where it may
-  (raising a priority needs CAP_SYS_NICE, which CI's root has)."""
+  build's process group gets this process's priority if that is higher,
+  where it may (raising one needs CAP_SYS_NICE, which CI's root has).
+  Whether the lock named its holder."""
   lock.seek(0)
   holder = lock.read().strip()
-  if not holder.isdigit() or int(holder) == os.getpgrp():
-    return
+  if not holder.isdigit():
+    return False
   mine = os.getpriority(os.PRIO_PROCESS, 0)
   try:
     if os.getpriority(os.PRIO_PGRP, int(holder)) > mine:  # never lowered
       os.setpriority(os.PRIO_PGRP, int(holder), mine)
   except OSError:  # not allowed, or the build has just ended
     pass
+  return True
 
 
 def start_builds() -> list[subprocess.Popen]:
   """Both modes' builds, started now at the lowest priority: the suite's
-  tests wait on processes about a third of the time, and the builds (two
-  minutes of compiling each from scratch) fill that. The tests then find
-  them done, or wait for them (_compile's lock)."""
+  tests leave the cores idle at times while they wait on processes, and
+  the builds (about a minute of compiling each from scratch) fill that.
+  The tests then find them done, or wait for them (_compile's lock)."""
   return [subprocess.Popen(
       ["nice", "-n", "19", sys.executable, __file__, mode], cwd=REPO,
       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -205,4 +205,4 @@ def check(mode: str, tmp_path: pathlib.Path) -> None:
 
 
 if __name__ == "__main__":  # start_builds' processes: `sanitized.py MODE`
-  sys.exit(_compile(sys.argv[1], timeout_s=1800, hurry=False).returncode)
+  sys.exit(_compile(sys.argv[1], timeout_s=1800).returncode)
