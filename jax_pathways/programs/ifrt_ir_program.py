@@ -319,9 +319,9 @@ def _load_context() -> Any:
     if extension is None:
       raise unimplemented("this controller cannot read IFRT IR programs: "
                           f"{shardy_mpmd.unavailable_reason()}")
-    from jax._src.interpreters import mlir  # pylint: disable=import-outside-toplevel
     from jaxlib.mlir import ir  # pylint: disable=import-outside-toplevel
-    ctx = mlir.make_ir_context()
+    from jax_pathways.programs import mlir_context  # pylint: disable=import-outside-toplevel
+    ctx = mlir_context.make()
     with ctx, ir.Location.unknown():
       extension.lower_to_ifrt(ir.Module.parse(_PRELOAD))
     _ctx = ctx

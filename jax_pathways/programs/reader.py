@@ -54,7 +54,11 @@ class ProgramReader:
   def __init__(self, readers: int = READERS,
                timeout_s: float = READ_TIMEOUT_S):
     self._timeout_s = timeout_s
-    self._idle: queue.SimpleQueue[_Process | None] = queue.SimpleQueue()
+    # Last in, first out: the reader start() made, or the one that read
+    # last, serves the next read; a slot whose process never started is
+    # taken only when every started one is busy (FIFO started a second
+    # reader for the first program, the one start() made still waiting).
+    self._idle: queue.LifoQueue[_Process | None] = queue.LifoQueue()
     for _ in range(readers):
       self._idle.put(None)  # a slot; its process starts when first used
     self._lock = threading.Lock()

@@ -148,12 +148,12 @@ def read(program: bytes) -> tuple[bytes, custom_calls.Content]:
   traced again from another call site (pathwaysutils' slice health check
   is traced anew each time it runs, from the caller's stack) differs only
   in them, and compiles to the same executable."""
-  from jax._src.interpreters import mlir  # pylint: disable=import-outside-toplevel
   from jaxlib.mlir import ir  # pylint: disable=import-outside-toplevel
   from jaxlib.mlir.dialects import stablehlo  # pylint: disable=import-outside-toplevel
+  from jax_pathways.programs import mlir_context  # pylint: disable=import-outside-toplevel
   # A context per program (~0.3 ms): a shared one would keep every
   # program's attributes, constants included, for the reader's life.
-  context = mlir.make_ir_context()
+  context = mlir_context.make()
   try:
     module = stablehlo.deserialize_portable_artifact(context, program)
   except Exception:  # pylint: disable=broad-except
