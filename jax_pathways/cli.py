@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import faulthandler
 import json
 import os
 import shutil
@@ -29,23 +28,14 @@ import threading
 import time
 from typing import Any, Sequence
 
-from absl import flags
 from absl import logging
 
 from jax_pathways import config
+from jax_pathways import logs
 from jax_pathways.cluster import cores
 from jax_pathways.cluster import tokens
 from jax_pathways.deploy import k8s
 from jax_pathways.status import StatusError
-
-
-def setup_logging(verbosity: int) -> None:
-  """absl logging at `verbosity`, as every process of a cluster logs."""
-  # A crash in native code leaves every thread's Python stack in the log.
-  faulthandler.enable(all_threads=True)
-  flags.FLAGS.mark_as_parsed()  # absl logging without absl.app
-  logging.use_absl_handler()
-  logging.set_verbosity(verbosity)  # 0: INFO; 1, 2: vlog levels
 
 
 def _print_status(s: dict[str, Any]) -> None:
@@ -422,7 +412,7 @@ def _main(argv: Sequence[str] | None) -> int:
   if args.command == "ray":
     return _ray(parser, args, cfg)
   if args.command == "controller":
-    setup_logging(cfg.verbosity)
+    logs.setup_logging(cfg.verbosity)
     from jax_pathways.controller import main as controller_main  # pylint: disable=import-outside-toplevel
     max_in_flight = args.max_in_flight or cfg.max_in_flight
     if not 1 <= max_in_flight <= config.MAX_SAFE_IN_FLIGHT:
@@ -443,7 +433,7 @@ def _main(argv: Sequence[str] | None) -> int:
                                args.memory_wait, args.reduction_order,
                                worker_timeout)
   if args.command == "worker":
-    setup_logging(cfg.verbosity)
+    logs.setup_logging(cfg.verbosity)
     from jax_pathways.worker import main as worker_main  # pylint: disable=import-outside-toplevel
     memory = (config.parse_bytes(args.device_memory, "--device-memory")
               if args.device_memory else cfg.device_memory)
@@ -480,7 +470,7 @@ def _main(argv: Sequence[str] | None) -> int:
         args.data_listen, args.connect_timeout, memory, device_cores,
         args.controller_timeout, args.platform, args.compilation_cache_dir))
   if args.command == "connect":
-    setup_logging(cfg.verbosity)
+    logs.setup_logging(cfg.verbosity)
     return _connect(parser, args, cfg)
   return _status(parser, args, cfg)
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from absl import logging
 
-from jax_pathways import protos, validation
+from jax_pathways import _core, _frontend, protos, validation
 from jax_pathways.controller import moves
 from jax_pathways.controller.array_store import ArrayStore, Layouts
 from jax_pathways.controller.arrays import Array
@@ -35,7 +35,8 @@ from jax_pathways.controller.handle_store import HandleStore, ServerHandles
 from jax_pathways.controller.profile_executable import ProfileExecutable
 from jax_pathways.controller.tracing import Recording
 from jax_pathways.dispatch import payloads
-from jax_pathways.dispatch.dispatcher import Dispatcher, StageDest
+from jax_pathways.dispatch.dispatcher import (ClientDispatcher, Dispatcher,
+                                              StageDest)
 from jax_pathways.programs.reader import ProgramReader
 from jax_pathways.resources.resource_manager import ResourceManager
 from jax_pathways.resources.topology import Topology
@@ -47,8 +48,9 @@ from jax_pathways.status import Code, Status, StatusError, from_exception
 class Services:
   """What the controller lends every session."""
   topology: Topology
-  dispatcher: Dispatcher  # a session's: ClientDispatcher
-  host_buffers: Any  # _frontend.HostBuffers: take(), store()
+  # The controller's; a session's is its own ClientDispatcher of it.
+  dispatcher: Dispatcher | ClientDispatcher
+  host_buffers: _frontend.HostBuffers
   compile_cache: CompileCache
   resources: ResourceManager
   platform_version: str
@@ -67,9 +69,9 @@ class Services:
   upload_timeout_s: float = 600.0
   # Whose jax.profiler trace the islands record (shared by all sessions).
   recording: Recording = dataclasses.field(default_factory=Recording)
-  # The C++ fast path of the steady-state requests (_core.FastPath), and
+  # The C++ fast path of the steady-state requests (None: off), and
   # the array layouts it compares (controller/array_store.py).
-  fast_path: Any = None
+  fast_path: _core.FastPath | None = None
   layouts: Layouts = dataclasses.field(default_factory=Layouts)
   # moves.planned's: planned ops by kind of move (a pipeline repeats its moves
   # every step).
@@ -460,7 +462,7 @@ class Session:
     self.futures.drain()
     self.execute_results.drain()
     self.services.resources.release(self.id)
-    self.services.dispatcher.forget_client(self.number)
+    self.services.dispatcher.end()
     if self.services.callbacks is not None:
       self.services.callbacks.forget_session(self.callbacks_client,
                                              self.number)

@@ -40,6 +40,7 @@ from ray.util.placement_group import (PlacementGroup, get_placement_group,
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from jax_pathways import config
+from jax_pathways import logs
 from jax_pathways.cluster import tokens
 
 DEFAULT_NAME = "jax-pathways"
@@ -75,10 +76,9 @@ class Cluster:
 
 def _prepare_process() -> str:
   """Logging as the CLI's, no client JAX configuration; the node's IP."""
-  from jax_pathways import cli  # pylint: disable=import-outside-toplevel
   for key in _CLIENT_ENV:
     os.environ.pop(key, None)
-  cli.setup_logging(config.from_env().verbosity)
+  logs.setup_logging(config.from_env().verbosity)
   return ray.util.get_node_ip_address()
 
 

@@ -234,8 +234,9 @@ class Dispatcher:
 
 
 class ClientDispatcher:
-  """A Dispatcher whose submissions are one client's (for proportional
-  share); everything else is the shared dispatcher's."""
+  """The dispatcher as one client's session uses it: its submissions are
+  that client's (for proportional share); the rest is the shared
+  dispatcher's."""
 
   def __init__(self, dispatcher: Dispatcher, client: int):
     self._dispatcher = dispatcher
@@ -245,5 +246,38 @@ class ClientDispatcher:
              ) -> None:
     self._dispatcher.submit(gang, on_done, self.client)
 
-  def __getattr__(self, name: str):
-    return getattr(self._dispatcher, name)
+  @property
+  def epoch(self) -> int:
+    return self._dispatcher.epoch
+
+  def new_buffers(self, n: int) -> list[int]:
+    return self._dispatcher.new_buffers(n)
+
+  def new_transfers(self, n: int) -> list[int]:
+    return self._dispatcher.new_transfers(n)
+
+  def new_stage(self) -> int:
+    return self._dispatcher.new_stage()
+
+  def stream_upload(self, stage: int, dests: Sequence[StageDest]) -> Any:
+    return self._dispatcher.stream_upload(stage, dests)
+
+  def unstage(self, islands: Sequence[int], stage: int) -> None:
+    self._dispatcher.unstage(islands, stage)
+
+  def when_ready(self, buffers: Sequence[int],
+                 on_done: Callable[[Status], None]) -> None:
+    self._dispatcher.when_ready(buffers, on_done)
+
+  def corked(self) -> contextlib.AbstractContextManager[None]:
+    return self._dispatcher.corked()
+
+  def state(self, buffer: int) -> tuple[str, Status]:
+    return self._dispatcher.state(buffer)
+
+  def forget(self, buffers: Sequence[int]) -> None:
+    self._dispatcher.forget(buffers)
+
+  def end(self) -> None:
+    """The client's session ended: its share is forgotten."""
+    self._dispatcher.forget_client(self.client)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.extend.core as jex_core
@@ -29,9 +29,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_pathways.mpmd import schedule as schedule_lib
 from jax_pathways.mpmd import stages
-
-if TYPE_CHECKING:
-  from jax_pathways.mpmd.pipeline import Pipeline, _Plan
+from jax_pathways.mpmd.plan import Plan
+from jax_pathways.mpmd.topology import Topology
 
 SUPPORTED = ("GPipe", "1F1B")
 _STAGE = re.compile(rf"^{stages.STAGE_PREFIX}(\w+?)__([fbp])$")
@@ -231,25 +230,27 @@ def _evaluate(nodes: list[_Node], inputs: list[int], outputs: list[int]
   return run
 
 
-def plan(pipeline: "Pipeline", split: tuple[Any, ...]) -> "_Plan":
-  from jax_pathways.mpmd.pipeline import _Plan  # pylint: disable=import-outside-toplevel
-  topology = pipeline.topology
+def plan(fn: Callable[..., Any], topology: Topology,
+         stage_meshes: Mapping[str, str], schedule_name: str,
+         microbatches: int, split: tuple[Any, ...]) -> Plan:
+  """`fn`'s step for the arguments `split` (microbatches split), by this
+  splitter, with `stage_meshes` (stage -> mesh name) as the pipeline has
+  them."""
   abstract = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), split)
-  closed, out_shape = jax.make_jaxpr(pipeline.fn, return_shape=True)(*abstract)
+  closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*abstract)
   flat = _Flattener()
   input_keys = [flat.key() for _ in closed.jaxpr.invars]
   out_atoms = flat.run(closed.jaxpr, closed.consts,
                        [("key", k) for k in input_keys], None)
   nodes = flat.nodes
-  stage_meshes = pipeline.stage_meshes
   _place_nodes(nodes, stage_meshes, topology.names[0])
   mesh_stages = {m: s for s, m in stage_meshes.items()}
   meshes = [m for m in topology.names if m in mesh_stages]
-  textbook = (schedule_lib.gpipe if pipeline.schedule_name == "GPipe" else
+  textbook = (schedule_lib.gpipe if schedule_name == "GPipe" else
               schedule_lib.one_f_one_b)(
                   meshes, [mesh_stages[m] for m in meshes],
-                  pipeline.microbatches)
+                  microbatches)
   order = _order(nodes, textbook, set(input_keys))
 
   fragments = _fragments(order, {v for kind, v in out_atoms if kind == "key"})
@@ -280,7 +281,7 @@ def plan(pipeline: "Pipeline", split: tuple[Any, ...]) -> "_Plan":
       tasks[node.mesh].append(schedule_lib.Task(node.kind, node.microbatch,
                                                 (node.stage,)))
   schedule = schedule_lib.Schedule(
-      f"{pipeline.schedule_name} (jax_pathways splitter)",
+      f"{schedule_name} (jax_pathways splitter)",
       {m: tuple(t) for m, t in tasks.items()})
 
   def run(args: list[Any]) -> list[Any]:
@@ -301,5 +302,5 @@ def plan(pipeline: "Pipeline", split: tuple[Any, ...]) -> "_Plan":
 
   first = topology.names[0]
   input_shardings = [shardings[input_mesh.get(k, first)] for k in input_keys]
-  return _Plan(schedule, run, input_shardings,
+  return Plan(schedule, run, input_shardings,
                jax.tree.structure(out_shape))

@@ -17,7 +17,6 @@ there yet and launch the step.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, Callable, Mapping, Sequence
 
@@ -31,19 +30,10 @@ from jax_pathways.mpmd import fallback
 from jax_pathways.mpmd import lowering
 from jax_pathways.mpmd import schedule as schedule_lib
 from jax_pathways.mpmd import shardy
+from jax_pathways.mpmd.plan import Plan
 from jax_pathways.mpmd.topology import Topology
 
 SHARDY, OWN = "shardy", "jax_pathways"
-
-
-@dataclasses.dataclass
-class _Plan:
-  """One compiled step for one set of argument shapes."""
-  schedule: schedule_lib.Schedule
-  run: Callable[[list[Any]], list[Any]]
-  input_shardings: list[NamedSharding]
-  out_tree: Any
-  ifrt_ir: str | None = None  # the program compiled, where Shardy made one
 
 
 class Pipeline:
@@ -82,8 +72,8 @@ class Pipeline:
     self.partitioner = partitioner
     if partitioner == OWN:
       fallback.check_supported(self.schedule_name, self.stage_meshes)
-    self._plans: dict[Any, _Plan] = {}
-    self._last: _Plan | None = None
+    self._plans: dict[Any, Plan] = {}
+    self._last: Plan | None = None
 
   # ------------------------------------------------------------------ calls
   def __call__(self, *args: Any) -> Any:
@@ -151,12 +141,13 @@ class Pipeline:
     leaves, tree = jax.tree.flatten(split)
     return tree, tuple((np.shape(x), jnp.result_type(x)) for x in leaves)
 
-  def _plan(self, split: tuple[Any, ...]) -> _Plan:
+  def _plan(self, split: tuple[Any, ...]) -> Plan:
     key = self._signature(split)
     plan = self._plans.get(key)
     if plan is None:
       plan = (self._shardy_plan(split) if self.partitioner == SHARDY else
-              fallback.plan(self, split))
+              fallback.plan(self.fn, self.topology, self.stage_meshes,
+                            self.schedule_name, self.microbatches, split))
       self._plans[key] = plan
     self._last = plan
     return plan
@@ -191,7 +182,7 @@ class Pipeline:
       start += n
     return out
 
-  def _shardy_plan(self, split: tuple[Any, ...]) -> _Plan:
+  def _shardy_plan(self, split: tuple[Any, ...]) -> Plan:
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), split)
     jitted = jax.jit(self.fn, in_shardings=self.lowering_shardings(split),
@@ -215,7 +206,7 @@ class Pipeline:
     backend = self.topology.devices()[0].client
     executable = shardy.compile_ifrt(partitioned, backend,
                                      self.topology.devices(), avals)
-    return _Plan(partitioned.schedule, executable.execute,
+    return Plan(partitioned.schedule, executable.execute,
                  partitioned.input_shardings, out_tree,
                  str(partitioned.ifrt_module))
 
