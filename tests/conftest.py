@@ -38,8 +38,8 @@ _builds: list = []
 
 
 def pytest_configure(config) -> None:
-  """A run that holds tests/sanitizers/ starts their builds at once
-  (sanitized.start_builds); once, in xdist's main process."""
+  """A run that holds tests/sanitizers/ starts their builds at once, at the
+  lowest priority (sanitized.start_builds); once, in xdist's main process."""
   if hasattr(config, "workerinput") or config.getoption("keyword"):
     return
   wanted = os.path.join(os.path.dirname(__file__), "sanitizers")
@@ -56,34 +56,6 @@ def pytest_unconfigure(config) -> None:
   if _builds:  # a run cut short leaves no compiler behind
     import sanitized  # pylint: disable=import-outside-toplevel
     sanitized.stop_builds(_builds)
-
-
-# The files that take longest, longest first (fresh-clone CI at e2f0c5a:
-# seconds of their tests, three workers on two cores), so that none is the
-# suite's tail; the sanitizer tests first of all, as their builds start
-# with the run. xdist keeps this order (--no-loadscope-reorder in
-# pyproject.toml; by default it starts the files with most tests first,
-# and these, one to five tests each, came last: the sanitizer tests, built
-# only then, ended the suite two minutes after the rest). With the
-# sanitizer builds to make, on two cores: 740 s this way, 771 s with them
-# seventh and eighth (one run each, the same tree).
-LONGEST_FIRST = (
-    "tests/sanitizers/address_test.py",      # 86, its build included
-    "tests/sanitizers/thread_test.py",       # 82, its build included
-    "tests/conformance/jax_suite_test.py",   # 157
-    "tests/elastic/loop_test.py",            # 150
-    "tests/elastic/pathwaysutils_test.py",   # 127
-    "tests/examples_test.py",                # 95
-    "tests/conformance/moe_test.py",         # 91
-    "tests/deploy/ray_test.py",              # 77
-    "tests/failure/lost_stage_test.py",      # 74
-)
-
-
-def pytest_collection_modifyitems(items: list) -> None:
-  rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
-  items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0],
-                                       len(LONGEST_FIRST)))
 
 
 @pytest.hookimpl(optionalhook=True)  # with -p no:xdist there is no such hook
