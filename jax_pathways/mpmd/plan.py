@@ -13,6 +13,7 @@ from jax_pathways.mpmd import schedule as schedule_lib
 
 @dataclasses.dataclass
 class Plan:
+  """What a pipeline runs for one set of argument shapes."""
   schedule: schedule_lib.Schedule
   run: Callable[[list[Any]], list[Any]]
   input_shardings: list[NamedSharding]

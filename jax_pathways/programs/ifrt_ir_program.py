@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import re
 import threading
 from typing import Any, Callable, Iterator
@@ -272,7 +273,6 @@ def parse(bytecode: bytes) -> None:
 
 def _standalone(module_op: Any, num_devices: int) -> bytes:
   """A nested fragment module as a program of its own (MLIR bytecode)."""
-  from jax._src.interpreters import mlir  # pylint: disable=import-outside-toplevel
   from jaxlib.mlir import ir  # pylint: disable=import-outside-toplevel
   module = ir.Module.parse(module_op.operation.get_asm(enable_debug_info=False))
   attributes = module.operation.attributes
@@ -281,7 +281,9 @@ def _standalone(module_op: Any, num_devices: int) -> bytes:
   i32 = ir.IntegerType.get_signless(32)
   attributes["mhlo.num_partitions"] = ir.IntegerAttr.get(i32, num_devices)
   attributes["mhlo.num_replicas"] = ir.IntegerAttr.get(i32, 1)
-  return mlir.module_to_bytecode(module)
+  out = io.BytesIO()
+  module.operation.write_bytecode(file=out)
+  return out.getvalue()
 
 
 def _donated_arguments(main: Any) -> tuple[int, ...]:
