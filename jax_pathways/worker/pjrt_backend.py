@@ -565,7 +565,8 @@ class PjrtBackend:
     executable, runner = self._compiled(
         program, client, xc.DeviceList(devices), compile_options, replicas,
         client is self.global_client and self.rank_order_reductions,
-        module if binding else None, binding)
+        module if binding else None, binding,
+        cacheable=not self._passes_tokens(module))
     outputs, parameters = self._signature(module)
     out_shardings = executable.get_output_shardings()
     handlers = []
@@ -638,15 +639,15 @@ class PjrtBackend:
   def _compiled(self, program: bytes, client: Any, devices: Any,
                 options: Any, replicas: int, rank_ordered: bool,
                 module: Any = None,
-                binding: worker_callbacks.Binding | None = None
-                ) -> tuple[Any, Any]:
+                binding: worker_callbacks.Binding | None = None,
+                cacheable: bool = True) -> tuple[Any, Any]:
     """(the program compiled as usual, what runs it: the same, or rank
-    ordered), loaded from the compilation cache or compiled (and kept).
-    With callbacks (`binding`), `module` is the program bound to them,
-    compiled with them and never kept: an executable loaded from the
-    cache would have no callables bound."""
-    key = None if binding else self._cache_key(program, client, devices,
-                                                options, rank_ordered)
+    ordered), loaded from the compilation cache or compiled (and kept
+    unless not `cacheable`). With callbacks (`binding`), `module` is the
+    program bound to them, compiled with them and never kept: an
+    executable loaded from the cache would have no callables bound."""
+    key = None if binding or not cacheable else self._cache_key(
+        program, client, devices, options, rank_ordered)
     loaded = self._load(key, client, devices, options)
     if loaded is not None:
       return loaded
@@ -797,27 +798,39 @@ class PjrtBackend:
                        f"in shards of {got}, the program takes shards of "
                        f"{shard_shape}")
 
+  def _main_type(self, module: Any) -> Any:
+    """@main's ir.FunctionType (call within self._ir_context)."""
+    for op in module.body.operations:
+      if ir.StringAttr(op.attributes["sym_name"]).value == "main":
+        return ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+    raise ValueError("the program has no public function @main")
+
   def _signature(self, module: Any
                  ) -> tuple[list[tuple[tuple[int, ...], str]],
                             list[tuple[tuple[int, ...], str] | None]]:
     """Global result shapes/dtypes of @main and its parameters'
     shapes/dtypes (None where not an array of a known dtype)."""
     with self._ir_context:
-      for op in module.body.operations:
-        if ir.StringAttr(op.attributes["sym_name"]).value != "main":
+      ftype = self._main_type(module)
+      outputs = []
+      for t in ftype.results:
+        if hlo.TokenType.isinstance(t):
+          # JAX holds a token as bool[0] (core.get_token_aval()), in and
+          # out; PJRT takes and makes such buffers for token parameters.
+          outputs.append(((0,), "bool"))
           continue
-        ftype = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
-        outputs = []
-        for t in ftype.results:
-          if hlo.TokenType.isinstance(t):
-            # JAX holds a token as bool[0] (core.get_token_aval()), in and
-            # out; PJRT takes and makes such buffers for token parameters.
-            outputs.append(((0,), "bool"))
-            continue
-          rt = ir.RankedTensorType(t)
-          outputs.append((tuple(rt.shape), _mlir_dtype(rt.element_type)))
-        return outputs, [dtypes.tensor_type(t) for t in ftype.inputs]
-    raise ValueError("the program has no public function @main")
+        rt = ir.RankedTensorType(t)
+        outputs.append((tuple(rt.shape), _mlir_dtype(rt.element_type)))
+      return outputs, [dtypes.tensor_type(t) for t in ftype.inputs]
+
+  def _passes_tokens(self, module: Any) -> bool:
+    """Whether @main takes or returns a token. jaxlib 0.10.2's XLA:CPU
+    crashes (SIGSEGV) serializing such a program over several devices, so
+    the compilation cache never holds one."""
+    with self._ir_context:
+      ftype = self._main_type(module)
+      return any(hlo.TokenType.isinstance(t)
+                 for t in (*ftype.inputs, *ftype.results))
 
   @staticmethod
   def _shardings(shardings: list[Any] | None) -> list[str] | None:

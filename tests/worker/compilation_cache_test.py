@@ -101,7 +101,15 @@ def run(devices):
       in_specs=P("i"), out_specs=P("i")))
   y = jax.device_put(np.ones((4, 4), np.float32) / 3, devices[0])
   local = jax.jit(lambda a: jax.numpy.sin(a) @ a.T)
-  return np.asarray(span(x)).tobytes() + np.asarray(local(y)).tobytes()
+  # A token passed between programs over two devices: never kept (jaxlib
+  # 0.10.2 crashes serializing it; it took the worker down until 2026-11).
+  pair = Mesh(np.array(devices[:2]), ("d",))
+  z = jax.device_put(np.arange(4, dtype=np.float32) / 3,
+                     NamedSharding(pair, P("d")))
+  _, token = jax.jit(lambda a: (a, jax.lax.create_token()))(z)
+  total, _ = jax.jit(lambda t, a: (a.sum(), jax.lax.after_all(t)))(token, z)
+  return (np.asarray(span(x)).tobytes() + np.asarray(local(y)).tobytes() +
+          np.asarray(total).tobytes())
 
 
 print("SAME", run(jax.devices("proxy")) == run(jax.devices("cpu")))
@@ -129,7 +137,8 @@ def test_a_later_run_loads_what_the_first_compiled(tmp_path):
 
   loaded = "loaded from the compilation cache"
   assert run("logs1").count(loaded) == 0
-  # The spanning program on each island's worker, the other on island 0's.
+  # The spanning program on each island's worker, the other on island 0's;
+  # not the two passing tokens.
   entries = sorted(glob.glob(str(tmp_path / "jax" / "jax_pathways" / "*")))
   assert len(entries) == 3
   # Two entries swapped on disk: each is ignored (and compiled again), the
