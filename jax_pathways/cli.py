@@ -545,7 +545,8 @@ def _connect(parser: argparse.ArgumentParser, args: argparse.Namespace,
   path = (os.path.join(made, "proxy.sock") if made else
           args.listen[len(addresses.UNIX):])
   try:
-    server, fwd = forwarder.serve(args.controller, token, path)
+    server, fwd = forwarder.serve(args.controller, token, path,
+                                  first_message_timeout=cfg.first_message_timeout)
   except OSError as e:  # PermissionError: a folder others may enter
     print(f"jax-pathways connect: {e}", file=sys.stderr)
     if made:

@@ -32,6 +32,9 @@ PLATFORM = "JAX_PATHWAYS_PLATFORM"  # embedded cluster: the islands' platform
 CONTROLLER_TIMEOUT = "JAX_PATHWAYS_CONTROLLER_TIMEOUT"
 # controller: the largest message a call may send, in MiB
 MAX_REQUEST_MIB = "JAX_PATHWAYS_MAX_REQUEST_MIB"
+# controller and `jax-pathways connect`: seconds a new call may take to send
+# its first message (a session its InitRequest) before it is cut off
+FIRST_MESSAGE_TIMEOUT = "JAX_PATHWAYS_FIRST_MESSAGE_TIMEOUT"
 
 DEFAULT_ISLANDS = 2
 DEFAULT_DEVICES_PER_ISLAND = 4
@@ -52,6 +55,9 @@ DEFAULT_CLIENT_CONTROLLER_TIMEOUT = 60.0
 # JAX's client uploads in 1 MiB chunks: only a program with this much
 # inlined constant data needs more (protobuf's own bound is 2 GiB).
 DEFAULT_MAX_REQUEST_MIB = 256
+# JAX's client sends a session's InitRequest as it opens the stream; idle
+# streams hold resources (a thread of `connect` each) until then.
+DEFAULT_FIRST_MESSAGE_TIMEOUT = 10.0
 
 
 def _int(name: str, default: int, lo: int, hi: int) -> int:
@@ -103,6 +109,7 @@ class Config:
   platform: str  # a PJRT platform name: cpu, cuda, rocm, tpu, ...
   controller_timeout: float  # 0: never give up on a silent controller
   max_request_mib: int
+  first_message_timeout: float
 
 
 def from_env() -> Config:
@@ -136,6 +143,8 @@ def from_env() -> Config:
               _float(CONTROLLER_TIMEOUT, DEFAULT_CLIENT_CONTROLLER_TIMEOUT),
               CONTROLLER_TIMEOUT)),
       max_request_mib=_int(MAX_REQUEST_MIB, DEFAULT_MAX_REQUEST_MIB, 1, 2047),
+      first_message_timeout=_float(FIRST_MESSAGE_TIMEOUT,
+                                   DEFAULT_FIRST_MESSAGE_TIMEOUT),
   )
 
 

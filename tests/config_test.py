@@ -42,3 +42,14 @@ def test_platform(monkeypatch):
   with pytest.raises(StatusError, match="JAX_PATHWAYS_PLATFORM='cuda --devices "
                      "8' is not a platform name"):
     config.from_env()
+
+
+def test_first_message_timeout(monkeypatch):
+  monkeypatch.delenv(config.FIRST_MESSAGE_TIMEOUT, raising=False)
+  assert config.from_env().first_message_timeout == 10.0
+  monkeypatch.setenv(config.FIRST_MESSAGE_TIMEOUT, "0.5")
+  assert config.from_env().first_message_timeout == 0.5
+  monkeypatch.setenv(config.FIRST_MESSAGE_TIMEOUT, "0")
+  with pytest.raises(StatusError, match="JAX_PATHWAYS_FIRST_MESSAGE_TIMEOUT=0.0 "
+                     "must be positive"):
+    config.from_env()

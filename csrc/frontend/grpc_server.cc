@@ -41,11 +41,6 @@ uint64_t PhysicalMemory() {
       static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   return bytes;
 }
-// A call that has not sent its first request by then (a session its
-// InitRequest, a unary-style call its one request) is cut off: a stream
-// must not hold the server's resources for as long as it likes before it
-// says who it is.
-constexpr auto kFirstMessageTimeout = std::chrono::seconds(10);
 // How long a request the fast path would take waits for its upload (sent
 // beside it, so mostly there within a millisecond) before it goes to
 // Python, which waits on, bounded, and words what comes of it.
@@ -140,8 +135,8 @@ class Call {
   void OnNew(bool ok);
   void OnRead(bool ok);
   void StartRead();
-  // Cancels the call unless its first message comes within
-  // kFirstMessageTimeout.
+  // Cancels the call unless its first message comes within the server's
+  // first-message timeout.
   void ExpectFirstMessage();
   void WriteNext();
   void RequestFinish(const Status& status, bool drop_writes);
@@ -202,7 +197,7 @@ class Call {
   bool resume_now_ = false;  // ended before the alarm was armed
   bool writing_ = false;
   bool done_ = false;  // kDone is in: the RPC is over, start no op
-  grpc::Alarm alarm_;  // the first-message deadline (kFirstMessageTimeout)
+  grpc::Alarm alarm_;  // the first-message deadline
   bool alarm_set_ = false;
   bool first_read_ = false;
   // A stream reads nothing until Python has accepted the token in its
@@ -454,7 +449,8 @@ void Call::OnNew(bool ok) {
 void Call::ExpectFirstMessage() {
   if (server_->StartOp([&] {
         alarm_.Set(server_->cq_.get(),
-                   std::chrono::system_clock::now() + kFirstMessageTimeout,
+                   std::chrono::system_clock::now() +
+                       server_->first_message_timeout_,
                    tag(kAlarm));
       })) {
     alarm_set_ = true;
@@ -783,7 +779,10 @@ GrpcServer::GrpcServer()
 GrpcServer::~GrpcServer() { Shutdown(); }
 
 StatusOr<int> GrpcServer::Start(const std::string& address,
-                                int max_request_bytes) {
+                                int max_request_bytes,
+                                double first_message_timeout_s) {
+  first_message_timeout_ = std::chrono::milliseconds(
+      static_cast<int64_t>(first_message_timeout_s * 1000));
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);

@@ -65,8 +65,13 @@ class GrpcServer {
   // starts serving; returns the bound port (0 for a Unix socket).
   // Messages larger than max_request_bytes end their call with
   // RESOURCE_EXHAUSTED before they are buffered (uploads come in 1 MiB
-  // chunks; only a program this large would need more).
-  StatusOr<int> Start(const std::string& address, int max_request_bytes);
+  // chunks; only a program this large would need more). A call that has
+  // not sent its first request within first_message_timeout_s (a session
+  // its InitRequest, a unary-style call its one request) is cut off: a
+  // stream must not hold the server's resources for as long as it likes
+  // before it says who it is.
+  StatusOr<int> Start(const std::string& address, int max_request_bytes,
+                      double first_message_timeout_s);
   std::vector<FrontendEvent> Poll(double timeout_s, size_t max_items);
   // Queues one response message on stream `id`; false if it is gone.
   bool Send(uint64_t id, std::string data);
@@ -113,6 +118,7 @@ class GrpcServer {
   std::unique_ptr<grpc::AsyncGenericService> service_;
   std::unique_ptr<grpc::ServerCompletionQueue> cq_;
   std::unique_ptr<grpc::Server> server_;
+  std::chrono::milliseconds first_message_timeout_{10000};
   std::thread cq_thread_;
   std::mutex ops_mu_;  // guards starting ops vs. shutting the queue down
   bool cq_shut_ = false;

@@ -64,14 +64,16 @@ void RegisterGrpcServer(py::module_& m) {
       .def(
           "start",
           [](GrpcServer& s, const std::string& address,
-             int max_request_bytes) {
+             int max_request_bytes, double first_message_timeout_s) {
             StatusOr<int> port = [&] {
               py::gil_scoped_release nogil;
-              return s.Start(address, max_request_bytes);
+              return s.Start(address, max_request_bytes,
+                             first_message_timeout_s);
             }();
             return ValueOrThrow(std::move(port));
           },
-          py::arg("address"), py::arg("max_request_bytes"))
+          py::arg("address"), py::arg("max_request_bytes"),
+          py::arg("first_message_timeout_s"))
       .def(
           "poll",
           [](GrpcServer& s, double timeout_s, size_t max_items) {

@@ -21,6 +21,7 @@ from typing import Any, Iterator
 from absl import logging
 import grpc
 
+from jax_pathways import config
 from jax_pathways import protos
 from jax_pathways.controller.grpc_service import SESSION_METADATA, TOKEN_KEY
 
@@ -30,9 +31,6 @@ METHODS = {"GetVersion": (False, False), "IfrtSession": (True, True),
            "HostBufferStore": (True, False), "HostBufferLookup": (False, True),
            "HostBufferDelete": (False, False)}
 UNARY_TIMEOUT_S = 60.0  # GetVersion, HostBufferDelete
-# A session that has not sent its InitRequest by then is ended: each holds
-# one of the forwarder's threads, and idle ones must not lock others out.
-FIRST_MESSAGE_TIMEOUT_S = 10.0
 # Host buffers can be large; gRPC's default limit is 4 MiB.
 _OPTIONS = [("grpc.max_receive_message_length", -1),
             ("grpc.max_send_message_length", -1)]
@@ -70,7 +68,10 @@ class Forwarder(grpc.GenericRpcHandler):
   """GrpcIfrtService calls, passed on to `controller` as raw bytes."""
 
   def __init__(self, controller: str, token: str,
-               first_message_timeout: float = FIRST_MESSAGE_TIMEOUT_S):
+               first_message_timeout: float):
+    """A session that has not sent its InitRequest within
+    `first_message_timeout` seconds is ended: each holds one of the
+    forwarder's threads, and idle ones must not lock others out."""
     self._token = token
     self._first_message_timeout = first_message_timeout
     self._channel = grpc.insecure_channel(controller, options=_OPTIONS)
@@ -161,7 +162,7 @@ class Forwarder(grpc.GenericRpcHandler):
 
 
 def serve(controller: str, token: str, path: str, max_workers: int = 64,
-          first_message_timeout: float = FIRST_MESSAGE_TIMEOUT_S
+          first_message_timeout: float = config.DEFAULT_FIRST_MESSAGE_TIMEOUT
           ) -> tuple[grpc.Server, Forwarder]:
   """Starts a Forwarder on the Unix socket `path` (whose folder must be
   private); stop it with server.stop(grace) and forwarder.close()."""

@@ -106,7 +106,9 @@ class GrpcService:
       fast.set_fetch_payload(op_payloads.fetch(None))
     # gRPC refuses a longer message from its length prefix, before
     # buffering it (RESOURCE_EXHAUSTED "Received message larger than max").
-    port = self._server.start(bind, config.from_env().max_request_mib << 20)
+    cfg = config.from_env()
+    port = self._server.start(bind, cfg.max_request_mib << 20,
+                              cfg.first_message_timeout)
     self._thread = threads.start(self._loop, "jp-sessions")
     return port
 

@@ -1,11 +1,14 @@
 """Malformed or hostile requests get clear statuses; the controller keeps
 serving. Spoken raw over gRPC, as a buggy or foreign client would."""
+import os
 import threading
 import time
+from typing import Iterator
 
 import grpc
 import pytest
 
+import cli_cluster
 import processes
 
 from jax_pathways import protos
@@ -13,6 +16,7 @@ from jax_pathways import protos
 pytestmark = pytest.mark.integration
 
 SESSION = "/xla.ifrt.proxy.GrpcIfrtService/IfrtSession"
+TOKEN = "first-message-test-token"
 
 
 def _version():
@@ -206,19 +210,34 @@ def test_garbage_is_answered_and_changes_nothing(pathways, proxy_devices):
   test_controller_still_serves_jax(pathways, proxy_devices)
 
 
-def test_a_call_that_never_sends_its_request_is_cut_off(pathways):
+@pytest.fixture(name="impatient")
+def _impatient() -> Iterator[str]:
+  """A controller of its own (no worker needed) whose first-message
+  timeout is 1 s (JAX_PATHWAYS_FIRST_MESSAGE_TIMEOUT); its address."""
+  env = dict(os.environ, JAX_PATHWAYS_TOKEN=TOKEN,
+             JAX_PATHWAYS_FIRST_MESSAGE_TIMEOUT="1")
+  procs = [cli_cluster.spawn("controller", "--islands", "1", "--listen",
+                             "127.0.0.1:0", "--worker-listen", "127.0.0.1:0",
+                             env=env)]
+  try:
+    yield cli_cluster.line(procs[0], 60)["address"]
+  finally:
+    processes.stop(procs)
+
+
+def test_a_call_that_never_sends_its_request_is_cut_off(impatient):
   """Cut off by the server (CANCELLED) after its first-message timeout,
   well before the client's own deadline (DEADLINE_EXCEEDED). At 385bf6b
   such a call stayed open as long as the client liked; a session with the
   right token but no InitRequest did until 2026-11 (it held a thread of
   `jax-pathways connect`, which forwards it, too)."""
   never = threading.Event()
-  target = pathways.address.split("://")[1]
+  target = impatient
   ended: dict[str, grpc.StatusCode | str] = {}
   meta = protos.msg("xla.ifrt.proxy.GrpcIfrtSessionMetadata")()
   meta.version.CopyFrom(_version())
   meta.initialization_data.attributes["jax_pathways_token"].string_value = (
-      pathways.token.encode())
+      TOKEN.encode())
 
   def silent():
     never.wait(60)
