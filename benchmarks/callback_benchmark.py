@@ -38,7 +38,7 @@ from jax.experimental import io_callback  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jax_pathways.frontend import callbacks  # noqa: E402
+from jax_pathways.frontend import host_callbacks  # noqa: E402
 
 
 def _loss(w: jax.Array, x: jax.Array) -> jax.Array:
@@ -129,14 +129,14 @@ def _no_callback(pathways: list[Any], local: list[Any], n: int,
   """The training step without callbacks, with this process serving
   callbacks and (stream stopped) not."""
   steps = _per(_loop(pathways, False), n)
-  serving = callbacks.serving()
+  serving = host_callbacks.serving()
 
   def unserved() -> float:  # as a process that never served callbacks
-    callbacks.stop()
+    host_callbacks.stop()
     try:
       return steps()
     finally:
-      callbacks.start(*serving)
+      host_callbacks.start(*serving)
 
   med = interleaved({"pathways": steps, "pathways_unserved": unserved,
                      "jax": _per(_loop(local, False), n)}, repeats)

@@ -135,7 +135,7 @@ class FastPath:
                donated: Sequence[int], schedule: tuple[Any, ...]) -> None:
     """A program Python launched once on arguments of these layouts: the
     launches alike, at the same dispatcher epoch, submit `schedule`
-    (controller/schedule.py Schedule.for_fast_path())."""
+    (controller/gangs.py Schedule.for_fast_path())."""
   def unregister(self, stream: int, executable: int) -> None: ...
   def register_upload(self, stream: int, array: int,
                       upload_bytes: Sequence[int],

@@ -270,7 +270,7 @@ def _check_worker_timeout(parser: argparse.ArgumentParser,
 def _ray(parser: argparse.ArgumentParser, args: argparse.Namespace,
          cfg: config.Config) -> int:
   try:
-    from jax_pathways.deploy import ray as on_ray  # pylint: disable=import-outside-toplevel
+    from jax_pathways.deploy import ray_actors as on_ray  # pylint: disable=import-outside-toplevel
   except ImportError as e:
     print(f"jax-pathways ray: {e}; pip install 'jax_pathways[ray]'",
           file=sys.stderr)
@@ -413,7 +413,7 @@ def _main(argv: Sequence[str] | None) -> int:
     return _ray(parser, args, cfg)
   if args.command == "controller":
     logs.setup_logging(cfg.verbosity)
-    from jax_pathways.controller import main as controller_main  # pylint: disable=import-outside-toplevel
+    from jax_pathways.controller import serve as controller_main  # pylint: disable=import-outside-toplevel
     max_in_flight = args.max_in_flight or cfg.max_in_flight
     if not 1 <= max_in_flight <= config.MAX_SAFE_IN_FLIGHT:
       parser.error(f"--max-in-flight={max_in_flight} must be in "
@@ -434,7 +434,7 @@ def _main(argv: Sequence[str] | None) -> int:
                                worker_timeout)
   if args.command == "worker":
     logs.setup_logging(cfg.verbosity)
-    from jax_pathways.worker import main as worker_main  # pylint: disable=import-outside-toplevel
+    from jax_pathways.worker import join as worker_main  # pylint: disable=import-outside-toplevel
     memory = (config.parse_bytes(args.device_memory, "--device-memory")
               if args.device_memory else cfg.device_memory)
     try:
@@ -479,20 +479,20 @@ def _status(parser: argparse.ArgumentParser, args: argparse.Namespace,
             cfg: config.Config) -> int:
   """The status of --address, else of every cluster of this host."""
   from jax_pathways import admin  # pylint: disable=import-outside-toplevel
-  from jax_pathways.cluster import registry  # pylint: disable=import-outside-toplevel
+  from jax_pathways.cluster import host_registry  # pylint: disable=import-outside-toplevel
   address = args.address or cfg.address
   if address:
     targets = [{"kind": "controller", "address": address,
                 "token": cfg.token}]
   else:
     targets, seen = [], set()
-    for entry in registry.live():
+    for entry in host_registry.live():
       if entry["address"] not in seen:  # a connect to a local controller
         seen.add(entry["address"])
         targets.append(entry)
     if not targets:
       parser.error(f"no cluster of this host is listed in "
-                   f"{registry.folder()}; give --address or set "
+                   f"{host_registry.folder()}; give --address or set "
                    f"{config.ADDRESS}")
   answered = 0
   for target in targets:
@@ -552,10 +552,10 @@ def _connect(parser: argparse.ArgumentParser, args: argparse.Namespace,
     if made:
       shutil.rmtree(made, ignore_errors=True)
     return 2
-  from jax_pathways.cluster import registry  # pylint: disable=import-outside-toplevel
+  from jax_pathways.cluster import host_registry  # pylint: disable=import-outside-toplevel
   controller = (args.controller if "://" in args.controller
                 else "grpc://" + args.controller)
-  listed = registry.add("connect", controller, token)
+  listed = host_registry.add("connect", controller, token)
   stop = threading.Event()
   for sig in (signal.SIGINT, signal.SIGTERM):
     signal.signal(sig, lambda *_: stop.set())
@@ -568,7 +568,7 @@ def _connect(parser: argparse.ArgumentParser, args: argparse.Namespace,
   sys.stdout.flush()
   while not stop.wait(1.0):
     pass
-  registry.remove(listed)
+  host_registry.remove(listed)
   server.stop(grace=2).wait(5)
   fwd.close()
   if made:

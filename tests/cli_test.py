@@ -67,7 +67,7 @@ def test_worker_controller_timeout_is_checked():
 
 
 def test_status_finds_this_hosts_clusters_without_an_address(pathways):
-  """The embedded cluster's controller lists itself (cluster/registry.py):
+  """The embedded cluster's controller lists itself (cluster/host_registry.py):
   plain `jax-pathways status` shows it, with no address or token given."""
   env = {k: v for k, v in os.environ.items()
          if k not in ("JAX_PATHWAYS_TOKEN", "JAX_PATHWAYS_ADDRESS")}

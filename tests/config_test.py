@@ -1,4 +1,6 @@
 """Environment variables: defaults and clear errors."""
+import re
+
 import pytest
 
 from jax_pathways import config
@@ -6,10 +8,14 @@ from jax_pathways.status import StatusError
 
 
 def test_defaults(monkeypatch):
-  for name in (config.ISLANDS, config.DEVICES_PER_ISLAND, config.MAX_IN_FLIGHT):
+  for name in (config.ISLANDS, config.DEVICES_PER_ISLAND, config.MAX_IN_FLIGHT,
+               config.WORKER_TIMEOUT, config.PLATFORM,
+               config.FIRST_MESSAGE_TIMEOUT):
     monkeypatch.delenv(name, raising=False)
   cfg = config.from_env()
-  assert (cfg.islands, cfg.devices_per_island, cfg.max_in_flight) == (2, 4, 16)
+  assert (cfg.islands, cfg.devices_per_island, cfg.max_in_flight,
+          cfg.first_message_timeout, cfg.platform) == (2, 4, 16, 10.0, "cpu")
+  assert cfg.worker_timeout is None  # the controller's 5 s
 
 
 def test_bad_values_are_echoed(monkeypatch):
@@ -22,34 +28,18 @@ def test_bad_values_are_echoed(monkeypatch):
     config.from_env()
 
 
-def test_worker_timeout(monkeypatch):
-  monkeypatch.delenv(config.WORKER_TIMEOUT, raising=False)
-  assert config.from_env().worker_timeout is None  # the controller's 5 s
-  monkeypatch.setenv(config.WORKER_TIMEOUT, "2.5")
-  assert config.from_env().worker_timeout == 2.5
-  monkeypatch.setenv(config.WORKER_TIMEOUT, "1")
-  with pytest.raises(StatusError, match="JAX_PATHWAYS_WORKER_TIMEOUT=1.0 "
-                     "must be >= 2 seconds"):
-    config.from_env()
-
-
-def test_platform(monkeypatch):
-  monkeypatch.delenv(config.PLATFORM, raising=False)
-  assert config.from_env().platform == "cpu"
-  monkeypatch.setenv(config.PLATFORM, "cuda")
-  assert config.from_env().platform == "cuda"
-  monkeypatch.setenv(config.PLATFORM, "cuda --devices 8")
-  with pytest.raises(StatusError, match="JAX_PATHWAYS_PLATFORM='cuda --devices "
-                     "8' is not a platform name"):
-    config.from_env()
-
-
-def test_first_message_timeout(monkeypatch):
-  monkeypatch.delenv(config.FIRST_MESSAGE_TIMEOUT, raising=False)
-  assert config.from_env().first_message_timeout == 10.0
-  monkeypatch.setenv(config.FIRST_MESSAGE_TIMEOUT, "0.5")
-  assert config.from_env().first_message_timeout == 0.5
-  monkeypatch.setenv(config.FIRST_MESSAGE_TIMEOUT, "0")
-  with pytest.raises(StatusError, match="JAX_PATHWAYS_FIRST_MESSAGE_TIMEOUT=0.0 "
-                     "must be positive"):
+@pytest.mark.parametrize("name, good, field, value, bad, words", [
+    (config.WORKER_TIMEOUT, "2.5", "worker_timeout", 2.5, "1",
+     "JAX_PATHWAYS_WORKER_TIMEOUT=1.0 must be >= 2 seconds"),
+    (config.PLATFORM, "cuda", "platform", "cuda", "cuda --devices 8",
+     "JAX_PATHWAYS_PLATFORM='cuda --devices 8' is not a platform name"),
+    (config.FIRST_MESSAGE_TIMEOUT, "0.5", "first_message_timeout", 0.5, "0",
+     "JAX_PATHWAYS_FIRST_MESSAGE_TIMEOUT=0.0 must be positive"),
+])
+def test_a_value_is_read_and_a_bad_one_refused_in_words(
+    monkeypatch, name, good, field, value, bad, words):
+  monkeypatch.setenv(name, good)
+  assert getattr(config.from_env(), field) == value
+  monkeypatch.setenv(name, bad)
+  with pytest.raises(StatusError, match=re.escape(words)):
     config.from_env()

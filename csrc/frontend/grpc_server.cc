@@ -23,7 +23,7 @@ namespace {
 constexpr char kService[] = "/xla.ifrt.proxy.GrpcIfrtService/";
 constexpr char kAdminService[] = "/jax_pathways.Admin/";
 // A client's callbacks: a stream the controller asks it on and it answers
-// on (controller/callbacks.py), each message a request of its own.
+// on (controller/callback_router.py), each message a request of its own.
 constexpr char kCallbacksStream[] = "/jax_pathways.Callbacks/Serve";
 constexpr char kStoreMetadata[] =
     "ifrt-proxy-grpc-host-buffer-store-metadata-bin";

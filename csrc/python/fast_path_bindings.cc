@@ -26,7 +26,7 @@ using PyUploadArray = std::tuple<
     std::vector<std::tuple<IslandId, int64_t, py::buffer,
                            std::vector<std::tuple<py::buffer, size_t>>>>>;
 
-// controller/schedule.py's Schedule.for_fast_path(): (id, temps, move
+// controller/gangs.py's Schedule.for_fast_path(): (id, temps, move
 // sources, gangs), each op (island, kind, program, args, results, payload,
 // move, fails_with_source, result_bytes), each buffer (space, index).
 using PyRef = std::pair<int, uint32_t>;

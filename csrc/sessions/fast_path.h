@@ -87,7 +87,7 @@ struct StepRef {
   uint32_t index = 0;
 };
 
-// One op of a launch's schedule (controller/schedule.py), its buffers by
+// One op of a launch's schedule (controller/gangs.py), its buffers by
 // role.
 struct StepOp {
   IslandId island = 0;

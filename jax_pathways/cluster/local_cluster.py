@@ -50,7 +50,7 @@ _SLOW_START_S = 10.0
 _LOSS_POLL_S = 1.0
 _LOSS_POLL_TIMEOUT_S = 1.0
 # A controller silent this long is said to be stopped or stalled (its
-# workers leave after 10 s: worker/main.py --controller-timeout).
+# workers leave after 10 s: worker/join.py --controller-timeout).
 _SILENT_CONTROLLER_S = 5.0
 # The variable that hides all but an island's own accelerators from its
 # worker, per platform whose islands can share a host.

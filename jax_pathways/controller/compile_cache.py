@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from jax_pathways import validation
 from jax_pathways.controller.arrays import Array, island_bytes
 from jax_pathways.controller.coordination import GlobalClient
-from jax_pathways.controller.schedule import (ARG, RESULT, Ref, Schedule,
+from jax_pathways.controller.gangs import (ARG, RESULT, Ref, Schedule,
                                               StepOp)
 from jax_pathways.dispatch import payloads
 from jax_pathways.dispatch.dispatcher import (Dispatcher, IslandOp, OnDone,
@@ -63,7 +63,8 @@ class CompiledProgram:
                key: str = "", route: int = 0):
     self.program_id = program_id
     # Its compile cache key, and the route of its callbacks (0: none;
-    # controller/callbacks.py): a program with a route is its client's.
+    # controller/callback_router.py): a program with a route is its
+    # client's.
     self.key = key
     self.route = route
     # Launches of a program with callbacks not finished yet, and what runs
@@ -279,7 +280,8 @@ class CompileCache:
     program_id = next(self._ids)
     header: dict[str, Any] = {"devices": list(program.device_refs),
                               "replicas": program.replicas}
-    if program.route:  # its callbacks, which the worker binds (callbacks.py)
+    # Its callbacks, which the worker binds (worker/callback_binding.py).
+    if program.route:
       header["callbacks"] = {"route": program.route,
                              "count": program.callbacks.count}
     payload = payloads.encode(header, program.program, program.options)

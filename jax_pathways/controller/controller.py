@@ -16,7 +16,7 @@ import jax_pathways
 from jax_pathways import _core
 from jax_pathways import _frontend
 from jax_pathways.cluster import addresses
-from jax_pathways.controller.callbacks import CallbackRouter
+from jax_pathways.controller.callback_router import CallbackRouter
 from jax_pathways.controller.compile_cache import CompileCache
 from jax_pathways.controller.handlers.array import STREAM_MIN_BYTES
 from jax_pathways.controller.coordination import GlobalClient

@@ -27,9 +27,9 @@ from jax_pathways import config
 from jax_pathways import protos
 from jax_pathways import threads
 from jax_pathways.controller import op_payloads
-from jax_pathways.controller import tracing
+from jax_pathways.controller import op_timing
 from jax_pathways.controller import versions
-from jax_pathways.controller.callbacks import ID_HEADER, STREAM_METHOD
+from jax_pathways.controller.callback_router import ID_HEADER, STREAM_METHOD
 from jax_pathways.controller.handlers import HANDLERS, RESULT_HANDLES
 from jax_pathways.controller.session import Services, Session
 from jax_pathways.resources.virtual_slice import SliceRequest
@@ -90,7 +90,7 @@ class GrpcService:
     self.sessions: dict[int, Session] = {}  # by stream id
     self._parked: dict[int, Session] = {}  # sessions whose request waits
     self._refused: dict[int, float] = {}  # stream -> its end (wrong token)
-    # Clients' callbacks streams (controller/callbacks.py), by stream id.
+    # Clients' callbacks streams (controller/callback_router.py), by stream id.
     self._callback_streams: set[int] = set()
     # Closed by their clients, answered by Python, to end (_end_closed).
     self._closing: dict[int, Session] = {}
@@ -406,7 +406,7 @@ class GrpcService:
       raise StatusError(Code.INVALID_ARGUMENT,
                         'Trace takes {"action": "start" | "stop"}') from None
     server = self._server
-    tracing.trace(self.services.topology, self.services.dispatcher, action,
+    op_timing.trace(self.services.topology, self.services.dispatcher, action,
                   lambda status, body: server.reply(call, int(status.code),
                                                     status.message, body))
 

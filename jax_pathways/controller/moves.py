@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from jax_pathways.controller.arrays import Array
-from jax_pathways.controller.schedule import ARG, RESULT, Schedule
+from jax_pathways.controller.gangs import ARG, RESULT, Schedule
 from jax_pathways.dispatch import payloads
 from jax_pathways.dispatch.dispatcher import IslandOp, OpKind
 from jax_pathways.status import invalid_argument

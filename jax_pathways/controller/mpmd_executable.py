@@ -18,7 +18,7 @@ from jax_pathways import protos, validation
 from jax_pathways.controller import moves
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.compile_cache import CompileCache, CompiledProgram
-from jax_pathways.controller.schedule import (ARG, RESULT, TEMP, Ref,
+from jax_pathways.controller.gangs import (ARG, RESULT, TEMP, Ref,
                                               Schedule, StepOp)
 from jax_pathways.controller.session import Services
 from jax_pathways.dispatch.dispatcher import OnDone, OpKind

@@ -3,7 +3,7 @@
 pathwaysutils compiles one PluginProgram per `jax.profiler.start_trace` and
 executes it twice: the first execution starts recording, the second stops it
 (pathwaysutils/profiling.py). Starting puts a "start" TRACE op into the order
-of every island of the client's slice (controller/tracing.py, the same
+of every island of the client's slice (controller/op_timing.py, the same
 recording as `jax_pathways.trace()`); stopping puts a "stop" one there, which
 the islands answer once everything submitted before it has finished, and
 writes each island's ops as `<log_dir>/plugins/profile/<run>/island_<k>.xplane.pb`.
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from absl import logging
 
 from jax_pathways import threads, xplane
-from jax_pathways.controller import tracing
+from jax_pathways.controller import op_timing
 from jax_pathways.programs.plugin_program import ProfileRequest
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.status import Code, Status, failed_precondition, invalid_argument
@@ -86,7 +86,7 @@ class ProfileExecutable:
           services.recording.release(self._owner)
         report(status)
 
-      tracing.trace(services.topology, services.dispatcher, "start", started,
+      op_timing.trace(services.topology, services.dispatcher, "start", started,
                     self._islands)
     elif self._state == "recording":
       self._state = "stopping"
@@ -102,7 +102,7 @@ class ProfileExecutable:
         threads.start(lambda: report(self._write(body, stop_ns)),
                       "jp-profile")
 
-      tracing.trace(services.topology, services.dispatcher, "stop", stopped,
+      op_timing.trace(services.topology, services.dispatcher, "stop", stopped,
                     self._islands)
     else:
       raise failed_precondition(
@@ -113,7 +113,7 @@ class ProfileExecutable:
     if self._state == "recording":
       self._state = "abandoned"
       services.recording.release(self._owner)
-      tracing.trace(services.topology, services.dispatcher, "stop",
+      op_timing.trace(services.topology, services.dispatcher, "stop",
                     lambda *_: None, self._islands)
 
   def _write(self, body: bytes, stop_ns: int) -> Status:

@@ -28,12 +28,12 @@ from jax_pathways import _core, _frontend, protos, validation
 from jax_pathways.controller import moves
 from jax_pathways.controller.array_store import ArrayStore, Layouts
 from jax_pathways.controller.arrays import Array
-from jax_pathways.controller.callbacks import CallbackRouter
+from jax_pathways.controller.callback_router import CallbackRouter
 from jax_pathways.controller.compile_cache import CompileCache
 from jax_pathways.controller.coordination import GlobalClient
 from jax_pathways.controller.handle_store import HandleStore, ServerHandles
 from jax_pathways.controller.profile_executable import ProfileExecutable
-from jax_pathways.controller.tracing import Recording
+from jax_pathways.controller.op_timing import Recording
 from jax_pathways.dispatch import payloads
 from jax_pathways.dispatch.dispatcher import (ClientDispatcher, Dispatcher,
                                               StageDest)
@@ -58,7 +58,7 @@ class Services:
   spmd_across_islands: bool = False
   # Its generations: which workers programs spanning islands run on.
   global_client: GlobalClient | None = None
-  # Where programs' callbacks go: their clients (controller/callbacks.py).
+  # Where programs' callbacks go: their clients (controller/callback_router.py).
   callbacks: CallbackRouter | None = None
   # Who reads the programs clients compile (programs/reader.py: processes
   # of their own; None: this one), and the threads that wait for them
@@ -161,7 +161,7 @@ class Session:
         services, dispatcher=services.dispatcher.for_client(number, weight))
     self.peer = peer
     # The id under which the client serves its programs' callbacks
-    # (frontend/callbacks.py); None: it serves none.
+    # (frontend/host_callbacks.py); None: it serves none.
     self.callbacks_client = callbacks_client
     self.request = request  # the devices the client asked for
     self._slice: VirtualSlice | None = None

@@ -13,9 +13,9 @@ threads stuck in the lost worker's collectives.
 
 A worker whose connection ended also connects here, as a "probe", to learn
 whether the controller is still up and why it dropped the worker (see
-worker/main.py): the answer decides the worker's exit code. A worker that
+worker/join.py): the answer decides the worker's exit code. A worker that
 runs programs with callbacks connects here once more, as "callbacks": that
-connection goes to the callback router (controller/callbacks.py).
+connection goes to the callback router (controller/callback_router.py).
 """
 from __future__ import annotations
 

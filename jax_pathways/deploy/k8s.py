@@ -12,7 +12,7 @@ worker takes the island of its Job's index.
 
 Restarts. A worker pod runs `jax-pathways worker --restart-in-place`
 (worker/in_place.py), which starts the worker again inside the pod when it
-crashes or the controller dropped it (worker/main.py's exit codes), with the
+crashes or the controller dropped it (worker/join.py's exit codes), with the
 embedded cluster's limits per incident (cluster/restarts.py), keeping its
 compilation cache volume; the new process takes its island back as the
 island's next generation. The pod itself never restarts (restartPolicy
@@ -55,7 +55,7 @@ import yaml
 
 from jax_pathways import config
 from jax_pathways.cluster import tokens
-from jax_pathways.worker import main as worker_main
+from jax_pathways.worker import join as worker_main
 
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 CONTROLLER = "controller"  # the replicated jobs' names
@@ -324,7 +324,7 @@ def jobset(spec: Spec) -> dict[str, Any]:
               ]}}
 
 
-# A worker's exit codes (worker/main.py; worker/in_place.py restarts the
+# A worker's exit codes (worker/join.py; worker/in_place.py restarts the
 # rest in place), and pods taken away from a healthy worker, which do not
 # count against the Job's backoffLimit.
 _WORKER_FAILURES = {"rules": [

@@ -1,7 +1,7 @@
 """Callback messages: what worker, controller and client say about callbacks.
 
 A program's callbacks run in the process of the client that compiled it
-(controller/callbacks.py routes them). Every message is a payload
+(controller/callback_router.py routes them). Every message is a payload
 (dispatch/payloads.py: a JSON header, then raw blobs) with "kind" and "id":
 
     worker -> controller   call   {route, index, args}       blobs: args

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from absl import logging
 
 from jax_pathways import config
-from jax_pathways.frontend import callbacks
+from jax_pathways.frontend import host_callbacks
 from jax_pathways.frontend import controller_watch
 from jax_pathways.frontend import cross_client
 from jax_pathways.frontend import flusher
@@ -74,7 +74,7 @@ def close() -> None:
   """After jax_pathways.shutdown(): JAX must not reconnect."""
   global _closed
   _closed = True
-  callbacks.stop()
+  host_callbacks.stop()
   controller_watch.stop()
 
 
@@ -151,16 +151,16 @@ def _make_client() -> Any:
   data = {k: v.encode() for k, v in _slice.items()}
   if token:
     data[TOKEN_KEY] = token.encode()
-  # This process serves its programs' callbacks (frontend/callbacks.py).
-  client_id = callbacks.new_client_id()
-  data[callbacks.CLIENT_KEY] = client_id.encode()
+  # This process serves its programs' callbacks (frontend/host_callbacks.py).
+  client_id = host_callbacks.new_client_id()
+  data[host_callbacks.CLIENT_KEY] = client_id.encode()
   options.initialization_data = data
   target = _target()
   if _before_connect is not None:
     _before_connect()
   _preflight(target, token)
   make_mesh.install()
-  callbacks.install()
+  host_callbacks.install()
   cross_client.install()
 
   def connect() -> Any:
@@ -169,8 +169,8 @@ def _make_client() -> Any:
       return ifrt_proxy.get_client(target, options)
 
   client = flusher.calm_new_threads(connect)
-  callbacks.adopt(client)
-  callbacks.start(target, token, client_id)
+  host_callbacks.adopt(client)
+  host_callbacks.start(target, token, client_id)
   controller_watch.start(target, _controller_timeout
                          if _controller_timeout is not None
                          else config.from_env().controller_timeout)

@@ -32,7 +32,7 @@ from jax_pathways.mpmd.schedule import Task
 from jax_pathways.mpmd.schedule import bubble_fraction
 from jax_pathways.mpmd.stages import stage
 from jax_pathways.mpmd.stages import value_and_grad
-from jax_pathways.mpmd.topology import Topology
+from jax_pathways.mpmd.meshes import Topology
 
 __all__ = ["Pipeline", "Schedule", "Task", "Topology", "bubble_fraction",
            "pipeline", "stage", "value_and_grad"]

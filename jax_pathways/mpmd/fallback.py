@@ -30,7 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jax_pathways.mpmd import schedule as schedule_lib
 from jax_pathways.mpmd import stages
 from jax_pathways.mpmd.plan import Plan
-from jax_pathways.mpmd.topology import Topology
+from jax_pathways.mpmd.meshes import Topology
 
 SUPPORTED = ("GPipe", "1F1B")
 _STAGE = re.compile(rf"^{stages.STAGE_PREFIX}(\w+?)__([fbp])$")

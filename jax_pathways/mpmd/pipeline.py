@@ -31,7 +31,7 @@ from jax_pathways.mpmd import lowering
 from jax_pathways.mpmd import schedule as schedule_lib
 from jax_pathways.mpmd import shardy
 from jax_pathways.mpmd.plan import Plan
-from jax_pathways.mpmd.topology import Topology
+from jax_pathways.mpmd.meshes import Topology
 
 SHARDY, OWN = "shardy", "jax_pathways"
 

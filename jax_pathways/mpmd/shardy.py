@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jax_pathways import shardy_mpmd
 from jax_pathways.mpmd import schedule as schedule_lib
 from jax_pathways.mpmd.lowering import Lowered
-from jax_pathways.mpmd.topology import Topology
+from jax_pathways.mpmd.meshes import Topology
 
 
 @dataclasses.dataclass

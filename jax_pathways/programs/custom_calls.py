@@ -10,7 +10,7 @@ came. So every program is read before any worker compiles it (the
 controller, `check`), and again by the worker (defence in depth): only the
 targets on the islands' allow-list pass, and the ones jax_pathways serves
 itself (host and compile-time callbacks, run in the client's process:
-worker/callbacks.py) only from a client that serves them, with their
+worker/callback_binding.py) only from a client that serves them, with their
 indices bound and their configs in the shape JAX writes.
 
 The allow-list of a platform is what the island's jaxlib registers as
@@ -46,7 +46,7 @@ XLA_MARKERS = frozenset({
     "LayoutConstraint", "AllocateBuffer", "ApproxTopK", "TopK",
 })
 # The module attribute the client's jax_pathways sets on a program whose
-# host callbacks it serves: "<table>:<count>" (frontend/callbacks.py).
+# host callbacks it serves: "<table>:<count>" (frontend/host_callbacks.py).
 TABLE_ATTRIBUTE = "jax_pathways.host_callbacks"
 _TABLE = re.compile(r"^(\d{1,18}):(\d{1,6})$")
 # JAX keys custom partitioning by id() of its callback record.

@@ -43,7 +43,8 @@ class PlacedProgram:
   # compile to the same executable (see _read).
   identity: bytes
   # Its callbacks into the client's process (custom_calls.check), and the
-  # route the controller serves them by (controller/callbacks.py; 0: none).
+  # route the controller serves them by (controller/callback_router.py;
+  # 0: none).
   callbacks: custom_calls.Callbacks = custom_calls.Callbacks(None, 0, False)
   route: int = 0
 

@@ -1,6 +1,6 @@
 """Lanes: ops that wait on a client's callbacks, off the op loop.
 
-A launch whose program calls back into its client (worker/callbacks.py)
+A launch whose program calls back into its client (worker/callback_binding.py)
 can last as long as the client takes to answer: an io_callback may wait
 for a file, a client may be stopped. The op loop serves every client of
 the island and issues ops without waiting for data, so such a launch runs

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 from absl import logging
 
 from jax_pathways.cluster import restarts
-from jax_pathways.worker import main
+from jax_pathways.worker import join
 
 FLAG = "--restart-in-place"
 # The worker's command, before its arguments.
@@ -66,7 +66,7 @@ def run(worker_argv: Sequence[str]) -> int:
     if stopping.is_set():  # the signal came while it was being started
       child[0].terminate()
     code = _exit_code(child[0].wait())
-    if stopping.is_set() or code in (0, main.EXIT_SETUP):
+    if stopping.is_set() or code in (0, join.EXIT_SETUP):
       return code
     delay = incident.died(time.monotonic() - started)
     if delay is None:

@@ -62,7 +62,7 @@ from jax_pathways import validation
 from jax_pathways.cluster import cores
 from jax_pathways.status import Code, StatusError
 from jax_pathways.programs import custom_calls
-from jax_pathways.worker import callbacks as worker_callbacks
+from jax_pathways.worker import callback_binding as worker_callbacks
 from jax_pathways.worker import order_reductions
 from jax_pathways.worker.compilation_cache import CompilationCache
 from jax_pathways.worker import shards
@@ -142,7 +142,7 @@ class Program:
                callbacks: worker_callbacks.Binding | None = None):
     self.executable = executable
     self.client = client
-    # Its callbacks into its client's process (worker/callbacks.py).
+    # Its callbacks into its client's process (worker/callback_binding.py).
     self.callbacks = callbacks
     self.devices = devices
     self.out_handlers = out_handlers
@@ -542,7 +542,7 @@ class PjrtBackend:
               replicas: int, callbacks: dict[str, Any] | None = None
               ) -> Program:
     """`callbacks`: {"route", "count"}, the route the controller serves the
-    program's callbacks by (worker/callbacks.py); None: it has none."""
+    program's callbacks by (worker/callback_binding.py); None: it has none."""
     self._settle(device_refs)
     route = int(callbacks["route"]) if callbacks else 0
     # Programs of several clients may be the same bytes; their callbacks
@@ -631,7 +631,7 @@ class PjrtBackend:
     if checked.compile_time:
       worker_callbacks.install(self.callback_link, self.allowed_custom_calls)
     # On one device a failed callback ends its launch at once; on several
-    # the others would wait for it in a collective (worker/callbacks.py).
+    # the others would wait for it in a collective (worker/callback_binding.py).
     return worker_callbacks.bind(module, int(callbacks["route"]),
                                  checked.count, self.callback_link,
                                  raises=num_devices == 1)

@@ -111,7 +111,7 @@ def run(controller: str, islands: int, devices: int | None,
   from jax_pathways import _core
   from jax_pathways.cluster import addresses
   from jax_pathways.cluster import handshake
-  from jax_pathways.worker.main import configure_jax, worker_hello
+  from jax_pathways.worker.join import configure_jax, worker_hello
   configure_jax("cpu")
   from jax_pathways.worker.pjrt_backend import PjrtBackend
 

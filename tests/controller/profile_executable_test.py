@@ -11,7 +11,7 @@ import jax
 import pytest
 
 from jax_pathways.controller.profile_executable import ProfileExecutable
-from jax_pathways.controller.tracing import Recording
+from jax_pathways.controller.op_timing import Recording
 from jax_pathways.dispatch import payloads
 from jax_pathways.programs.plugin_program import ProfileRequest
 from jax_pathways.status import Code, Status, StatusError

@@ -74,8 +74,10 @@ def _abrupt_session(address: str, token: str, n: int) -> None:
 
 def _jax_client(cluster) -> subprocess.CompletedProcess:
   env = dict(os.environ)
-  env.pop("JAX_PLATFORMS", None)
-  env.pop("JAX_PATHWAYS_TOKEN", None)
+  # Under tests/sanitizers/: a client loads none of csrc/, so the
+  # sanitizer's runtime would only slow it (jaxlib's every allocation).
+  for name in ("JAX_PLATFORMS", "JAX_PATHWAYS_TOKEN", "LD_PRELOAD"):
+    env.pop(name, None)
   # Outside the checkout: `python -c` would import its unbuilt sources.
   return subprocess.run([sys.executable, "-c", CLIENT, cluster.address,
                          cluster.token], env=env, capture_output=True,

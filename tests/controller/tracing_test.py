@@ -1,7 +1,7 @@
 """Recording: one client's profile owns the islands' tracers at a time."""
 import pytest
 
-from jax_pathways.controller.tracing import Recording
+from jax_pathways.controller.op_timing import Recording
 from jax_pathways.status import Code, StatusError
 
 

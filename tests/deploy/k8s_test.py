@@ -35,7 +35,7 @@ from jax_pathways import cli
 from jax_pathways import config
 from jax_pathways.cluster import addresses
 from jax_pathways.deploy import k8s
-from jax_pathways.worker import main as worker_main
+from jax_pathways.worker import join as worker_main
 
 import processes  # tests/conftest.py puts tests/ on sys.path
 

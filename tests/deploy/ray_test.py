@@ -23,7 +23,7 @@ from ray import cluster_utils
 from jax_pathways import admin
 from jax_pathways import cli
 from jax_pathways import ray as on_ray
-from jax_pathways.deploy.ray import NAMESPACE
+from jax_pathways.deploy.ray_actors import NAMESPACE
 
 import processes
 
@@ -215,9 +215,9 @@ def test_ray_start_checks_its_flags(flags, message, capsys):
                                              (1, True), (3, True)])
 def test_only_a_worker_a_restart_can_help_is_restarted(monkeypatch, code,
                                                       restarted):
-  """Exit 2 (a platform or device count this node lacks: worker/main.py)
+  """Exit 2 (a platform or device count this node lacks: worker/join.py)
   would fail the same way after every restart, for ever."""
-  from jax_pathways.deploy import ray as deploy_ray  # pylint: disable=import-outside-toplevel
+  from jax_pathways.deploy import ray_actors as deploy_ray  # pylint: disable=import-outside-toplevel
   killed, left = [], []
   monkeypatch.setattr(deploy_ray.ray, "get_runtime_context",
                       lambda: type("Context", (), {"current_actor": "me"}))

@@ -15,7 +15,7 @@ import pytest
 
 from jax_pathways import admin
 from jax_pathways.cluster.local_cluster import LocalCluster
-from jax_pathways.worker.main import PROBE_TIMEOUT_S
+from jax_pathways.worker.join import PROBE_TIMEOUT_S
 
 pytestmark = pytest.mark.integration
 

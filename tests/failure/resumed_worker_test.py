@@ -13,7 +13,7 @@ import time
 import pytest
 
 from jax_pathways import admin
-from jax_pathways.worker.main import EXIT_LOST
+from jax_pathways.worker.join import EXIT_LOST
 
 import processes  # tests/conftest.py puts tests/ on sys.path
 

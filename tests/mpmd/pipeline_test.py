@@ -224,7 +224,7 @@ def test_steps_after_the_first_run_in_cpp_with_plain_jax_bits(
     mlp, pathways, proxy_devices, cpu_devices, donate):
   """After Python has run a pipeline step once, the steps alike are the
   sessions' C++ fast path's: it submits the same schedule of ops
-  (controller/schedule.py: launches, moves between the islands with fresh
+  (controller/gangs.py: launches, moves between the islands with fresh
   transfer ids, deletes of the step's temporaries) with the next call's
   buffers. Every step's bits are jax.jit's."""
   model = mlp(stages=2, microbatches=M)

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from jax_pathways import dtypes, validation
 from jax_pathways.controller import moves, op_payloads, remap_plan
 from jax_pathways.controller.arrays import Array
-from jax_pathways.controller.handlers.registry import handles
+from jax_pathways.controller.handlers.handler_table import handles
 from jax_pathways.controller.session import Reply, Session, StreamTo
 from jax_pathways.dispatch import payloads
 from jax_pathways.dispatch.dispatcher import IslandOp, OpKind, StageDest

@@ -23,7 +23,7 @@ from absl import logging
 from jax_pathways.controller import mpmd_executable
 from jax_pathways.controller.compile_cache import CompiledProgram
 from jax_pathways.controller.handlers.future import done_future
-from jax_pathways.controller.handlers.registry import handles
+from jax_pathways.controller.handlers.handler_table import handles
 from jax_pathways.controller.mpmd_executable import MpmdExecutable
 from jax_pathways.controller.profile_executable import ProfileExecutable
 from jax_pathways.controller.session import Reply, Session
@@ -102,7 +102,7 @@ def compile_program(session: Session, req: Any, reply: Reply) -> None:
                             services.callbacks is not None),
           read=services.programs and services.programs.read_xla)
       if program.callbacks.any:
-        # Its callbacks run in this client's process alone (callbacks.py).
+        # Its callbacks run in this client's process alone (callback_router.py).
         route = services.callbacks.new_route(session.callbacks_client,
                                              program.callbacks.table,
                                              session.number)

@@ -17,7 +17,7 @@ from jax_pathways.controller.compile_cache import CompiledProgram
 from jax_pathways.controller.mpmd_executable import MpmdExecutable
 from jax_pathways.controller.profile_executable import ProfileExecutable
 from jax_pathways.controller.handlers.future import done_future
-from jax_pathways.controller.handlers.registry import handles
+from jax_pathways.controller.handlers.handler_table import handles
 from jax_pathways.controller.session import Reply, Session
 from jax_pathways.programs import sharding as sharding_lib
 from jax_pathways.status import (StatusError, failed_precondition,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 from typing import Any
 
-from jax_pathways.controller.handlers.registry import handles
+from jax_pathways.controller.handlers.handler_table import handles
 from jax_pathways.controller.session import Reply, Session
 from jax_pathways.status import Status
 

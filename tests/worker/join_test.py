@@ -11,7 +11,7 @@ import pytest
 
 from jax_pathways.resources.topology import Topology
 from jax_pathways.status import Code, StatusError
-from jax_pathways.worker import main
+from jax_pathways.worker import join
 from jax_pathways.worker import pjrt_backend
 from jax_pathways.worker.pjrt_backend import PjrtBackend
 
@@ -48,18 +48,18 @@ def test_an_accelerator_island_reports_its_platform_kind_and_memory():
   # As a CUDA plugin's client would: the client's platform name ("cuda",
   # not its devices' "gpu") and the devices' bytes_limit.
   gpus = [_Device("NVIDIA H100 80GB HBM3", {"bytes_limit": 60 << 30})] * 2
-  hello = main.worker_hello(_Backend("cuda", gpus), 0, 0, "a:1", "")
+  hello = join.worker_hello(_Backend("cuda", gpus), 0, 0, "a:1", "")
   assert _admitted(hello) == ("cuda", "NVIDIA H100 80GB HBM3", 120 << 30)
   # What the client's jax.export asks, as the island's PJRT client says.
   assert Topology(1).register(hello).serialize_with_sdy is False
   # --device-memory overrides what the platform reports.
-  hello = main.worker_hello(_Backend("cuda", gpus), 0, 16 << 30, "a:1", "")
+  hello = join.worker_hello(_Backend("cuda", gpus), 0, 16 << 30, "a:1", "")
   assert _admitted(hello)[2] == 32 << 30
 
 
 def test_cpu_devices_report_no_memory_budget():
   cpus = [_Device("cpu", {})] * 4
-  assert _admitted(main.worker_hello(_Backend("cpu", cpus), 0, 0, "a:1",
+  assert _admitted(join.worker_hello(_Backend("cpu", cpus), 0, 0, "a:1",
                                      ""))[2] == 0  # untracked
 
 

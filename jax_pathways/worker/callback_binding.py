@@ -1,7 +1,7 @@
 """Callbacks: a program's callbacks, run in its client's process.
 
 The controller checked the program (programs/custom_calls.py) and gave it
-a route (controller/callbacks.py); the worker checks it again and binds
+a route (controller/callback_router.py); the worker checks it again and binds
 its callbacks before XLA sees it:
 
 * host callbacks: the callables handed to XLA beside the program are

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from jax_pathways.controller import callbacks
+from jax_pathways.controller import callback_router
 from jax_pathways.dispatch import callback_messages as msg
 from jax_pathways.status import Code
 
@@ -49,7 +49,7 @@ class Clients:
 class Worker:
   """A worker's callbacks connection, raw."""
 
-  def __init__(self, router: callbacks.CallbackRouter, island: int):
+  def __init__(self, router: callback_router.CallbackRouter, island: int):
     self.sock, theirs = socket.socketpair()
     self.sock.settimeout(WAIT_S)
     router.add_worker(theirs, island)
@@ -67,7 +67,7 @@ class Worker:
 @pytest.fixture
 def router():
   clients = Clients()
-  r = callbacks.CallbackRouter(clients.send, clients.finish)
+  r = callback_router.CallbackRouter(clients.send, clients.finish)
   r.clients = clients
   yield r
   r.stop()
@@ -141,7 +141,7 @@ def test_a_client_that_leaves_fails_what_it_owed(router):
 
 def test_a_client_that_never_comes_fails_at_the_deadline(router,
                                                          monkeypatch):
-  monkeypatch.setattr(callbacks, "CLIENT_WAIT_S", 0.2)
+  monkeypatch.setattr(callback_router, "CLIENT_WAIT_S", 0.2)
   route = router.new_route("erin", table=1, session=1)
   w = Worker(router, island=0)
   w.ask({"kind": msg.CALL, "route": route, "index": 0, "args": []})

@@ -90,7 +90,7 @@ class _Controller:
                max_in_flight: int, worker_timeout_s: float | None,
                group: PlacementGroup):
     # pylint: disable=import-outside-toplevel
-    from jax_pathways.cluster import registry
+    from jax_pathways.cluster import host_registry
     from jax_pathways.controller.controller import Controller
     ip = _prepare_process()
     self._name = name
@@ -103,7 +103,7 @@ class _Controller:
     self._controller.start()
     # `jax-pathways status` on this node finds it; the entry of a killed
     # actor is dropped by the next reader (its pid is gone).
-    registry.add("controller", self._controller.address, token)
+    host_registry.add("controller", self._controller.address, token)
     threading.Thread(target=self._kill_lost, name="jp-ray-kill-lost",
                      daemon=True).start()
 
@@ -154,8 +154,8 @@ def _leave(code: int) -> None:
   controller stopped it or is gone) or can never start here (EXIT_SETUP:
   restarted, it would fail the same way for ever); else Ray restarts it,
   and its new worker takes the island's place (its next generation)."""
-  from jax_pathways.worker import main  # pylint: disable=import-outside-toplevel
-  if code in (0, main.EXIT_SETUP):
+  from jax_pathways.worker import join  # pylint: disable=import-outside-toplevel
+  if code in (0, join.EXIT_SETUP):
     if code:
       logging.error("worker cannot start on this node (exit code %d, see "
                     "the lines above); its actor ends without a restart: "
@@ -187,11 +187,11 @@ class _Worker:
   @staticmethod
   def _serve(name: str, controller: str, island: int, devices: int,
              token: str, ip: str, controller_timeout_s: float) -> None:
-    from jax_pathways.worker import main  # pylint: disable=import-outside-toplevel
+    from jax_pathways.worker import join  # pylint: disable=import-outside-toplevel
     if _actor(name) is None:
       _leave(0)  # restarted after its controller's actor died
     try:
-      code = main.run(controller, island, devices, token, f"{ip}:0",
+      code = join.run(controller, island, devices, token, f"{ip}:0",
                       connect_timeout=60.0,
                       controller_timeout=controller_timeout_s)
     except BaseException:  # pylint: disable=broad-except

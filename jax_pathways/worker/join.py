@@ -60,7 +60,7 @@ def run(controller: str, island: int | None, devices: int | None,
   from jax_pathways.cluster import addresses
   from jax_pathways.cluster import cores
   from jax_pathways.cluster import handshake
-  from jax_pathways.worker import callbacks as worker_callbacks
+  from jax_pathways.worker import callback_binding as worker_callbacks
   from jax_pathways.worker.compilation_cache import CompilationCache
   from jax_pathways.worker.peers import Peers
   from jax_pathways.worker.pjrt_backend import PjrtBackend, PlatformError
@@ -193,8 +193,8 @@ def _host_memory() -> int:
 
 def _callbacks_connection(controller: str, token: str | None, island: int,
                           timeout: float) -> socket.socket:
-  """A new connection for callbacks (worker/callbacks.py), authenticated as
-  island `island`'s worker."""
+  """A new connection for callbacks (worker/callback_binding.py),
+  authenticated as island `island`'s worker."""
   # pylint: disable=import-outside-toplevel
   from jax_pathways.cluster import addresses
   from jax_pathways.cluster import handshake

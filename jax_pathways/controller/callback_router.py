@@ -2,9 +2,9 @@
 
 A compiled program that calls back (programs/custom_calls.py) gets a
 route: the client that compiled it (the id its session named,
-frontend/callbacks.py) and that client's table of host callbacks. Workers
+frontend/host_callbacks.py) and that client's table of host callbacks. Workers
 ask over a connection of their own (role "callbacks", see
-worker_listener.py and worker/callbacks.py): run callback i of route r
+worker_listener.py and worker/callback_binding.py): run callback i of route r
 on these operands, or answer this partitioner's question. The router sends
 the ask down the client's stream (a gRPC stream the client opened,
 STREAM_METHOD) and the reply back to the worker.

@@ -74,7 +74,7 @@ def run(islands: int, listen: str, worker_listen: str,
         reduction_order: str = "rank",
         worker_timeout_s: float | None = None) -> int:
   # pylint: disable=import-outside-toplevel
-  from jax_pathways.cluster import registry
+  from jax_pathways.cluster import host_registry
   from jax_pathways.controller.controller import Controller
   controller = Controller(islands, listen, worker_listen, coordinator_listen,
                           token, max_in_flight, memory_wait_s, reduction_order,
@@ -83,12 +83,12 @@ def run(islands: int, listen: str, worker_listen: str,
   print(json.dumps({"address": controller.address,
                     "worker_address": controller.worker_address,
                     "pid": os.getpid()}), flush=True)
-  listed = registry.add("controller", controller.address, token,
+  listed = host_registry.add("controller", controller.address, token,
                         log_dir=os.getcwd())
   try:
     _serve(controller, parent_pid)
   finally:
-    registry.remove(listed)
+    host_registry.remove(listed)
   controller.stop()
   sys.stdout.flush()
   return 0
