@@ -155,7 +155,11 @@ def train(devices: Sequence[jax.Device], steps: int = STEPS,
   params = init(jax.random.key(0))
   params = {k: jax.device_put(v, rows if k.startswith("expert_")
                               else replicated) for k, v in params.items()}
-  opt_state = optimizer.init(params)
+  # Adam's step count starts as an uncommitted scalar, and step() returns
+  # it on the mesh: put it there first, so that step() compiles once.
+  opt_state = jax.tree.map(lambda a: a if a.ndim else
+                           jax.device_put(a, replicated),
+                           optimizer.init(params))
   losses = []
   for i in range(steps):
     x, y = batch(i)
