@@ -65,7 +65,9 @@ def train_step(params, opt_state, x, y, step):
 
 
 params = jax.device_put(init(jax.random.key(0)), replicated)
-opt_state = optimizer.init(params)
+# On the mesh like what train_step returns (Adam's step count would start
+# uncommitted), so that train_step compiles once.
+opt_state = jax.device_put(optimizer.init(params), replicated)
 xb, yb = jax.device_put(x, batch), jax.device_put(y, batch)
 
 for step in range(201):
