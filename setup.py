@@ -88,8 +88,8 @@ _HEADERS = sorted(glob.glob(os.path.join("csrc", "**", "*.h"), recursive=True))
 
 core = Pybind11Extension(
     "jax_pathways._core",
-    _sources("common/*.cc", "transport/*.cc", "dispatcher/*.cc",
-             "executor/*.cc", "sessions/*.cc", "python/module.cc",
+    _sources("common/*.cc", "transport/*.cc", "controller/dispatcher/*.cc",
+             "worker/*.cc", "controller/fast_path/*.cc", "python/module.cc",
              "python/status_bindings.cc", "python/op_bindings.cc",
              "python/dispatcher_bindings.cc", "python/executor_bindings.cc",
              "python/fast_path_bindings.cc"),
@@ -102,7 +102,8 @@ core = Pybind11Extension(
 
 frontend = Pybind11Extension(
     "jax_pathways._frontend",
-    _sources("common/bytes.cc", "frontend/*.cc", "python/frontend_module.cc",
+    _sources("common/bytes.cc", "controller/server/*.cc",
+             "python/frontend_module.cc",
              "python/frontend_bindings.cc", "python/status_bindings.cc"),
     include_dirs=["csrc"],
     depends=_HEADERS,
@@ -162,7 +163,7 @@ setup(
         "console_scripts": ["jax-pathways = jax_pathways.cli:main"],
         # JAX imports this module at backend discovery; it registers the
         # 'proxy' backend (JAX's own IFRT-proxy client), nothing else.
-        "jax_plugins": ["jax_pathways = jax_pathways.frontend.plugin"],
+        "jax_plugins": ["jax_pathways = jax_pathways.client.plugin"],
     },
     zip_safe=False,
 )

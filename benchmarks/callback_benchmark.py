@@ -38,7 +38,7 @@ from jax.experimental import io_callback  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jax_pathways.frontend import host_callbacks  # noqa: E402
+from jax_pathways.client import host_callbacks  # noqa: E402
 
 
 def _loss(w: jax.Array, x: jax.Array) -> jax.Array:

@@ -25,7 +25,7 @@ from typing import Sequence
 
 from jax_pathways import cli
 from jax_pathways.controller import controller as controller_module
-from jax_pathways.dispatch.dispatcher import Dispatcher, IslandOp, OnDone
+from jax_pathways.controller.dispatcher import Dispatcher, IslandOp, OnDone
 from jax_pathways.status import Status
 
 class NaiveDispatcher(Dispatcher):

@@ -106,7 +106,7 @@ class ShardPlan:
 
 class FastPath:
   """Execute, CheckValueReady, DestructArray, uploads and reads answered
-  in C++ (csrc/sessions/fast_path.h; controller/array_store.py)."""
+  in C++ (csrc/controller/fast_path/fast_path.h; controller/array_store.py)."""
   def __init__(self, dispatcher: Dispatcher, wait_max_bytes: int) -> None:
     """`wait_max_bytes`: the largest upload whose request, come before its
     bytes, waits for them in C++ (larger ones stream, through Python)."""

@@ -1,4 +1,4 @@
-"""Stubs of the controller's C++ gRPC frontend (csrc/frontend/).
+"""Stubs of the controller's C++ gRPC frontend (csrc/controller/server/).
 
 Only the controller loads this module (it links grpc++).
 """

@@ -17,11 +17,11 @@ from typing import Sequence
 from absl import logging
 
 from jax_pathways import config
+from jax_pathways.client import make_mesh
+from jax_pathways.client import plugin
+from jax_pathways.client import stderr_filter
 from jax_pathways.cluster import cores
 from jax_pathways.cluster.local_cluster import LocalCluster
-from jax_pathways.frontend import make_mesh
-from jax_pathways.frontend import plugin
-from jax_pathways.frontend import stderr_filter
 from jax_pathways.resources.virtual_slice import SliceRequest
 from jax_pathways.status import StatusError
 

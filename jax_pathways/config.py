@@ -28,7 +28,7 @@ PIN_ISLANDS = "JAX_PATHWAYS_PIN_ISLANDS"  # embedded cluster: 1 = cores per isla
 WORKER_TIMEOUT = "JAX_PATHWAYS_WORKER_TIMEOUT"
 PLATFORM = "JAX_PATHWAYS_PLATFORM"  # embedded cluster: the islands' platform
 # clients: seconds the controller may leave this process's pings unanswered
-# before its JAX calls fail (frontend/controller_watch.py); 0: wait forever
+# before its JAX calls fail (client/controller_watch.py); 0: wait forever
 CONTROLLER_TIMEOUT = "JAX_PATHWAYS_CONTROLLER_TIMEOUT"
 # controller: the largest message a call may send, in MiB
 MAX_REQUEST_MIB = "JAX_PATHWAYS_MAX_REQUEST_MIB"

@@ -4,8 +4,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from jax_pathways import protos
 from jax_pathways.status import invalid_argument, unimplemented
+from jax_pathways.wire import protos
 
 _KIND_TO_NAME = {
     "KIND_PRED": "bool", "KIND_S2": "int2", "KIND_S4": "int4",

@@ -22,8 +22,8 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-from jax_pathways import protos
 from jax_pathways.tracing import Trace
+from jax_pathways.wire import protos
 
 PLANE_PREFIX = "/device:CUSTOM:"
 TASK_ENVIRONMENT = "Task Environment"  # tsl's kTaskEnvPlaneName

@@ -1,5 +1,5 @@
 """The IFRT-proxy schema comes from the installed jaxlib."""
-from jax_pathways import protos
+from jax_pathways.wire import protos
 
 
 def test_schema_has_every_request_kind():

@@ -3,7 +3,7 @@
 #include <tuple>
 #include <vector>
 
-#include "dispatcher/dispatcher.h"
+#include "controller/dispatcher/dispatcher.h"
 #include "python/bindings.h"
 #include "python/bytes_casters.h"
 #include "python/status_casters.h"

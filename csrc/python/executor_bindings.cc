@@ -2,7 +2,7 @@
 
 #include <optional>
 
-#include "executor/executor.h"
+#include "worker/executor.h"
 #include "python/bindings.h"
 #include "python/bytes_casters.h"
 #include "python/status_casters.h"

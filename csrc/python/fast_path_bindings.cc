@@ -8,7 +8,7 @@
 
 #include "python/bindings.h"
 #include "python/bytes_casters.h"
-#include "sessions/fast_path.h"
+#include "controller/fast_path/fast_path.h"
 
 namespace py = pybind11;
 

@@ -1,6 +1,6 @@
 #include <pybind11/stl.h>
 
-#include "frontend/grpc_server.h"
+#include "controller/server/grpc_server.h"
 #include "python/bytes_casters.h"
 #include "python/frontend_bindings.h"
 #include "python/status_casters.h"

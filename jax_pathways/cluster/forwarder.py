@@ -22,8 +22,8 @@ from absl import logging
 import grpc
 
 from jax_pathways import config
-from jax_pathways import protos
 from jax_pathways.controller.grpc_service import SESSION_METADATA, TOKEN_KEY
+from jax_pathways.wire import protos
 
 SERVICE = "/xla.ifrt.proxy.GrpcIfrtService/"
 # Method -> (client streams, server streams), as in grpc_ifrt_service.proto.

@@ -2,7 +2,7 @@
 
 A training loop's steady-state requests (Execute of a program Python has
 registered, CheckValueReady, DestructArray) are answered in C++ by
-_core.FastPath (csrc/sessions/fast_path.h) when every array they name is in
+_core.FastPath (csrc/controller/fast_path/fast_path.h) when every array they name is in
 its table. A handle lives in exactly one of the two tables: the outputs of a
 registered program go to the C++ table; a request Python handles that names
 one takes it over (the record moves here, as an Array). Records in C++ are

@@ -2,7 +2,7 @@
 
 A compiled program that calls back (programs/custom_calls.py) gets a
 route: the client that compiled it (the id its session named,
-frontend/host_callbacks.py) and that client's table of host callbacks. Workers
+client/host_callbacks.py) and that client's table of host callbacks. Workers
 ask over a connection of their own (role "callbacks", see
 worker_listener.py and worker/callback_binding.py): run callback i of route r
 on these operands, or answer this partitioner's question. The router sends
@@ -39,8 +39,8 @@ from typing import Any, Callable
 from absl import logging
 
 from jax_pathways import threads
-from jax_pathways.dispatch import callback_messages as msg
 from jax_pathways.status import Code, Status, invalid_argument
+from jax_pathways.wire import callback_messages as msg
 
 STREAM_METHOD = "/jax_pathways.Callbacks/Serve"
 ID_HEADER = "jax-pathways-callbacks"

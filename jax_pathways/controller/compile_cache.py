@@ -35,16 +35,16 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from jax_pathways import validation
 from jax_pathways.controller.arrays import Array, island_bytes
 from jax_pathways.controller.coordination import GlobalClient
+from jax_pathways.controller.dispatcher import (Dispatcher, IslandOp, OnDone,
+                                                OpKind)
 from jax_pathways.controller.gangs import (ARG, RESULT, Ref, Schedule,
-                                              StepOp)
-from jax_pathways.dispatch import payloads
-from jax_pathways.dispatch.dispatcher import (Dispatcher, IslandOp, OnDone,
-                                              OpKind)
+                                           StepOp)
 from jax_pathways.programs import sharding as sharding_lib
 from jax_pathways.programs.xla_program import PlacedProgram
 from jax_pathways.resources.island import Island
 from jax_pathways.resources.topology import Topology
 from jax_pathways.status import Code, Status, StatusError, invalid_argument
+from jax_pathways.wire import payloads
 
 if TYPE_CHECKING:
   from jax_pathways.controller.session import Services

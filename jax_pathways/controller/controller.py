@@ -12,23 +12,23 @@ from typing import Any
 
 from absl import logging
 
-import jax_pathways
 from jax_pathways import _core
 from jax_pathways import _frontend
+import jax_pathways
 from jax_pathways.cluster import addresses
 from jax_pathways.controller.callback_router import CallbackRouter
 from jax_pathways.controller.compile_cache import CompileCache
-from jax_pathways.controller.handlers.array import STREAM_MIN_BYTES
 from jax_pathways.controller.coordination import GlobalClient
+from jax_pathways.controller.dispatcher import (MEMORY_WAIT_S, WORKER_TIMEOUT_S,
+                                                Dispatcher, IslandOp, OpKind)
 from jax_pathways.controller.grpc_service import GrpcService
+from jax_pathways.controller.handlers.array import STREAM_MIN_BYTES
 from jax_pathways.controller.session import Services
 from jax_pathways.controller.worker_listener import WorkerListener
-from jax_pathways.dispatch import payloads
-from jax_pathways.dispatch.dispatcher import (MEMORY_WAIT_S, WORKER_TIMEOUT_S,
-                                              Dispatcher, IslandOp, OpKind)
 from jax_pathways.programs.reader import READERS, ProgramReader
 from jax_pathways.resources.resource_manager import ResourceManager
 from jax_pathways.resources.topology import Topology
+from jax_pathways.wire import payloads
 
 
 # Compiles being read and placed at once (each waits for a program reader).
@@ -240,7 +240,7 @@ class Controller:
         "islands": islands,
         "clients": clients,
         "live_buffers": self.dispatcher.live_buffers(),
-        # Requests answered in C++ (csrc/sessions/fast_path.h), and those
+        # Requests answered in C++ (csrc/controller/fast_path/fast_path.h), and those
         # it left to Python.
         "fast_path": (self.services.fast_path.stats()
                       if self.services.fast_path else None),

@@ -6,7 +6,7 @@ submitted in order, whose buffers are named by role: the Execute's argument
 or result i, or a temporary the launch makes (and deletes with its own
 DELETE ops). A move between islands gets a fresh transfer id per launch
 (its ops' `program`; Dispatcher.new_transfers). Python runs a schedule
-(Schedule.run), and the sessions' C++ fast path (csrc/sessions/fast_path.h)
+(Schedule.run), and the sessions' C++ fast path (csrc/controller/fast_path/fast_path.h)
 runs the same one for the launches alike, so both submit the same ops.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import dataclasses
 import itertools
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
-from jax_pathways.dispatch.dispatcher import IslandOp, OnDone, OpKind
+from jax_pathways.controller.dispatcher import IslandOp, OnDone, OpKind
 
 if TYPE_CHECKING:
   from jax_pathways.controller.moves import PlannedOp

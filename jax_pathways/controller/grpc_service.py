@@ -24,7 +24,6 @@ from absl import logging
 
 from jax_pathways import _frontend
 from jax_pathways import config
-from jax_pathways import protos
 from jax_pathways import threads
 from jax_pathways.controller import op_payloads
 from jax_pathways.controller import op_timing
@@ -34,6 +33,7 @@ from jax_pathways.controller.handlers import HANDLERS, RESULT_HANDLES
 from jax_pathways.controller.session import Services, Session
 from jax_pathways.resources.virtual_slice import SliceRequest
 from jax_pathways.status import Code, Status, StatusError
+from jax_pathways.wire import protos
 
 SESSION_METADATA = "ifrt-proxy-grpc-ifrt-session-metadata-bin"
 GET_VERSION = "/xla.ifrt.proxy.GrpcIfrtService/GetVersion"
@@ -42,7 +42,7 @@ ADMIN_TRACE = "/jax_pathways.Admin/Trace"
 ADMIN_CHECK_SLICE = "/jax_pathways.Admin/CheckSlice"
 ADMIN_SUPERVISION = "/jax_pathways.Admin/Supervision"
 # Liveness only (no token): answered by the sessions thread, as clients'
-# requests are (frontend/controller_watch.py).
+# requests are (client/controller_watch.py).
 ADMIN_PING = "/jax_pathways.Admin/Ping"
 # Where a client puts its cluster token: the session's initialization data,
 # or this header for the admin service.

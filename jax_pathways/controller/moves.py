@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from jax_pathways.controller.arrays import Array
+from jax_pathways.controller.dispatcher import IslandOp, OpKind
 from jax_pathways.controller.gangs import ARG, RESULT, Schedule
-from jax_pathways.dispatch import payloads
-from jax_pathways.dispatch.dispatcher import IslandOp, OpKind
 from jax_pathways.status import invalid_argument
+from jax_pathways.wire import payloads
 
 if TYPE_CHECKING:
   from jax_pathways.controller.session import Services

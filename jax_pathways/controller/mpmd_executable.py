@@ -14,20 +14,21 @@ import base64
 import threading
 from typing import Any, Callable, Sequence
 
-from jax_pathways import protos, validation
+from jax_pathways import validation
 from jax_pathways.controller import moves
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.compile_cache import CompileCache, CompiledProgram
+from jax_pathways.controller.dispatcher import OnDone, OpKind
 from jax_pathways.controller.gangs import (ARG, RESULT, TEMP, Ref,
-                                              Schedule, StepOp)
+                                           Schedule, StepOp)
 from jax_pathways.controller.session import Services
-from jax_pathways.dispatch.dispatcher import OnDone, OpKind
 from jax_pathways.programs.ifrt_ir_program import Call, MpmdProgram
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.resources.island import Island
 from jax_pathways.resources.topology import Topology
 from jax_pathways.status import (Status, StatusError, from_exception,
                                  invalid_argument)
+from jax_pathways.wire import protos
 
 OnMpmdCompiled = Callable[[Status, "MpmdExecutable | None"], None]
 # Steps kept per executable (one per dispatcher epoch and argument layouts).

@@ -1,10 +1,10 @@
 """Payloads of worker ops the controller builds in more than one place: its
 Python handlers, and constants handed to the C++ fast path once
-(csrc/sessions/fast_path.h). Their formats are the worker's
+(csrc/controller/fast_path/fast_path.h). Their formats are the worker's
 (worker/worker.py)."""
 from __future__ import annotations
 
-from jax_pathways.dispatch import payloads
+from jax_pathways.wire import payloads
 
 
 def fetch(strides: list[int] | None) -> bytes:

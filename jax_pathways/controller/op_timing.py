@@ -11,10 +11,10 @@ import json
 import threading
 from typing import Callable, Sequence
 
-from jax_pathways.dispatch import payloads
-from jax_pathways.dispatch.dispatcher import Dispatcher, IslandOp, OpKind
+from jax_pathways.controller.dispatcher import Dispatcher, IslandOp, OpKind
 from jax_pathways.resources.topology import Topology
 from jax_pathways.status import Code, Status, failed_precondition
+from jax_pathways.wire import payloads
 
 # done(status, reply body)
 OnTraced = Callable[[Status, bytes], None]

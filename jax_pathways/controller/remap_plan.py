@@ -14,12 +14,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from jax_pathways import dtypes, protos, validation
+from jax_pathways import dtypes, validation
 from jax_pathways.controller.arrays import Array
 from jax_pathways.programs import sharding as sharding_lib
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.resources.virtual_slice import VirtualSlice
 from jax_pathways.status import StatusError, invalid_argument, unimplemented
+from jax_pathways.wire import protos
 
 # xla.ifrt.proto.ArrayCopySemantics: the two a remap may be asked for.
 REUSE_INPUT = 2

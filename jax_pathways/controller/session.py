@@ -24,24 +24,25 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from absl import logging
 
-from jax_pathways import _core, _frontend, protos, validation
+from jax_pathways import _core, _frontend, validation
 from jax_pathways.controller import moves
 from jax_pathways.controller.array_store import ArrayStore, Layouts
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.callback_router import CallbackRouter
 from jax_pathways.controller.compile_cache import CompileCache
 from jax_pathways.controller.coordination import GlobalClient
+from jax_pathways.controller.dispatcher import (ClientDispatcher, Dispatcher,
+                                                StageDest)
 from jax_pathways.controller.handle_store import HandleStore, ServerHandles
-from jax_pathways.controller.profile_executable import ProfileExecutable
 from jax_pathways.controller.op_timing import Recording
-from jax_pathways.dispatch import payloads
-from jax_pathways.dispatch.dispatcher import (ClientDispatcher, Dispatcher,
-                                              StageDest)
+from jax_pathways.controller.profile_executable import ProfileExecutable
 from jax_pathways.programs.reader import ProgramReader
 from jax_pathways.resources.resource_manager import ResourceManager
 from jax_pathways.resources.topology import Topology
 from jax_pathways.resources.virtual_slice import SliceRequest, VirtualSlice
 from jax_pathways.status import Code, Status, StatusError, from_exception
+from jax_pathways.wire import payloads
+from jax_pathways.wire import protos
 
 
 @dataclasses.dataclass
@@ -161,7 +162,7 @@ class Session:
         services, dispatcher=services.dispatcher.for_client(number, weight))
     self.peer = peer
     # The id under which the client serves its programs' callbacks
-    # (frontend/host_callbacks.py); None: it serves none.
+    # (client/host_callbacks.py); None: it serves none.
     self.callbacks_client = callbacks_client
     self.request = request  # the devices the client asked for
     self._slice: VirtualSlice | None = None

@@ -1,6 +1,6 @@
 """WorkerListener: where island workers join the controller.
 
-A worker connects, authenticates with the cluster token (cluster/handshake),
+A worker connects, authenticates with the cluster token (wire/handshake.py),
 says how many devices it has and where its data port is, and gets its island
 id. Its socket then goes to the C++ dispatcher, which owns it from there on.
 
@@ -27,10 +27,10 @@ from absl import logging
 from jax_pathways import _core
 from jax_pathways import threads
 from jax_pathways.cluster import addresses
-from jax_pathways.cluster import handshake
-from jax_pathways.dispatch.dispatcher import Dispatcher
+from jax_pathways.controller.dispatcher import Dispatcher
 from jax_pathways.resources.topology import Topology
 from jax_pathways.status import StatusError
+from jax_pathways.wire import handshake
 
 HANDSHAKE_TIMEOUT_S = 30.0
 

@@ -46,7 +46,7 @@ XLA_MARKERS = frozenset({
     "LayoutConstraint", "AllocateBuffer", "ApproxTopK", "TopK",
 })
 # The module attribute the client's jax_pathways sets on a program whose
-# host callbacks it serves: "<table>:<count>" (frontend/host_callbacks.py).
+# host callbacks it serves: "<table>:<count>" (client/host_callbacks.py).
 TABLE_ATTRIBUTE = "jax_pathways.host_callbacks"
 _TABLE = re.compile(r"^(\d{1,18}):(\d{1,6})$")
 # JAX keys custom partitioning by id() of its callback record.

@@ -17,7 +17,6 @@ import re
 import threading
 from typing import Any, Callable, Iterator
 
-from jax_pathways import protos
 from jax_pathways import shardy_mpmd
 from jax_pathways import validation
 from jax_pathways.programs import custom_calls
@@ -26,6 +25,7 @@ from jax_pathways.programs.xla_program import PlacedProgram
 from jax_pathways.resources.topology import Topology
 from jax_pathways.resources.virtual_slice import VirtualSlice
 from jax_pathways.status import invalid_argument, unimplemented
+from jax_pathways.wire import protos
 
 IFRT_IR_PROGRAM = "xla::ifrt::IfrtIRProgram"
 IFRT_IR_COMPILE_OPTIONS = "xla::ifrt::IfrtIRCompileOptions"

@@ -12,7 +12,7 @@ reader that dies or takes longer than READ_TIMEOUT_S costs only that
 program, which is refused; the next read starts a new reader. READERS of
 them read at once, so one client's slow program holds up nobody for long.
 
-The frames (dispatch/callback_messages.py's socket framing) hold payloads:
+The frames (wire/callback_messages.py's socket framing) hold payloads:
     controller -> reader  {"kind": "xla" | "ifrt_ir"}, blob: the program
     reader -> controller  {"identity": hex, "calls": [[target, config hex,
                            index]], "table", "largest"}  (xla)
@@ -33,10 +33,10 @@ from typing import Any
 
 from absl import logging
 
-from jax_pathways.dispatch import callback_messages as frames
-from jax_pathways.dispatch import payloads
 from jax_pathways.programs import custom_calls
 from jax_pathways.status import invalid_argument
+from jax_pathways.wire import callback_messages as frames
+from jax_pathways.wire import payloads
 
 READERS = 2
 READ_TIMEOUT_S = 20.0

@@ -15,9 +15,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jax_pathways import protos
 from jax_pathways.resources.topology import Topology
 from jax_pathways.status import invalid_argument, unimplemented
+from jax_pathways.wire import protos
 
 SINGLE_DEVICE = "xla::ifrt::SingleDeviceSharding"
 HLO = "xla::ifrt::HloSharding"

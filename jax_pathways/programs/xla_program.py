@@ -18,12 +18,13 @@ import dataclasses
 import hashlib
 from typing import Any, Callable, Sequence
 
-from jax_pathways import protos, validation
+from jax_pathways import validation
 from jax_pathways.programs import custom_calls
 from jax_pathways.resources.island import Island
 from jax_pathways.resources.topology import Topology
 from jax_pathways.resources.virtual_slice import VirtualSlice
 from jax_pathways.status import invalid_argument, unimplemented
+from jax_pathways.wire import protos
 
 XLA_PROGRAM = "xla::ifrt::XlaProgram"
 IFRT_IR_PROGRAM = "xla::ifrt::IfrtIRProgram"

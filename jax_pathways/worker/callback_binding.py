@@ -37,9 +37,9 @@ import numpy as np
 
 from jax_pathways import dtypes
 from jax_pathways import threads
-from jax_pathways.dispatch import callback_messages as msg
 from jax_pathways.programs import custom_calls
 from jax_pathways.status import Code, Status, StatusError
+from jax_pathways.wire import callback_messages as msg
 
 # How XLA words a callback's failure, which the launch of one that did not
 # raise into XLA reports in the same words.

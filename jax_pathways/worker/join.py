@@ -59,7 +59,7 @@ def run(controller: str, island: int | None, devices: int | None,
   from jax_pathways import _core
   from jax_pathways.cluster import addresses
   from jax_pathways.cluster import cores
-  from jax_pathways.cluster import handshake
+  from jax_pathways.wire import handshake
   from jax_pathways.worker import callback_binding as worker_callbacks
   from jax_pathways.worker.compilation_cache import CompilationCache
   from jax_pathways.worker.peers import Peers
@@ -197,7 +197,7 @@ def _callbacks_connection(controller: str, token: str | None, island: int,
   authenticated as island `island`'s worker."""
   # pylint: disable=import-outside-toplevel
   from jax_pathways.cluster import addresses
-  from jax_pathways.cluster import handshake
+  from jax_pathways.wire import handshake
   sock = addresses.connect(controller, timeout)
   try:
     handshake.connect(sock, token, {"role": "callbacks", "island": island,
@@ -229,7 +229,7 @@ def _exit_code(ended: str, controller: str, token: str | None,
   controller answers a probe, else 0 (it is gone)."""
   # pylint: disable=import-outside-toplevel
   from jax_pathways.cluster import addresses
-  from jax_pathways.cluster import handshake
+  from jax_pathways.wire import handshake
   probe = {"role": "probe", "island": island, "pid": os.getpid(),
            "host": socket.gethostname()}
   try:

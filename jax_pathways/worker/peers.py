@@ -16,7 +16,7 @@ from absl import logging
 from jax_pathways import _core
 from jax_pathways import threads
 from jax_pathways.cluster import addresses
-from jax_pathways.cluster import handshake
+from jax_pathways.wire import handshake
 
 
 class Peers:

@@ -56,16 +56,16 @@ from jax.extend import backend as jax_backend
 
 from jax_pathways import config
 from jax_pathways import dtypes
-from jax_pathways import protos
 from jax_pathways import threads
 from jax_pathways import validation
 from jax_pathways.cluster import cores
-from jax_pathways.status import Code, StatusError
 from jax_pathways.programs import custom_calls
+from jax_pathways.status import Code, StatusError
+from jax_pathways.wire import protos
 from jax_pathways.worker import callback_binding as worker_callbacks
 from jax_pathways.worker import order_reductions
-from jax_pathways.worker.compilation_cache import CompilationCache
 from jax_pathways.worker import shards
+from jax_pathways.worker.compilation_cache import CompilationCache
 
 # Seconds a worker waits for every island to join the global client, and the
 # coordination service's heartbeat timeout.

@@ -24,8 +24,8 @@ from typing import Any, Callable
 from absl import logging
 
 from jax_pathways import dtypes
-from jax_pathways.dispatch import payloads
 from jax_pathways.status import Code
+from jax_pathways.wire import payloads
 
 # Ops an island takes per wake-up, as worker.OPS_PER_WAKE (that module
 # imports JAX, which must not load before configure_jax()).
@@ -110,7 +110,7 @@ def run(controller: str, islands: int, devices: int | None,
   # pylint: disable=import-outside-toplevel
   from jax_pathways import _core
   from jax_pathways.cluster import addresses
-  from jax_pathways.cluster import handshake
+  from jax_pathways.wire import handshake
   from jax_pathways.worker.join import configure_jax, worker_hello
   configure_jax("cpu")
   from jax_pathways.worker.pjrt_backend import PjrtBackend

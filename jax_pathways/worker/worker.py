@@ -46,18 +46,18 @@ import numpy as np
 
 from jax_pathways import _core
 from jax_pathways import threads
-from jax_pathways.dispatch import payloads
 from jax_pathways.status import Code, Status, StatusError
+from jax_pathways.wire import payloads
+from jax_pathways.worker import shards
 from jax_pathways.worker.callback_lanes import Lane, Pending, Task
 from jax_pathways.worker.completions import Completions, error_status
 from jax_pathways.worker.peers import Peers
-from jax_pathways.worker.tracer import Tracer
-from jax_pathways.worker.transfers import Transfers, arrival
-from jax_pathways.worker import shards
 from jax_pathways.worker.pjrt_backend import (JOIN_WAIT_S,
                                               SHARDING_CACHE_SIZE,
                                               PjrtBackend, Program,
                                               host_view, np_dtype)
+from jax_pathways.worker.tracer import Tracer
+from jax_pathways.worker.transfers import Transfers, arrival
 
 OpKind = _core.OpKind
 # How long a RECEIVE waits for its peer's bytes before failing the op.

@@ -20,7 +20,7 @@ import pytest
 from jax_pathways import _core
 from jax_pathways import admin
 from jax_pathways.cluster import addresses
-from jax_pathways.cluster import handshake
+from jax_pathways.wire import handshake
 
 import processes  # tests/conftest.py puts tests/ on sys.path
 

@@ -20,9 +20,10 @@ import grpc
 import numpy as np
 import pytest
 
-from jax_pathways import cli, protos
+from jax_pathways import cli
 from jax_pathways.cluster import forwarder
 from jax_pathways.controller.grpc_service import SESSION_METADATA, TOKEN_KEY
+from jax_pathways.wire import protos
 
 import cli_cluster  # tests/conftest.py puts tests/ on sys.path
 import processes

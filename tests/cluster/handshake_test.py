@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from jax_pathways.cluster import handshake
+from jax_pathways.wire import handshake
 
 
 def _run(server_token, client_token, decide=lambda hello: {"island": 3}):

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from jax_pathways.controller import callback_router
-from jax_pathways.dispatch import callback_messages as msg
 from jax_pathways.status import Code
+from jax_pathways.wire import callback_messages as msg
 
 WAIT_S = 10.0  # only catches hangs
 

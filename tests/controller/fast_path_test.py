@@ -1,4 +1,4 @@
-"""The steady state in C++ (csrc/sessions/fast_path.h): Execute,
+"""The steady state in C++ (csrc/controller/fast_path/fast_path.h): Execute,
 CheckValueReady, DestructArray and the reads of a training loop are
 answered without Python, with the same results and errors as Python's
 handlers, and leave nothing behind."""
@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jax_pathways import admin, dtypes, protos
+from jax_pathways import admin, dtypes
+from jax_pathways.wire import protos
 import bits  # tests/conftest.py puts tests/ on sys.path
 from jax_pathways.programs import sharding as sharding_lib
 from jax_pathways.programs.sharding import Sharding

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator
 from google.protobuf import descriptor
 from jaxlib.mlir.dialects import stablehlo
 
-from jax_pathways import protos
+from jax_pathways.wire import protos
 
 SERVICE = "/xla.ifrt.proxy.GrpcIfrtService/"
 SESSION = SERVICE + "IfrtSession"

@@ -11,7 +11,7 @@ import pytest
 import cli_cluster
 import processes
 
-from jax_pathways import protos
+from jax_pathways.wire import protos
 
 pytestmark = pytest.mark.integration
 

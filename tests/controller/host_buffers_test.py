@@ -31,7 +31,7 @@ def test_store_lookup_delete(channel, session_id, side_channel):
 
 
 def test_uploads_of_odd_chunks_arrive_whole(channel, session_id, side_channel):
-  """Chunks are kept as gRPC's slices (frontend/grpc_server.cc): empty,
+  """Chunks are kept as gRPC's slices (controller/server/grpc_server.cc): empty,
   tiny and multi-slice chunks, in any mix, come back whole."""
   data = np.random.default_rng(0).integers(0, 256, 3 << 20, np.uint8).tobytes()
   cuts = [0, 0, 1, 7, 70_000, (1 << 20) + 3, (1 << 20) + 3, 3 << 20]

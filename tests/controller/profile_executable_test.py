@@ -10,11 +10,11 @@ from typing import Any
 import jax
 import pytest
 
-from jax_pathways.controller.profile_executable import ProfileExecutable
 from jax_pathways.controller.op_timing import Recording
-from jax_pathways.dispatch import payloads
+from jax_pathways.controller.profile_executable import ProfileExecutable
 from jax_pathways.programs.plugin_program import ProfileRequest
 from jax_pathways.status import Code, Status, StatusError
+from jax_pathways.wire import payloads
 
 ISLANDS = (0, 1)
 # [seq, kind, name, issued, issue end, ready, waited], as workers record.

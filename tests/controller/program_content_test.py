@@ -11,7 +11,8 @@ import pytest
 from jax._src import compiler
 from jaxlib.mlir.dialects import stablehlo
 
-from jax_pathways import admin, protos
+from jax_pathways import admin
+from jax_pathways.wire import protos
 
 import fuzz  # noqa: E402  tests/controller/conftest.py puts it on sys.path
 

@@ -11,9 +11,9 @@ from typing import Iterable
 import grpc
 
 from jax_pathways import dtypes
-from jax_pathways import protos
 from jax_pathways.programs import sharding as sharding_lib
 from jax_pathways.programs.sharding import Sharding
+from jax_pathways.wire import protos
 
 SERVICE = "/xla.ifrt.proxy.GrpcIfrtService/"
 SESSION = SERVICE + "IfrtSession"

@@ -15,7 +15,7 @@ import time
 import grpc
 import pytest
 
-from jax_pathways import protos
+from jax_pathways.wire import protos
 
 pytestmark = pytest.mark.integration
 

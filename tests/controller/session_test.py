@@ -2,9 +2,9 @@
 and are cancelled, without a cluster (fake services)."""
 import time
 
-from jax_pathways import protos
 from jax_pathways.controller.session import Services, Session
 from jax_pathways.status import Code
+from jax_pathways.wire import protos
 
 
 class _Uploads:

@@ -1,4 +1,4 @@
-"""Uploads streamed to a worker while they arrive (dispatcher/stages.h): the
+"""Uploads streamed to a worker while they arrive (csrc/controller/dispatcher/stages.h): the
 frontend's gRPC thread forwards each chunk's pieces, and the PUT naming the
 stage goes without its bytes. A worker on this host copies the pieces out
 of the controller's memory into the stage, and a PUT whose stage is not
@@ -16,11 +16,11 @@ import jax
 import numpy as np
 import pytest
 
-import jax_pathways
 from jax_pathways import _core
 from jax_pathways import _frontend
 from jax_pathways import admin
-from jax_pathways.dispatch import payloads
+import jax_pathways
+from jax_pathways.wire import payloads
 
 from socket_pairs import tcp_pair  # tests/ is on sys.path (conftest.py)
 

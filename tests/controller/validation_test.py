@@ -13,10 +13,11 @@ from jax._src import compiler, config
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jax_pathways import config as jp_config
-from jax_pathways import dtypes, protos
+from jax_pathways import dtypes
 from jax_pathways.programs import sharding as sharding_lib
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.status import StatusError
+from jax_pathways.wire import protos
 
 pytestmark = pytest.mark.integration
 

@@ -1,9 +1,9 @@
 """Protocol version negotiation never answers outside the client's range."""
 import pytest
 
-from jax_pathways import protos
 from jax_pathways.controller import versions
 from jax_pathways.status import StatusError
+from jax_pathways.wire import protos
 
 
 def _v(protocol, serdes):

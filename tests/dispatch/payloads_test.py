@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from jax_pathways.dispatch import payloads
+from jax_pathways.wire import payloads
 
 
 def test_round_trip_with_blobs():

@@ -1,10 +1,10 @@
 """ShardingProto <-> Sharding <-> worker specs."""
 import pytest
 
-from jax_pathways import protos
 from jax_pathways.programs import sharding as sh
 from jax_pathways.resources.topology import Topology
 from jax_pathways.status import StatusError
+from jax_pathways.wire import protos
 
 
 def _tiled(*dims):

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from jaxlib.mlir.dialects import stablehlo
 
-from jax_pathways import protos
 from jax_pathways.programs import xla_program
 from jax_pathways.resources.topology import Topology
 from jax_pathways.resources.virtual_slice import VirtualSlice
 from jax_pathways.status import Code, StatusError
+from jax_pathways.wire import protos
 
 # Two call sites, as JAX records them (the whole Python stack).
 HERE = 'callsite("f"("a.py":3:9) at "main"("train.py":10:2))'

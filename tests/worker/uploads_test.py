@@ -6,7 +6,7 @@ import numpy as np
 
 from jax_pathways import _core
 from jax_pathways import _frontend
-from jax_pathways.dispatch import payloads
+from jax_pathways.wire import payloads
 from jax_pathways.worker.pjrt_backend import PjrtBackend, host_view
 
 

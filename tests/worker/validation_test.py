@@ -4,8 +4,8 @@ import jax
 import numpy as np
 import pytest
 
-from jax_pathways.dispatch import payloads
 from jax_pathways.status import Code, StatusError
+from jax_pathways.wire import payloads
 from jax_pathways.worker.pjrt_backend import PjrtBackend, Program, host_view
 from jax_pathways.worker.worker import Worker
 

@@ -16,16 +16,16 @@ from typing import Any, Sequence
 from jax_pathways import dtypes, validation
 from jax_pathways.controller import moves, op_payloads, remap_plan
 from jax_pathways.controller.arrays import Array
+from jax_pathways.controller.dispatcher import IslandOp, OpKind, StageDest
 from jax_pathways.controller.handlers.handler_table import handles
 from jax_pathways.controller.session import Reply, Session, StreamTo
-from jax_pathways.dispatch import payloads
-from jax_pathways.dispatch.dispatcher import IslandOp, OpKind, StageDest
 from jax_pathways.programs import sharding as sharding_lib
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.resources.island import Island
 from jax_pathways.resources.topology import Topology
 from jax_pathways.status import (Code, Status, StatusError, from_exception,
                                  invalid_argument, unimplemented)
+from jax_pathways.wire import payloads
 
 _PJRT_LAYOUT = "xla::ifrt::PjRtLayout"
 # Uploads larger than this stream to their workers as they arrive (JAX's
@@ -59,7 +59,7 @@ def _check_layout(req: Any, rank: int) -> None:
   """Only the default (row-major) layout is supported."""
   if not req.HasField("layout"):
     return
-  from jax_pathways import protos  # pylint: disable=import-outside-toplevel
+  from jax_pathways.wire import protos  # pylint: disable=import-outside-toplevel
   ser = req.layout.serialized_layout
   if ser.type_name == _PJRT_LAYOUT:
     layout = protos.msg("xla.ifrt.PjRtLayoutProto").FromString(ser.data)
