@@ -30,7 +30,7 @@ import collections
 import itertools
 import json
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from jax_pathways import validation
 from jax_pathways.controller.arrays import Array, island_bytes
@@ -39,6 +39,7 @@ from jax_pathways.controller.dispatcher import (Dispatcher, IslandOp, OnDone,
                                                 OpKind)
 from jax_pathways.controller.gangs import (ARG, RESULT, Ref, Schedule,
                                            StepOp)
+from jax_pathways.controller.launch_context import LaunchContext
 from jax_pathways.programs import sharding as sharding_lib
 from jax_pathways.programs.xla_program import PlacedProgram
 from jax_pathways.resources.island import Island
@@ -46,8 +47,6 @@ from jax_pathways.resources.topology import Topology
 from jax_pathways.status import Code, Status, StatusError, invalid_argument
 from jax_pathways.wire import payloads
 
-if TYPE_CHECKING:
-  from jax_pathways.controller.session import Services
 
 
 class CompiledProgram:
@@ -108,7 +107,7 @@ class CompiledProgram:
     self._output_bytes: dict[int, list[int]] | None = None
     self._schedule: Schedule | None = None
 
-  def ensure_current(self, services: Services) -> None:
+  def ensure_current(self, context: LaunchContext) -> None:
     """Makes the program runnable on its islands' current workers: compiles
     it on a worker that took a lost one's place, and a program spanning
     islands on all of them once the global client has a new generation (a
@@ -116,14 +115,14 @@ class CompiledProgram:
     waits). Raises why a program spanning islands cannot run (see
     GlobalClient.check). An island that is lost and not back yet is left
     alone: launches fail there with the loss."""
-    topology = services.topology
+    topology = context.topology
     with self._lock:
       current = tuple(topology.island(i.id) for i in self.islands)
       if self._global_generation is None:
         stale = [c for c, old in zip(current, self.islands)
                  if c.generation != old.generation]
       else:
-        generation = services.global_client.check(current)
+        generation = context.global_client.check(current)
         if generation is None:  # an island is lost: launches fail there
           return
         stale = (list(current) if generation != self._global_generation
@@ -131,7 +130,7 @@ class CompiledProgram:
         self._global_generation = generation
       if not stale:
         return
-      services.dispatcher.submit(
+      context.dispatcher.submit(
           [IslandOp(c.id, OpKind.COMPILE, self.program_id,
                     payload=self._compile_payload) for c in stale])
       self.islands = current
@@ -153,15 +152,15 @@ class CompiledProgram:
     validation.check_argument(i, array, self._device_set, self.parameters[i],
                               self._argument_shardings[i])
 
-  def launch(self, services: Services, args: Sequence[Array],
+  def launch(self, context: LaunchContext, args: Sequence[Array],
              results: Sequence[int], on_done: OnDone | None) -> None:
     """One LAUNCH gang over the program's islands: `args` -> `results`."""
-    self.ensure_current(services)
+    self.ensure_current(context)
     if self.route:
       on_done = self._counted(on_done)
     try:
-      self.schedule(services).run(services, [a.buffer for a in args],
-                                  list(results), on_done)
+      self.schedule(context).run(context, [a.buffer for a in args],
+                                 list(results), on_done)
     except BaseException:
       if self.route:
         on_done(Status(Code.INTERNAL, "not launched"), [])
@@ -194,7 +193,7 @@ class CompiledProgram:
         return
     run()
 
-  def schedule(self, services: Services,
+  def schedule(self, context: LaunchContext,
                args: Sequence[Array] = ()) -> Schedule:
     """A launch as plain data (the same for any arguments it takes)."""
     del args
@@ -202,7 +201,7 @@ class CompiledProgram:
       self._schedule = Schedule(
           [self.launch_ops([(ARG, i) for i in range(self.num_parameters)],
                            [(RESULT, j) for j in range(len(self.outputs))],
-                           services.topology)], done=0)
+                           context.topology)], done=0)
     return self._schedule
 
   def launch_ops(self, args: Sequence[Ref], results: Sequence[Ref],

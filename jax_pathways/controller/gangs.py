@@ -13,18 +13,27 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from jax_pathways.controller.dispatcher import IslandOp, OnDone, OpKind
-
-if TYPE_CHECKING:
-  from jax_pathways.controller.moves import PlannedOp
-  from jax_pathways.controller.session import Services
+from jax_pathways.controller.launch_context import LaunchContext
 
 # A buffer's role: (space, index).
 ARG, RESULT, TEMP = 0, 1, 2
 Ref = tuple[int, int]
 _ids = itertools.count(1)
+
+
+class PlannedOp(NamedTuple):
+  """One island's op of a move (moves.py), but for the buffers and
+  transfer id."""
+  island: int
+  kind: OpKind
+  takes_source: bool  # the source buffer is its argument
+  later: bool         # a receive the caller may submit when it is needed
+  exchange: bool      # between islands: it takes the move's transfer id
+  payload: bytes
+  result_bytes: list[int]
 
 
 class StepOp(NamedTuple):
@@ -59,10 +68,10 @@ class Schedule:
   # a program only while its schedule is the same.
   id: int = dataclasses.field(default_factory=lambda: next(_ids))
 
-  def run(self, services: Services, args: Sequence[int],
+  def run(self, context: LaunchContext, args: Sequence[int],
           results: Sequence[int], on_done: OnDone | None) -> None:
     """Submits the launch: `args` -> `results` (buffer ids)."""
-    dispatcher = services.dispatcher
+    dispatcher = context.dispatcher
     temps = dispatcher.new_buffers(self.temps) if self.temps else []
     spaces = (args, results, temps)
     transfers = dispatcher.new_transfers(len(self.move_sources))

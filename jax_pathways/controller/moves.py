@@ -7,47 +7,34 @@ through the controller.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from typing import Sequence
 
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.dispatcher import IslandOp, OpKind
-from jax_pathways.controller.gangs import ARG, RESULT, Schedule
+from jax_pathways.controller.gangs import ARG, RESULT, PlannedOp, Schedule
+from jax_pathways.controller.launch_context import LaunchContext
+from jax_pathways.resources.topology import Topology
 from jax_pathways.status import invalid_argument
 from jax_pathways.wire import payloads
 
-if TYPE_CHECKING:
-  from jax_pathways.controller.session import Services
-  from jax_pathways.resources.topology import Topology
 
-
-def move(services: Services, src: Array, dst: Array) -> None:
+def move(context: LaunchContext, src: Array, dst: Array) -> None:
   """Fills `dst` (already registered, same shape) with `src`'s values, on
   dst's sharding: within one island a local copy, otherwise an exchange in
   which the bytes go worker to worker. A lone copy is quicker pushed than
   pulled (worker/transfers.py), so it is."""
   one = Schedule(gangs=[])
-  sends, receives = one.add_move(planned(services, src, dst, pull=False),
+  sends, receives = one.add_move(planned(context, src, dst, pull=False),
                                  (ARG, 0), (RESULT, 0))
   one.gangs.append(sends + receives)
-  one.run(services, [src.buffer], [dst.buffer], None)
+  one.run(context, [src.buffer], [dst.buffer], None)
 
 
-# Plans kept (Services.move_plans; a pipeline's moves, step after step).
+# Plans kept (LaunchContext.move_plans; a pipeline's moves, step after step).
 PLANS_KEPT = 1024
 
 
-class PlannedOp(NamedTuple):
-  """One island's op of a move, but for the buffers and transfer id."""
-  island: int
-  kind: OpKind
-  takes_source: bool  # the source buffer is its argument
-  later: bool         # a receive the caller may submit when it is needed
-  exchange: bool      # between islands: it takes the move's transfer id
-  payload: bytes
-  result_bytes: list[int]
-
-
-def planned(services: Services, src: Array, dst: Array, pull: bool
+def planned(context: LaunchContext, src: Array, dst: Array, pull: bool
             ) -> list[PlannedOp]:
   """A move's ops but for its buffers and transfer id, planned once per
   kind of move (islands, shardings, shape, dtype) and dispatcher epoch (a
@@ -61,15 +48,15 @@ def planned(services: Services, src: Array, dst: Array, pull: bool
   pull: let the receiver pull the array (worker/transfers.py) where it can:
   its op loop goes on at once and the launches after it are enqueued ahead
   of the bytes, which is what a pipeline stage wants."""
-  key = (services.dispatcher.epoch, tuple(i.id for i in src.islands),
+  key = (context.dispatcher.epoch, tuple(i.id for i in src.islands),
          tuple(i.id for i in dst.islands), src.sharding, dst.sharding,
          tuple(src.shape), src.dtype, tuple(dst.shape), dst.dtype, pull)
-  kept = services.move_plans
+  kept = context.move_plans
   ops = kept.get(key)
   if ops is None:
     if len(kept) >= PLANS_KEPT:
       kept.clear()
-    ops = kept[key] = _plan(services.topology, src, dst, pull)
+    ops = kept[key] = _plan(context.topology, src, dst, pull)
   return ops
 
 
@@ -118,7 +105,7 @@ def _plan(topology: Topology, src: Array, dst: Array, pull: bool
   return planned
 
 
-def release(services: Services, arrays: Sequence[Array]) -> None:
+def release(context: LaunchContext, arrays: Sequence[Array]) -> None:
   """Lets the arrays go: buffers nobody holds any more get a DELETE (after
   the ops already queued that use them) and leave the dispatcher's books."""
   by_island: dict[int, list[int]] = {}
@@ -129,6 +116,6 @@ def release(services: Services, arrays: Sequence[Array]) -> None:
       for island in array.islands:
         by_island.setdefault(island.id, []).append(array.buffer)
   for island, buffers in by_island.items():
-    services.dispatcher.submit(
+    context.dispatcher.submit(
         [IslandOp(island, OpKind.DELETE, args=buffers)])
-  services.dispatcher.forget(freed)
+  context.dispatcher.forget(freed)

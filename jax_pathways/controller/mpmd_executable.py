@@ -21,7 +21,7 @@ from jax_pathways.controller.compile_cache import CompileCache, CompiledProgram
 from jax_pathways.controller.dispatcher import OnDone, OpKind
 from jax_pathways.controller.gangs import (ARG, RESULT, TEMP, Ref,
                                            Schedule, StepOp)
-from jax_pathways.controller.session import Services
+from jax_pathways.controller.launch_context import LaunchContext
 from jax_pathways.programs.ifrt_ir_program import Call, MpmdProgram
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.resources.island import Island
@@ -180,30 +180,30 @@ class MpmdExecutable:
     validation.check_argument(i, array, frozenset(expected.devices),
                               (value.shape, value.dtype), expected)
 
-  def launch(self, services: Services, args: Sequence[Array],
+  def launch(self, context: LaunchContext, args: Sequence[Array],
              results: Sequence[int], on_done: OnDone | None) -> None:
     """Submits one step: `args` -> arrays in the `results` buffers."""
     for fragment in self.fragments:  # a lost island's next worker
-      fragment.ensure_current(services)
-    self.schedule(services, args).run(services, [a.buffer for a in args],
-                                      list(results), on_done)
+      fragment.ensure_current(context)
+    self.schedule(context, args).run(context, [a.buffer for a in args],
+                                     list(results), on_done)
 
-  def schedule(self, services: Services, args: Sequence[Array]) -> Schedule:
+  def schedule(self, context: LaunchContext, args: Sequence[Array]) -> Schedule:
     """One step as plain data, for arguments laid out as `args` (a move's
     ops name its source's sharding); kept per dispatcher epoch."""
-    key = (services.dispatcher.epoch,
+    key = (context.dispatcher.epoch,
            tuple((tuple(i.id for i in a.islands), a.sharding) for a in args))
     made = self._schedules.get(key)
     if made is None:
       if len(self._schedules) >= SCHEDULES_KEPT:
         self._schedules.clear()
-      made = self._schedules[key] = self._schedule(services, args)
+      made = self._schedules[key] = self._schedule(context, args)
     return made
 
-  def _schedule(self, services: Services, args: Sequence[Array]
+  def _schedule(self, context: LaunchContext, args: Sequence[Array]
                 ) -> Schedule:
     program = self.program
-    topology = services.topology
+    topology = context.topology
     schedule = Schedule([])
     ref: dict[int, Ref] = {}
     like: dict[int, Array] = {}  # each value's layout, for moves
@@ -247,7 +247,7 @@ class MpmdExecutable:
         for a, r in zip(step.args, step.results):
           dest = new(r)
           sends, later = schedule.add_move(
-              moves.planned(services, like[a], like[r], pull=True), ref[a],
+              moves.planned(context, like[a], like[r], pull=True), ref[a],
               dest)
           schedule.gangs.append(sends)
           if later:
@@ -259,7 +259,7 @@ class MpmdExecutable:
         src = like[v]
         dst = Array(0, src.islands, src.dtype, src.shape, src.sharding)
         sends, later = schedule.add_move(
-            moves.planned(services, src, dst, pull=False), ref[v],
+            moves.planned(context, src, dst, pull=False), ref[v],
             (RESULT, j))
         schedule.gangs.append(sends + later)
     # The temporaries go once the ops queued before on their islands ran.

@@ -26,19 +26,18 @@ import json
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from absl import logging
 
 from jax_pathways import threads, xplane
 from jax_pathways.controller import op_timing
+from jax_pathways.controller.launch_context import LaunchContext
 from jax_pathways.programs.plugin_program import ProfileRequest
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.status import Code, Status, failed_precondition, invalid_argument
 from jax_pathways.tracing import Trace
 
-if TYPE_CHECKING:
-  from jax_pathways.controller.session import Services
 
 OnDone = Callable[..., None]  # (status, *_), as launches report
 
@@ -73,27 +72,27 @@ class ProfileExecutable:
   def check_argument(self, i: int, array: Any) -> None:
     raise invalid_argument("the profiling program takes no arguments")
 
-  def launch(self, services: Services, args: Sequence[Any],
+  def launch(self, context: LaunchContext, args: Sequence[Any],
              results: Sequence[int], on_done: OnDone | None) -> None:
     """Starts recording on the first call, stops and writes on the second."""
     report = on_done or (lambda status, *_: None)
     if self._state == "new":
-      services.recording.claim(self._owner)
+      context.recording.claim(self._owner)
       self._state, self._start_ns = "recording", time.time_ns()
 
       def started(status: Status, _: bytes) -> None:
         if not status.ok:
-          services.recording.release(self._owner)
+          context.recording.release(self._owner)
         report(status)
 
-      op_timing.trace(services.topology, services.dispatcher, "start", started,
+      op_timing.trace(context.topology, context.dispatcher, "start", started,
                     self._islands)
     elif self._state == "recording":
       self._state = "stopping"
 
       def stopped(status: Status, body: bytes) -> None:
         stop_ns = time.time_ns()
-        services.recording.release(self._owner)
+        context.recording.release(self._owner)
         if not status.ok:
           report(status)
           return
@@ -102,18 +101,18 @@ class ProfileExecutable:
         threads.start(lambda: report(self._write(body, stop_ns)),
                       "jp-profile")
 
-      op_timing.trace(services.topology, services.dispatcher, "stop", stopped,
+      op_timing.trace(context.topology, context.dispatcher, "stop", stopped,
                     self._islands)
     else:
       raise failed_precondition(
           f"this profile is {self._state}; start_trace compiles a new one")
 
-  def abandon(self, services: Services) -> None:
+  def abandon(self, context: LaunchContext) -> None:
     """The client let go of it (or ended) while recording: stop, discard."""
     if self._state == "recording":
       self._state = "abandoned"
-      services.recording.release(self._owner)
-      op_timing.trace(services.topology, services.dispatcher, "stop",
+      context.recording.release(self._owner)
+      op_timing.trace(context.topology, context.dispatcher, "stop",
                     lambda *_: None, self._islands)
 
   def _write(self, body: bytes, stop_ns: int) -> Status:
