@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import signal
 import subprocess
 
@@ -22,6 +23,33 @@ def alive(pid: int) -> bool:
       return f.read().split()[2] != "Z"
   except OSError:
     return False
+
+
+def pin(pid: int) -> int | None:
+  """A pidfd for `pid` while it runs, None if it is gone. Signals sent
+  through it (send) reach that process or nothing: the suite starts more
+  processes and threads than this machine's pid_max (32768), so a pid kept
+  from earlier may name another test's process by the time it is used."""
+  try:
+    return os.pidfd_open(pid)
+  except ProcessLookupError:
+    return None
+
+
+def send(pidfd: int | None, sig: int) -> bool:
+  """`sig` to the process `pidfd` pins (pin); False if it has ended."""
+  if pidfd is None:
+    return False
+  try:
+    signal.pidfd_send_signal(pidfd, sig)
+    return True
+  except ProcessLookupError:
+    return False
+
+
+def ended(pidfd: int | None) -> bool:
+  """Whether the process `pidfd` pins has exited (a pidfd reads ready)."""
+  return pidfd is None or bool(select.select([pidfd], [], [], 0)[0])
 
 
 def stop(procs: list[subprocess.Popen]) -> None:

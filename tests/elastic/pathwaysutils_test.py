@@ -56,7 +56,10 @@ class Trainer:
           [sys.executable, TRAINER, *args], env=env, stdout=subprocess.PIPE,
           stderr=stderr, text=True, start_new_session=True, cwd=tmp_path)
     self.lines: list[dict[str, Any]] = []
-    self.pids: set[int] = set()  # the cluster's, restarted workers too
+    # The cluster's, restarted workers too, and the faults' victims, each
+    # pinned when the trainer names it (processes.pin).
+    self.pids: dict[int, int | None] = {}
+    self.victims: list[int | None] = []
 
   def until(self, keys: tuple[str, ...], timeout: float) -> dict[str, Any]:
     """The next line holding one of `keys`. TimeoutError if none comes
@@ -83,7 +86,11 @@ class Trainer:
       return None
     msg = json.loads(line)
     self.lines.append(msg)
-    self.pids.update(msg.get("pids", []))
+    for pid in msg.get("pids", []):
+      if pid not in self.pids:
+        self.pids[pid] = processes.pin(pid)
+    if "fault" in msg:
+      self.victims.append(processes.pin(msg["pid"]))
     return msg
 
   def first(self, key: str) -> dict[str, Any]:
@@ -100,17 +107,19 @@ class Trainer:
     while self._read(0) is not None:  # pids it said that were not read yet
       pass
     self.proc.stdout.close()
-    for victim in (m["pid"] for m in self.lines if "fault" in m):
-      if processes.alive(victim):
-        os.kill(victim, signal.SIGKILL)
-        os.kill(victim, signal.SIGCONT)
+    for victim in self.victims:
+      processes.send(victim, signal.SIGKILL)
+      processes.send(victim, signal.SIGCONT)
     deadline = time.monotonic() + 15
     while (time.monotonic() < deadline and
-           any(processes.alive(p) for p in self.pids)):
+           not all(processes.ended(fd) for fd in self.pids.values())):
       time.sleep(0.1)
-    left = [p for p in self.pids if processes.alive(p)]
+    left = [p for p, fd in self.pids.items() if not processes.ended(fd)]
     for p in left:
-      os.kill(p, signal.SIGKILL)
+      processes.send(self.pids[p], signal.SIGKILL)
+    for fd in [*self.pids.values(), *self.victims]:
+      if fd is not None:
+        os.close(fd)
     assert not left, f"processes {left} outlived the trainer"
 
 

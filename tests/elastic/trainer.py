@@ -215,10 +215,13 @@ def main() -> None:
   say(pids=pids())
   reference = train(None)
   victim = islands()[VICTIM_ISLAND]["pid"]
+  # Signals through it reach this worker or nothing: once it is replaced,
+  # its pid may be another process's (a suite reuses pids).
+  victim_fd = os.pidfd_open(victim)
 
   def inject() -> None:
-    os.kill(victim, signal.SIGKILL if FLAGS.fault == "kill"
-            else signal.SIGSTOP)
+    signal.pidfd_send_signal(victim_fd, signal.SIGKILL
+                             if FLAGS.fault == "kill" else signal.SIGSTOP)
     say(fault=FLAGS.fault, pid=victim, t=time.monotonic())
 
   try:
@@ -233,8 +236,8 @@ def main() -> None:
     if FLAGS.fault == "stop":
       # Replaced by now, or its cluster's restart policy was off: gone.
       try:
-        os.kill(victim, signal.SIGKILL)
-        os.kill(victim, signal.SIGCONT)
+        signal.pidfd_send_signal(victim_fd, signal.SIGKILL)
+        signal.pidfd_send_signal(victim_fd, signal.SIGCONT)
       except ProcessLookupError:
         pass
 

@@ -61,28 +61,33 @@ class Client:
     self.proc.wait(timeout=10)
 
 
-def _wait_gone(pids, timeout: float) -> list[int]:
+def _wait_gone(pinned: dict[int, int | None], timeout: float) -> list[int]:
+  """The pids of `pinned` ({pid: pidfd}) still running after `timeout`."""
   deadline = time.monotonic() + timeout
   while time.monotonic() < deadline:
-    alive = [p for p in pids if processes.alive(p)]
-    if not alive:
+    if all(processes.ended(fd) for fd in pinned.values()):
       return []
     time.sleep(0.1)
-  return [p for p in pids if processes.alive(p)]
+  return [p for p, fd in pinned.items() if not processes.ended(fd)]
 
 
 @pytest.fixture
 def client(request):
   c = Client(request.param)
   pids = c.read("controller", 120)
+  pinned = {p: processes.pin(p)
+            for p in [pids["controller"], *pids["workers"]]}
+  pids["pinned"] = pinned
   yield c, pids
   c.close()
   for pid in pids["workers"]:  # a stopped worker must see its end
-    if processes.alive(pid):
-      os.kill(pid, signal.SIGCONT)
-  leftovers = _wait_gone([pids["controller"], *pids["workers"]], 15)
+    processes.send(pinned[pid], signal.SIGCONT)
+  leftovers = _wait_gone(pinned, 15)
   for p in leftovers:
-    os.kill(p, signal.SIGKILL)
+    processes.send(pinned[p], signal.SIGKILL)
+  for fd in pinned.values():
+    if fd is not None:
+      os.close(fd)
   assert not leftovers, f"processes {leftovers} outlived their client"
 
 
@@ -127,7 +132,7 @@ def test_controller_death_fails_calls_without_abort(client):
   # Workers notice their controller is gone and exit on their own: before
   # jaxlib's coordination agent, which aborts a worker whose service is
   # gone (the service outlives the controller: coordination_host.py).
-  assert not _wait_gone(pids["workers"], 10)
+  assert not _wait_gone({p: pids["pinned"][p] for p in pids["workers"]}, 10)
   for i in range(len(pids["workers"])):
     with open(os.path.join(pids["logs"], f"worker{i}.log"),
               errors="replace") as f:
