@@ -1,13 +1,18 @@
 """Builds jax_pathways and its C++ extensions from csrc/.
 
-* jax_pathways._core: dispatcher, worker executor, transport (no deps).
+* jax_pathways._core: dispatcher, worker executor, transport, fast path.
 * jax_pathways._frontend: the controller's gRPC server (links grpc++; only
-  the controller process loads it). Needs libgrpc++-dev and pkg-config:
-  scripts/install_system_deps.sh installs them.
+  the controller process loads it).
+Both link libprotobuf: the IFRT-proxy messages C++ reads are classes protoc
+generates here from the schema jaxlib embeds. Needs libgrpc++-dev,
+libprotobuf-dev, protobuf-compiler and pkg-config:
+scripts/install_system_deps.sh installs them.
 """
 import glob
+import importlib.util
 import os
 import shlex
+import shutil
 import subprocess
 
 from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
@@ -39,6 +44,74 @@ if _SANITIZE:
   # cores) and the sanitizers see every access.
   _CXX_FLAGS = ["-O0"] + _CXX_FLAGS[1:] + _SANITIZER_FLAGS
   _LINK_FLAGS += _SANITIZER_FLAGS
+
+
+_PROTO_DIR = os.path.join("build", "ifrt_protos")
+# The host-buffer messages are the gRPC server's, the rest the fast path's;
+# each is compiled into one extension only (both register their messages
+# with the one libprotobuf of a process).
+_SERVER_PROTO = "xla/python/ifrt_proxy/common/grpc_ifrt_service.proto"
+
+
+def _ifrt_protos() -> dict[str, str]:
+  """The IFRT-proxy messages C++ reads, as C++: protoc generates them from
+  the schema jaxlib embeds (the part jax_pathways/wire/descriptors.py names)
+  into build/ifrt_protos/, again only when that schema changed. Returns
+  each .proto's generated source by file name."""
+  spec = importlib.util.spec_from_file_location(
+      "_jax_pathways_descriptors",
+      os.path.join(HERE, "jax_pathways", "wire", "descriptors.py"))
+  descriptors = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(descriptors)
+  with open(descriptors.library_path(), "rb") as f:
+    schema = descriptors.subset(descriptors.extract(f.read()),
+                                descriptors.CXX_MESSAGES)
+  sources = {f.name: os.path.join(_PROTO_DIR, f.name.replace(".proto", ".pb.cc"))
+             for f in schema.file}
+  blob = schema.SerializeToString()
+  kept = os.path.join(_PROTO_DIR, "schema.pb")
+  if (os.path.exists(kept) and open(kept, "rb").read() == blob and
+      all(map(os.path.exists, sources.values()))):
+    return sources
+  # Generated aside, then moved in file by file: a build running beside
+  # this one (the sanitizer modes) reads either version whole.
+  tmp = f"{_PROTO_DIR}.{os.getpid()}"
+  os.makedirs(tmp, exist_ok=True)
+  with open(os.path.join(tmp, "schema.pb"), "wb") as f:
+    f.write(blob)
+  try:
+    subprocess.check_call(["protoc", f"--descriptor_set_in={tmp}/schema.pb",
+                           f"--cpp_out={tmp}", *sources])
+  except OSError:
+    raise SystemExit(
+        "jax_pathways: building csrc/ needs protoc (protobuf-compiler) and "
+        "libprotobuf-dev. Install them with scripts/install_system_deps.sh, "
+        "then build again.") from None
+  for name in sorted(glob.glob(f"{tmp}/**/*.*", recursive=True),
+                     key=lambda n: n.endswith("schema.pb")):  # it last
+    dest = os.path.join(_PROTO_DIR, os.path.relpath(name, tmp))
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    os.replace(name, dest)
+  shutil.rmtree(tmp)
+  return sources
+
+
+class _BuildExt(build_ext):
+  """build_ext that first generates the IFRT-proxy messages' C++ (only a
+  build needs jaxlib and protoc; metadata does not)."""
+
+  def run(self) -> None:
+    protos = _ifrt_protos()
+    headers = glob.glob(os.path.join(_PROTO_DIR, "**", "*.pb.h"),
+                        recursive=True)
+    for ext in self.extensions:
+      if ext.name == "jax_pathways._frontend":
+        ext.sources.append(protos[_SERVER_PROTO])
+      else:
+        ext.sources += [src for name, src in protos.items()
+                        if name != _SERVER_PROTO]
+      ext.depends += headers
+    super().run()
 
 
 def _sources(*patterns: str) -> list[str]:
@@ -75,14 +148,15 @@ def _pkg_config(package: str) -> tuple[list[str], list[str]]:
     libs = subprocess.check_output(["pkg-config", "--libs", package], text=True)
   except (OSError, subprocess.CalledProcessError):
     raise SystemExit(
-        f"jax_pathways: building the controller's gRPC frontend needs "
-        f"{package} (C++) and pkg-config. Install them with "
-        f"scripts/install_system_deps.sh (Debian/Ubuntu: apt-get install "
-        f"libgrpc++-dev pkg-config), then build again.") from None
+        f"jax_pathways: building csrc/ needs {package} (C++) and "
+        f"pkg-config. Install them with scripts/install_system_deps.sh "
+        f"(Debian/Ubuntu: apt-get install libgrpc++-dev libprotobuf-dev "
+        f"protobuf-compiler pkg-config), then build again.") from None
   return shlex.split(cflags), shlex.split(libs)
 
 
 _grpc_cflags, _grpc_libs = _pkg_config("grpc++")
+_protobuf_cflags, _protobuf_libs = _pkg_config("protobuf")
 # A changed header rebuilds the extension (an in-place build compares times).
 _HEADERS = sorted(glob.glob(os.path.join("csrc", "**", "*.h"), recursive=True))
 
@@ -93,11 +167,11 @@ core = Pybind11Extension(
              "python/status_bindings.cc", "python/op_bindings.cc",
              "python/dispatcher_bindings.cc", "python/executor_bindings.cc",
              "python/fast_path_bindings.cc"),
-    include_dirs=["csrc"],
-    depends=_HEADERS,
+    include_dirs=["csrc", _PROTO_DIR],
+    depends=list(_HEADERS),
     cxx_std=17,
-    extra_compile_args=_CXX_FLAGS,
-    extra_link_args=_LINK_FLAGS,
+    extra_compile_args=_CXX_FLAGS + _protobuf_cflags,
+    extra_link_args=_LINK_FLAGS + _protobuf_libs,
 )
 
 frontend = Pybind11Extension(
@@ -105,11 +179,11 @@ frontend = Pybind11Extension(
     _sources("common/bytes.cc", "controller/server/*.cc",
              "python/frontend_module.cc",
              "python/frontend_bindings.cc", "python/status_bindings.cc"),
-    include_dirs=["csrc"],
-    depends=_HEADERS,
+    include_dirs=["csrc", _PROTO_DIR],
+    depends=list(_HEADERS),
     cxx_std=17,
-    extra_compile_args=_CXX_FLAGS + _grpc_cflags,
-    extra_link_args=_LINK_FLAGS + _grpc_libs,
+    extra_compile_args=_CXX_FLAGS + _grpc_cflags + _protobuf_cflags,
+    extra_link_args=_LINK_FLAGS + _grpc_libs + _protobuf_libs,
 )
 
 setup(
@@ -123,7 +197,7 @@ setup(
     packages=find_packages(include=["jax_pathways", "jax_pathways.*"]),
     package_data={"jax_pathways": ["_core.pyi", "_frontend.pyi", "py.typed"]},
     ext_modules=[core, frontend],
-    cmdclass={"build_ext": build_ext},
+    cmdclass={"build_ext": _BuildExt},
     install_requires=[
         "jax==0.10.2",
         "jaxlib==0.10.2",

@@ -107,9 +107,12 @@ class ShardPlan:
 class FastPath:
   """Execute, CheckValueReady, DestructArray, uploads and reads answered
   in C++ (csrc/controller/fast_path/fast_path.h; controller/array_store.py)."""
-  def __init__(self, dispatcher: Dispatcher, wait_max_bytes: int) -> None:
+  def __init__(self, dispatcher: Dispatcher, wait_max_bytes: int,
+               server_handles_start: int) -> None:
     """`wait_max_bytes`: the largest upload whose request, come before its
-    bytes, waits for them in C++ (larger ones stream, through Python)."""
+    bytes, waits for them in C++ (larger ones stream, through Python);
+    `server_handles_start`: the first handle the controller mints (result
+    handles from there on are Python's to refuse)."""
   def attach(self, sink: object) -> None:
     """`sink`: GrpcServer.reply_sink()'s capsule."""
   def detach(self) -> None: ...

@@ -24,6 +24,7 @@ from jax_pathways.cluster import cores
 from jax_pathways.cluster.local_cluster import LocalCluster
 from jax_pathways.resources.virtual_slice import SliceRequest
 from jax_pathways.status import StatusError
+from jax_pathways.wire import session_keys
 
 _lock = threading.Lock()
 _cluster: LocalCluster | None = None
@@ -139,7 +140,7 @@ def initialize(address: str | None = None, *, islands: int | None = None,
       if not 0 < weight < float("inf"):
         raise ValueError(f"jax_pathways.initialize: weight={weight} must be "
                          "a positive number")
-      wanted[plugin.WEIGHT_KEY] = repr(float(weight))
+      wanted[session_keys.WEIGHT_KEY] = repr(float(weight))
     if address is None:
       if token is not None:
         raise ValueError("token= is for joining a running controller; an "
@@ -287,12 +288,12 @@ def _slice_request(devices: int | str | Sequence[int] | None,
       devices = str(devices)
     elif not isinstance(devices, str):
       devices = "x".join(str(int(d)) for d in devices)
-    wanted[plugin.DEVICES_KEY] = devices
+    wanted[session_keys.DEVICES_KEY] = devices
   if island is not None:
-    wanted[plugin.ISLAND_KEY] = str(island)
+    wanted[session_keys.ISLAND_KEY] = str(island)
   try:
-    SliceRequest.parse(wanted.get(plugin.DEVICES_KEY),
-                       wanted.get(plugin.ISLAND_KEY))
+    SliceRequest.parse(wanted.get(session_keys.DEVICES_KEY),
+                       wanted.get(session_keys.ISLAND_KEY))
   except StatusError as e:
     raise ValueError(f"jax_pathways.initialize: {e.status.message}") from None
   return wanted

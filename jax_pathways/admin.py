@@ -7,8 +7,9 @@ from typing import Any
 
 import grpc
 
+from jax_pathways.wire.session_keys import TOKEN_HEADER
+
 _SERVICE = "/jax_pathways.Admin/"
-_TOKEN_HEADER = "jax-pathways-token"
 
 
 class AdminError(RuntimeError):
@@ -26,7 +27,7 @@ def _target(address: str) -> str:
 
 def _call(address: str, method: str, body: bytes, token: str | None,
           timeout: float) -> dict[str, Any]:
-  metadata = [(_TOKEN_HEADER, token)] if token else []
+  metadata = [(TOKEN_HEADER, token)] if token else []
   try:
     with grpc.insecure_channel(_target(address)) as channel:
       call = channel.unary_unary(_SERVICE + method, request_serializer=None,

@@ -107,8 +107,9 @@ void RegisterFastPath(py::module_& m) {
            py::arg("island"), py::arg("layouts"), py::arg("replicated"),
            py::arg("first"), py::arg("all"), py::arg("shard_plans"));
   py::class_<FastPath>(m, "FastPath")
-      .def(py::init<Dispatcher*, uint64_t>(), py::arg("dispatcher"),
-           py::arg("wait_max_bytes"), py::keep_alive<1, 2>())
+      .def(py::init<Dispatcher*, uint64_t, uint64_t>(), py::arg("dispatcher"),
+           py::arg("wait_max_bytes"), py::arg("server_handles_start"),
+           py::keep_alive<1, 2>())
       .def(
           "attach",
           [](FastPath& f, py::capsule sink) {

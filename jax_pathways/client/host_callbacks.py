@@ -14,7 +14,7 @@ process:
 * records the key JAX writes for each inspect_array_sharding callback
   (`encode_inspect_sharding_callback`; the program carries the key, never
   the pointer, to the worker);
-* keeps one gRPC stream open to the controller (STREAM_METHOD), over
+* keeps one gRPC stream open to the controller (CALLBACKS_METHOD), over
   which the controller asks this process to run a callback or answer a
   partitioner's question, and this process replies. Callbacks run on a
   pool of threads, so one that blocks, or itself calls JAX (and so
@@ -39,13 +39,9 @@ from absl import logging
 
 from jax_pathways.programs import custom_calls
 from jax_pathways.wire import callback_messages as msg
+from jax_pathways.wire.session_keys import (CALLBACKS_HEADER, CALLBACKS_METHOD,
+                                             TOKEN_HEADER)
 
-# The session initialization data key that names this process's callbacks
-# (controller/grpc_service.py), and the stream's metadata header.
-CLIENT_KEY = "jax_pathways_callbacks"
-ID_HEADER = "jax-pathways-callbacks"
-TOKEN_HEADER = "jax-pathways-token"
-STREAM_METHOD = "/jax_pathways.Callbacks/Serve"
 # Callbacks running at once: each may block (io_callback waiting for
 # input) or call JAX, whose programs may call back again.
 POOL_THREADS = 64
@@ -171,7 +167,7 @@ class _Service:
     self.client_id = client_id
     self.target, self.token = target, token
     self._target = target.split("://", 1)[1] if "://" in target else target
-    self._metadata = [(ID_HEADER, client_id)]
+    self._metadata = [(CALLBACKS_HEADER, client_id)]
     if token:
       self._metadata.append((TOKEN_HEADER, token))
     self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -202,7 +198,7 @@ class _Service:
                                  ("grpc.max_send_message_length", -1)])
       self._channel = channel
       try:
-        stream = channel.stream_stream(STREAM_METHOD,
+        stream = channel.stream_stream(CALLBACKS_METHOD,
                                        request_serializer=None,
                                        response_deserializer=None)
         for data in stream(_drain(out), metadata=self._metadata):

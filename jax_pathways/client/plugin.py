@@ -25,14 +25,10 @@ from jax_pathways.client import flusher
 from jax_pathways.client import host_callbacks
 from jax_pathways.client import make_mesh
 from jax_pathways.client import stderr_filter
+from jax_pathways.wire.session_keys import (CALLBACKS_KEY, DEVICES_KEY,
+                                             ISLAND_KEY, TOKEN_KEY)
 
 BACKEND_NAME = "proxy"
-# Key and header under which the cluster token travels (see
-# controller/grpc_service.py).
-TOKEN_KEY = "jax_pathways_token"
-DEVICES_KEY = "jax_pathways_devices"
-ISLAND_KEY = "jax_pathways_island"
-WEIGHT_KEY = "jax_pathways_weight"
 CONNECT_TIMEOUT_S = 60
 
 _token: str | None = None
@@ -153,7 +149,7 @@ def _make_client() -> Any:
     data[TOKEN_KEY] = token.encode()
   # This process serves its programs' callbacks (client/host_callbacks.py).
   client_id = host_callbacks.new_client_id()
-  data[host_callbacks.CLIENT_KEY] = client_id.encode()
+  data[CALLBACKS_KEY] = client_id.encode()
   options.initialization_data = data
   target = _target()
   if _before_connect is not None:

@@ -22,7 +22,7 @@ from absl import logging
 import grpc
 
 from jax_pathways import config
-from jax_pathways.controller.grpc_service import SESSION_METADATA, TOKEN_KEY
+from jax_pathways.wire.session_keys import SESSION_METADATA, TOKEN_KEY
 from jax_pathways.wire import protos
 
 SERVICE = "/xla.ifrt.proxy.GrpcIfrtService/"

@@ -7,7 +7,7 @@ ask over a connection of their own (role "callbacks", see
 worker_listener.py and worker/callback_binding.py): run callback i of route r
 on these operands, or answer this partitioner's question. The router sends
 the ask down the client's stream (a gRPC stream the client opened,
-STREAM_METHOD) and the reply back to the worker.
+CALLBACKS_METHOD) and the reply back to the worker.
 
 Nothing here waits on anyone: a worker's replies are queued to a writer
 thread of its own, a client's go through the gRPC server's queue. A
@@ -41,9 +41,8 @@ from absl import logging
 from jax_pathways import threads
 from jax_pathways.status import Code, Status, invalid_argument
 from jax_pathways.wire import callback_messages as msg
+from jax_pathways.wire.session_keys import CALLBACKS_HEADER, CALLBACKS_METHOD
 
-STREAM_METHOD = "/jax_pathways.Callbacks/Serve"
-ID_HEADER = "jax-pathways-callbacks"
 # How long a call waits for its client's stream to open.
 CLIENT_WAIT_S = 30.0
 # How often waits past their deadline are failed.
@@ -125,7 +124,7 @@ class CallbackRouter:
     """A client's callbacks stream opened (its token checked)."""
     if not client or len(client) > MAX_CLIENT_ID:
       self._finish(stream, int(Code.INVALID_ARGUMENT),
-                   f"a callbacks stream needs a {ID_HEADER} header of up to "
+                   f"a callbacks stream needs a {CALLBACKS_HEADER} header of up to "
                    f"{MAX_CLIENT_ID} characters")
       return
     with self._lock:

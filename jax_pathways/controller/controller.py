@@ -28,6 +28,7 @@ from jax_pathways.controller.worker_listener import WorkerListener
 from jax_pathways.programs.reader import READERS, ProgramReader
 from jax_pathways.resources.resource_manager import ResourceManager
 from jax_pathways.resources.topology import Topology
+from jax_pathways.validation import SERVER_HANDLES_START
 from jax_pathways.wire import payloads
 
 
@@ -78,7 +79,8 @@ class Controller:
         compiles=concurrent.futures.ThreadPoolExecutor(
             COMPILE_THREADS, thread_name_prefix="jp-compile"),
         spmd_across_islands=self.global_client is not None,
-        fast_path=(_core.FastPath(self.dispatcher.core, STREAM_MIN_BYTES)
+        fast_path=(_core.FastPath(self.dispatcher.core, STREAM_MIN_BYTES,
+                                  SERVER_HANDLES_START)
                    if self.dispatcher.in_order else None))
     self.service = GrpcService(server, self.services, token, self.status,
                                self.supervised)

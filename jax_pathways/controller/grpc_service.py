@@ -28,14 +28,17 @@ from jax_pathways import threads
 from jax_pathways.controller import op_payloads
 from jax_pathways.controller import op_timing
 from jax_pathways.controller import versions
-from jax_pathways.controller.callback_router import ID_HEADER, STREAM_METHOD
 from jax_pathways.controller.handlers import HANDLERS, RESULT_HANDLES
 from jax_pathways.controller.session import Services, Session
 from jax_pathways.resources.virtual_slice import SliceRequest
 from jax_pathways.status import Code, Status, StatusError
 from jax_pathways.wire import protos
+from jax_pathways.wire.session_keys import (CALLBACKS_HEADER, CALLBACKS_KEY,
+                                             CALLBACKS_METHOD, DEVICES_KEY,
+                                             ISLAND_KEY, SESSION_METADATA,
+                                             TOKEN_HEADER, TOKEN_KEY,
+                                             WEIGHT_KEY)
 
-SESSION_METADATA = "ifrt-proxy-grpc-ifrt-session-metadata-bin"
 GET_VERSION = "/xla.ifrt.proxy.GrpcIfrtService/GetVersion"
 ADMIN_STATUS = "/jax_pathways.Admin/Status"
 ADMIN_TRACE = "/jax_pathways.Admin/Trace"
@@ -44,16 +47,6 @@ ADMIN_SUPERVISION = "/jax_pathways.Admin/Supervision"
 # Liveness only (no token): answered by the sessions thread, as clients'
 # requests are (client/controller_watch.py).
 ADMIN_PING = "/jax_pathways.Admin/Ping"
-# Where a client puts its cluster token: the session's initialization data,
-# or this header for the admin service.
-TOKEN_KEY = "jax_pathways_token"
-# The virtual slice a client asks for (initialize(devices=..., island=...)).
-DEVICES_KEY = "jax_pathways_devices"
-ISLAND_KEY = "jax_pathways_island"
-WEIGHT_KEY = "jax_pathways_weight"  # its share of saturated islands
-# The id under which the client serves its programs' callbacks.
-CALLBACKS_KEY = "jax_pathways_callbacks"
-ADMIN_TOKEN_HEADER = "jax-pathways-token"
 # What a session without the right token is told, as the status of its
 # InitRequest (GrpcService._refuse). JAX's client retries a failed
 # InitRequest until its connection timeout (120 s by default; pathwaysutils
@@ -193,7 +186,7 @@ class GrpcService:
   # --------------------------------------------------------------- sessions
   def _open(self, stream: int, data: bytes, method: str,
             metadata: dict[str, bytes], peer: str) -> None:
-    if method == STREAM_METHOD:
+    if method == CALLBACKS_METHOD:
       self._open_callbacks(stream, metadata)
       return
     raw = metadata.get(SESSION_METADATA)
@@ -256,7 +249,7 @@ class GrpcService:
     self._callback_streams.add(stream)
     self._server.admit(stream)
     self.services.callbacks.open_client(
-        stream, metadata.get(ID_HEADER, b"").decode(errors="replace"))
+        stream, metadata.get(CALLBACKS_HEADER, b"").decode(errors="replace"))
 
   def _request(self, stream: int, data: bytes, *_: Any) -> None:
     if stream in self._callback_streams:
@@ -382,7 +375,7 @@ class GrpcService:
 
   def _check_admin_token(self, metadata: dict[str, bytes]) -> None:
     if self._token:
-      given = metadata.get(ADMIN_TOKEN_HEADER, b"").decode(errors="replace")
+      given = metadata.get(TOKEN_HEADER, b"").decode(errors="replace")
       if not secrets.compare_digest(given.encode(), self._token.encode()):
         raise StatusError(Code.UNAUTHENTICATED, "wrong cluster token")
 

@@ -562,12 +562,13 @@ class PjrtBackend:
     # The client compiled for its own device ids; these are this worker's.
     compile_options.device_assignment = xc.DeviceAssignment.create(
         np.array([d.id for d in devices]).reshape(replicas, -1))
+    outputs, parameters, passes_tokens = self._signature(module)
+    # jaxlib 0.10.2's XLA:CPU crashes (SIGSEGV) serializing a program that
+    # passes a token over several devices: the compilation cache holds none.
     executable, runner = self._compiled(
         program, client, xc.DeviceList(devices), compile_options, replicas,
         client is self.global_client and self.rank_order_reductions,
-        module if binding else None, binding,
-        cacheable=not self._passes_tokens(module))
-    outputs, parameters = self._signature(module)
+        module if binding else None, binding, cacheable=not passes_tokens)
     out_shardings = executable.get_output_shardings()
     handlers = []
     for i, (shape, dtype) in enumerate(outputs):
@@ -807,9 +808,10 @@ class PjrtBackend:
 
   def _signature(self, module: Any
                  ) -> tuple[list[tuple[tuple[int, ...], str]],
-                            list[tuple[tuple[int, ...], str] | None]]:
-    """Global result shapes/dtypes of @main and its parameters'
-    shapes/dtypes (None where not an array of a known dtype)."""
+                            list[tuple[tuple[int, ...], str] | None], bool]:
+    """Global result shapes/dtypes of @main, its parameters'
+    shapes/dtypes (None where not an array of a known dtype), and whether
+    it takes or returns a token."""
     with self._ir_context:
       ftype = self._main_type(module)
       outputs = []
@@ -821,16 +823,10 @@ class PjrtBackend:
           continue
         rt = ir.RankedTensorType(t)
         outputs.append((tuple(rt.shape), _mlir_dtype(rt.element_type)))
-      return outputs, [dtypes.tensor_type(t) for t in ftype.inputs]
-
-  def _passes_tokens(self, module: Any) -> bool:
-    """Whether @main takes or returns a token. jaxlib 0.10.2's XLA:CPU
-    crashes (SIGSEGV) serializing such a program over several devices, so
-    the compilation cache never holds one."""
-    with self._ir_context:
-      ftype = self._main_type(module)
-      return any(hlo.TokenType.isinstance(t)
-                 for t in (*ftype.inputs, *ftype.results))
+      passes_tokens = any(hlo.TokenType.isinstance(t)
+                          for t in (*ftype.inputs, *ftype.results))
+      return (outputs, [dtypes.tensor_type(t) for t in ftype.inputs],
+              passes_tokens)
 
   @staticmethod
   def _shardings(shardings: list[Any] | None) -> list[str] | None:

@@ -22,7 +22,7 @@ import pytest
 
 from jax_pathways import cli
 from jax_pathways.cluster import forwarder
-from jax_pathways.controller.grpc_service import SESSION_METADATA, TOKEN_KEY
+from jax_pathways.wire.session_keys import SESSION_METADATA, TOKEN_KEY
 from jax_pathways.wire import protos
 
 import cli_cluster  # tests/conftest.py puts tests/ on sys.path

@@ -501,6 +501,43 @@ def test_a_padded_upload_kind_is_never_remembered(pathways, raw_session):
   assert _stats(pathways)["uploads"] == before
 
 
+def test_two_bodies_mean_the_last_one_as_protobuf_reads_them(pathways,
+                                                             raw_session):
+  """One IfrtRequest carrying two request kinds (a oneof seen twice): the
+  last one is the request, in C++ as in Python, whichever reads it. A
+  DestructArray before an IsArrayDeleted is only a question; the other
+  order destroys the array."""
+  session = raw_session()
+  data = np.arange(4, dtype=np.float32).tobytes()
+  request = protos.msg("xla.ifrt.proxy.IfrtRequest")
+
+  def two(first: str, second: str, array: int) -> bytes:
+    wire = b""
+    for kind in (first, second):
+      req = request()
+      req.request_metadata.op_id = session.next_op_id
+      if kind == "destruct":
+        req.destruct_array_request.array_handle.append(array)
+      else:
+        req.is_array_deleted_request.array_handle = array
+      wire += req.SerializeToString()
+    return wire
+
+  session.store(1, data)
+  assert session.wait(session.send_make_array(1, 2, 4)).response_metadata.status.code == 0
+  before = _stats(pathways)["destructs"]
+  r = session.wait(session.send_raw(two("destruct", "deleted", 2)))
+  assert r.WhichOneof("response") == "is_array_deleted_response", r
+  assert session.fetch(2, 10) == data  # still there
+  r = session.wait(session.send_raw(two("deleted", "destruct", 2)))
+  assert r.WhichOneof("response") == "destruct_array_response", r
+  r = session.call(copy_to_host_buffer_request=_fill(
+      array_handle=2, host_buffer_handle=11))
+  assert r.response_metadata.status.code == 5, r  # NOT_FOUND: destroyed
+  # Neither was read by C++: each carries a kind it does not know.
+  assert _stats(pathways)["destructs"] == before
+
+
 @pytest.mark.parametrize("n", [4, 8])
 def test_sharded_uploads_alike_run_in_cpp_with_plain_jax_bits(
     pathways, proxy_devices, cpu_devices, n):

@@ -8,10 +8,6 @@
 namespace jax_pathways {
 namespace {
 
-// Handles the controller mints start here (controller/handle_store.py);
-// a client naming one as a result handle goes to Python.
-constexpr uint64_t kServerHandlesStart = uint64_t{1} << 48;
-
 int HandleHook(void* fast_path, uint64_t stream, const char* data,
                size_t size, uint64_t* wait_session, uint64_t* wait_handle) {
   return static_cast<FastPath*>(fast_path)->Handle(
@@ -146,7 +142,7 @@ std::vector<std::pair<uint64_t, ArrayRecord>> FastPath::Records(
 }
 
 void FastPath::NoteClientHandle(uint64_t stream, uint64_t handle) {
-  if (handle >= kServerHandlesStart) return;
+  if (handle >= server_handles_start_) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (Session* s = FindLocked(stream)) {
     s->max_client_handle = std::max(s->max_client_handle, handle);
@@ -285,38 +281,23 @@ int FastPath::Handle(uint64_t stream, std::string_view request,
   }
   if (cork) dispatcher_->Uncork();
   switch (r.kind) {
-    case IfrtRequest::kExecute:
-      if (!buffers.empty()) dispatcher_->Forget(buffers);
-      Reply(stream, r.op_id, ifrt_wire::kExecuteField, Status());
-      break;
-    case IfrtRequest::kDestructArray:
-      dispatcher_->Forget(buffers);
-      Reply(stream, r.op_id, ifrt_wire::kDestructArrayField, Status());
-      break;
-    case IfrtRequest::kFullyReplicatedShard:
-      Reply(stream, r.op_id, ifrt_wire::kFullyReplicatedShardField, Status(),
-            ifrt_wire::HandleBody(1, r.results[0]));
-      break;
-    case IfrtRequest::kDisassemble:
-      Reply(stream, r.op_id, ifrt_wire::kDisassembleField, Status(),
-            ifrt_wire::HandlesBody(1, r.results));
-      break;
-    case IfrtRequest::kMakeArray:
-      Reply(stream, r.op_id, ifrt_wire::kMakeArrayField, Status(),
-            ifrt_wire::HandleBody(1, r.results[0]));
-      break;
-    case IfrtRequest::kMakeArrays:
-      Reply(stream, r.op_id, ifrt_wire::kMakeArraysField, Status(),
-            ifrt_wire::HandlesBody(1, r.results));
-      break;
-    default:  // CheckValueReady: once the buffers are
+    case IfrtRequest::kCheckValueReady:  // once the buffers are
       Owe(stream);
       dispatcher_->WhenReady(buffers, [this, stream,
                                         op_id = r.op_id](const Status& s) {
-        ReplyOwed(stream, op_id, ifrt_wire::kCheckValueReadyField, s);
+        ReplyOwed(stream, IfrtRequest::kCheckValueReady, op_id, s);
       });
+      return true;
+    case IfrtRequest::kExecute:
+      if (!buffers.empty()) dispatcher_->Forget(buffers);
+      break;
+    case IfrtRequest::kDestructArray:
+      dispatcher_->Forget(buffers);
+      break;
+    default:  // the results are the client's handles, named in the reply
       break;
   }
+  Reply(stream, r.kind, r.op_id, Status(), r.results);
   return true;
 }
 
@@ -447,10 +428,10 @@ bool FastPath::ReadyBuffers(Session& s, const IfrtRequest& r,
 }
 
 bool FastPath::FreshHandles(const Session& s,
-                            const std::vector<uint64_t>& handles) {
+                            const std::vector<uint64_t>& handles) const {
   uint64_t last = s.max_client_handle;
   for (uint64_t h : handles) {
-    if (h <= last || h >= kServerHandlesStart) return false;
+    if (h <= last || h >= server_handles_start_) return false;
     last = h;
   }
   return true;
@@ -473,7 +454,7 @@ void FastPath::Deleted(Session& s, const ArrayRecord& record) {
 }
 
 bool FastPath::Split(Session& s, const IfrtRequest& r, Gangs* gangs) {
-  if (r.copy_semantics != ifrt_wire::kReuseInput) return false;
+  if (!r.reuse_input) return false;
   auto a = s.arrays.find(r.args[0]);
   if (a == s.arrays.end() || a->second.donated || !a->second.shards) {
     return false;
@@ -634,7 +615,7 @@ void FastPath::Fetched(uint64_t stream, uint64_t host_session,
     }
     if (code != 0) status = Status(static_cast<Code>(code), error);
   }
-  ReplyOwed(stream, op_id, ifrt_wire::kCopyToHostBufferField, status);
+  ReplyOwed(stream, IfrtRequest::kCopyToHostBuffer, op_id, status);
 }
 
 void FastPath::Owe(uint64_t stream) {
@@ -642,10 +623,10 @@ void FastPath::Owe(uint64_t stream) {
   ++owed_[stream];
 }
 
-void FastPath::ReplyOwed(uint64_t stream, uint64_t op_id, uint32_t field,
-                         const Status& status) {
+void FastPath::ReplyOwed(uint64_t stream, IfrtRequest::Kind kind,
+                         uint64_t op_id, const Status& status) {
   // Queued before it stops being owed: the stream's end waits for it then.
-  Reply(stream, op_id, field, status);
+  Reply(stream, kind, op_id, status);
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(owed_mu_);
@@ -667,9 +648,10 @@ bool FastPath::PaidOrWake(uint64_t stream) {
   return false;
 }
 
-void FastPath::Reply(uint64_t stream, uint64_t op_id, uint32_t field,
-                     const Status& status, const std::string& body) {
-  std::string reply = ifrt_wire::Reply(op_id, field, status, body);
+void FastPath::Reply(uint64_t stream, IfrtRequest::Kind kind, uint64_t op_id,
+                     const Status& status,
+                     const std::vector<uint64_t>& results) {
+  std::string reply = ifrt_wire::Reply(kind, op_id, status, results);
   std::lock_guard<std::mutex> lock(sink_mu_);
   if (sink_.send != nullptr) {
     sink_.send(sink_.server, stream, reply.data(), reply.size());

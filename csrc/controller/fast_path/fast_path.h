@@ -174,8 +174,14 @@ class FastPath {
   // An upload planned here whose request comes before its bytes is waited
   // for up to `wait_max_bytes`; a larger one goes to Python, which streams
   // it to its workers while it arrives.
-  FastPath(Dispatcher* dispatcher, uint64_t wait_max_bytes)
-      : dispatcher_(dispatcher), wait_max_bytes_(wait_max_bytes) {}
+  // `server_handles_start`: the first handle the controller mints (Python's
+  // validation.SERVER_HANDLES_START); a client naming one as a result
+  // handle goes to Python.
+  FastPath(Dispatcher* dispatcher, uint64_t wait_max_bytes,
+           uint64_t server_handles_start)
+      : dispatcher_(dispatcher),
+        wait_max_bytes_(wait_max_bytes),
+        server_handles_start_(server_handles_start) {}
   FastPath(const FastPath&) = delete;
   FastPath& operator=(const FastPath&) = delete;
 
@@ -272,20 +278,21 @@ class FastPath {
               std::optional<uint64_t>* wait_for);
   // Whether `handles` are new: counting up from every one the client used
   // before, below the controller's own.
-  static bool FreshHandles(const Session& s,
-                           const std::vector<uint64_t>& handles);
+  bool FreshHandles(const Session& s,
+                    const std::vector<uint64_t>& handles) const;
   // Stores a finished read's bytes in the frontend, then replies.
   void Fetched(uint64_t stream, uint64_t host_session, uint64_t op_id,
                uint64_t host_buffer, Completion done);
-  void Reply(uint64_t stream, uint64_t op_id, uint32_t field,
-             const Status& status, const std::string& body = "");
+  void Reply(uint64_t stream, IfrtRequest::Kind kind, uint64_t op_id,
+             const Status& status, const std::vector<uint64_t>& results = {});
   // A reply to `stream` will come later (ReplyOwed).
   void Owe(uint64_t stream);
-  void ReplyOwed(uint64_t stream, uint64_t op_id, uint32_t field,
+  void ReplyOwed(uint64_t stream, IfrtRequest::Kind kind, uint64_t op_id,
                  const Status& status);
 
   Dispatcher* const dispatcher_;
   const uint64_t wait_max_bytes_;
+  const uint64_t server_handles_start_;
   std::mutex mu_;
   std::unordered_map<uint64_t, Session> sessions_;
   FastPathStats stats_;

@@ -9,13 +9,12 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
-#include <map>
 #include <new>
 #include <optional>
 
 #include "common/bytes.h"
 #include "common/thread_name.h"
-#include "controller/server/proto_wire.h"
+#include "controller/server/host_buffer_messages.h"
 
 namespace jax_pathways {
 namespace {
@@ -406,20 +405,21 @@ void Call::OnNew(bool ok) {
       return;
     case CallKind::kStore: {
       auto md = ctx_.client_metadata().find(kStoreMetadata);
-      std::map<uint32_t, uint64_t> f;
       if (md == ctx_.client_metadata().end()) {
         RequestFinish(Internal("HostBufferStore without its metadata header"),
                       true);
         return;
       }
-      if (!ReadScalarFields(std::string_view(md->second.data(),
-                                             md->second.size()), &f)) {
+      xla::ifrt::proxy::GrpcHostBufferStoreMetadata store;
+      if (!store.ParseFromArray(md->second.data(),
+                                static_cast<int>(md->second.size())) ||
+          store.buffer_size() < 0) {
         RequestFinish(DataLoss("unparsable HostBufferStore metadata"), true);
         return;
       }
-      session_ = f[1];
-      handle_ = f[2];
-      expected_ = f[3];
+      session_ = store.session_id();
+      handle_ = store.handle();
+      expected_ = static_cast<uint64_t>(store.buffer_size());
       if (!server_->host_buffers_.HasSession(session_)) {
         RequestFinish(NotFound("unknown session " + std::to_string(session_)),
                       true);
@@ -522,12 +522,13 @@ void Call::OnRead(bool ok) {
       ServeLookup(Flatten(read_buf_));
       return;
     case CallKind::kDelete: {
-      std::map<uint32_t, uint64_t> f;
-      if (!ok || !ReadScalarFields(Flatten(read_buf_), &f)) {
+      xla::ifrt::proxy::GrpcHostBufferDeleteRequest request;
+      if (!ok || !request.ParseFromString(Flatten(read_buf_))) {
         RequestFinish(InvalidArgument("malformed HostBufferDelete"), true);
         return;
       }
-      Status s = server_->host_buffers_.Delete(f[1], f[2]);
+      Status s = server_->host_buffers_.Delete(request.session_id(),
+                                               request.handle());
       if (!s.ok()) {
         RequestFinish(s, true);
         return;
@@ -569,7 +570,7 @@ bool Call::AddChunk() {
   if (read_buf_.Dump(&slices).ok() && !slices.empty()) {
     std::string_view first(reinterpret_cast<const char*>(slices[0].begin()),
                            slices[0].size());
-    size_t head = FieldHeadSize(first, 1, total);
+    size_t head = DataHeadSize(first, total);
     if (head > 0) {
       if (total - head > expected_ - uploaded_) return TooLarge();
       size_t skip = head;
@@ -589,12 +590,12 @@ bool Call::AddChunk() {
     }
   }
   // Another encoding of the same message: parsed whole, its bytes copied.
-  std::string flat = Flatten(read_buf_);
-  std::string_view chunk;
-  if (!ReadBytesField1(flat, &chunk)) {
+  xla::ifrt::proxy::GrpcHostBufferStoreRequest message;
+  if (!message.ParseFromString(Flatten(read_buf_))) {
     RequestFinish(DataLoss("malformed HostBufferStore chunk"), true);
     return false;
   }
+  const std::string& chunk = message.data();
   if (chunk.size() > expected_ - uploaded_) return TooLarge();
   if (!chunk.empty()) {
     char* w;
@@ -639,12 +640,13 @@ void Call::FinishUpload() {
 }
 
 void Call::ServeLookup(const std::string& request) {
-  std::map<uint32_t, uint64_t> f;
-  if (!ReadScalarFields(request, &f)) {
+  xla::ifrt::proxy::GrpcHostBufferLookupRequest lookup;
+  if (!lookup.ParseFromString(request)) {
     RequestFinish(InvalidArgument("malformed HostBufferLookup"), true);
     return;
   }
-  StatusOr<HostBuffer> found = server_->host_buffers_.Lookup(f[1], f[2]);
+  StatusOr<HostBuffer> found =
+      server_->host_buffers_.Lookup(lookup.session_id(), lookup.handle());
   if (!found.ok()) {
     RequestFinish(found.status(), true);
     return;
@@ -677,7 +679,7 @@ void Call::WriteNext() {
     size_t n = download_->empty()
                    ? 0
                    : std::min(kChunk, download_->front().size());
-    std::vector<grpc::Slice> slices = {grpc::Slice(BytesField1Head(n))};
+    std::vector<grpc::Slice> slices = {grpc::Slice(DataHead(n))};
     if (n > 0) {
       Bytes& piece = download_->front();
       auto* chunk = new Bytes(piece.Slice(0, n));
