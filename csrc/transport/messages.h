@@ -97,6 +97,13 @@ inline constexpr std::string_view kBrokenLinkWords =
     "aborted: the program spans islands and its connection to another "
     "island's worker broke";
 
+// Whether `s` is such a failure.
+inline bool BrokeLink(const Status& s) {
+  return s.code() == Code::kDataLoss &&
+         std::string_view(s.message()).substr(0, kBrokenLinkWords.size()) ==
+             kBrokenLinkWords;
+}
+
 struct Event {
   uint64_t seq = 0;
   Status status;

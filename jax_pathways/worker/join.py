@@ -6,7 +6,7 @@
 
 --platform picks the PJRT platform of the island's devices (default: the
 one JAX finds on this host); every platform but CPU comes from JAX's own
-PJRT plugin (pjrt_backend.island_client).
+PJRT plugin (island_client.island_client).
 
 The cluster token comes from JAX_PATHWAYS_TOKEN. The worker exits when the
 controller tells it to, when the controller connection is lost, or when the
@@ -50,7 +50,7 @@ def run(controller: str, island: int | None, devices: int | None,
         controller_timeout: float = 10.0, platform: str | None = None,
         compilation_cache_dir: str | None = None) -> int:
   """Joins `controller` and serves until told to stop; returns an exit code.
-  `devices`, `platform`: see pjrt_backend.island_client.
+  `devices`, `platform`: see island_client.island_client.
   `device_cores`: the CPU cores the devices compute on (cluster/cores.py).
   `compilation_cache_dir`: where compiled programs are kept across workers
   (worker/compilation_cache.py); None: nowhere."""
@@ -62,8 +62,9 @@ def run(controller: str, island: int | None, devices: int | None,
   from jax_pathways.wire import handshake
   from jax_pathways.worker import callback_binding as worker_callbacks
   from jax_pathways.worker.compilation_cache import CompilationCache
+  from jax_pathways.worker.island_client import PlatformError
   from jax_pathways.worker.peers import Peers
-  from jax_pathways.worker.pjrt_backend import PjrtBackend, PlatformError
+  from jax_pathways.worker.pjrt_backend import PjrtBackend
   from jax_pathways.worker.transfers import Transfers
   from jax_pathways.worker.worker import Worker
 

@@ -4,8 +4,8 @@ Execution goes through PJRT, the same XLA that lowered the client's
 program, so results are bit-identical to running the program in the client's
 process. The island's client is jaxlib's CPU client (emulated devices) or,
 for another platform, the client JAX's own PJRT plugin for it makes
-(island_client; see BUILD.md). This module is the only one in the worker
-that touches jaxlib.
+(island_client.py; see BUILD.md). This module, island_client.py and
+program_metadata.py are the worker's only ones that touch jaxlib.
 
 A worker has two clients:
   * the island client, with in-process collectives, for programs and arrays
@@ -32,8 +32,6 @@ import base64
 import concurrent.futures
 import functools
 import hashlib
-import os
-import re
 import threading
 import time
 from typing import Any, Callable, Hashable, NamedTuple, Sequence
@@ -51,11 +49,7 @@ from jax._src.lax import linalg
 from jax._src.lib import _jax
 from jax._src.lib import xla_client as xc
 from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import hlo
-from jax.extend import backend as jax_backend
 
-from jax_pathways import config
-from jax_pathways import dtypes
 from jax_pathways import threads
 from jax_pathways import validation
 from jax_pathways.cluster import cores
@@ -63,7 +57,9 @@ from jax_pathways.programs import custom_calls
 from jax_pathways.status import Code, StatusError
 from jax_pathways.wire import protos
 from jax_pathways.worker import callback_binding as worker_callbacks
+from jax_pathways.worker import island_client
 from jax_pathways.worker import order_reductions
+from jax_pathways.worker import program_metadata
 from jax_pathways.worker import shards
 from jax_pathways.worker.compilation_cache import CompilationCache
 
@@ -199,73 +195,6 @@ class GlobalGeneration(NamedTuple):
   members: tuple[int, ...]  # its islands; node i is island members[i]
 
 
-class PlatformError(Exception):
-  """This host cannot give the island the platform or devices asked for."""
-
-
-def _spare_threads(num_devices: int) -> None:
-  """Gives this process's CPU clients (the island's, the global ones) a
-  thread per device beyond one per core (XLA sizes their pools by the
-  NPROC variable, else by the cores). A program runs on one pool thread per
-  device; when it waits on every device (one of them in a callback: a
-  client's io_callback may take minutes), copies and programs of one device
-  still find threads, as in one JAX process with more cores than devices.
-  A value the user set is kept."""
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-      else (os.cpu_count() or 1)
-  os.environ.setdefault("NPROC", str(max(cores, num_devices) + num_devices))
-
-
-def island_client(platform: str | None, num_devices: int | None) -> Any:
-  """The island's PJRT client. `platform`: a JAX platform name (cpu, cuda,
-  rocm, tpu, ...; None: JAX's default backend on this host, among those
-  JAX_PLATFORMS allows). CPU gets a client of its own with `num_devices`
-  emulated devices (None: the configured default); any other platform's
-  comes from JAX's own backend registry, i.e. the PJRT plugin its jax extra
-  installs (jax-cuda12-plugin, libtpu), with every device it shows
-  (`num_devices`, when given, must match)."""
-  try:
-    if platform is None:
-      platform = jax_backend.get_backend().platform
-      if platform == "cpu":
-        # Not JAX's CPU client: the island's, made below, and JAX's 'cpu'
-        # backend becomes it (PjrtBackend.__init__).
-        jax_backend.clear_backends()
-    if platform == "cpu":
-      num_devices = num_devices or config.from_env().devices_per_island
-      _spare_threads(num_devices)
-      return xc.make_cpu_client(asynchronous=True, num_devices=num_devices)
-    found = jax_backend.get_backend(platform)
-  except (RuntimeError, AssertionError) as e:
-    # JAX skips CUDA without a visible GPU and then asserts it found a
-    # backend; its own hint (about JAX_PLATFORMS) is not the worker's fix.
-    why = re.sub(r"\s*\(set JAX_PLATFORMS=.*\)\s*$", "", str(e))
-    why = why.rstrip(".") or f"it sees no {platform} device"
-    raise PlatformError(
-        f"JAX cannot make a {platform or 'default'} client on this host: "
-        f"{why}. Install the platform's PJRT plugin where its devices are "
-        f"(e.g. pip install 'jax_pathways[cuda12]'), or pick another "
-        f"--platform") from None
-  count = len(found.local_devices())
-  if num_devices is not None and num_devices != count:
-    raise PlatformError(
-        f"--devices={num_devices}, but {found.platform} shows {count} "
-        f"devices on this host: an accelerator island takes all of its "
-        f"host's (choose them with the platform's own variable, e.g. "
-        f"CUDA_VISIBLE_DEVICES)")
-  return found
-
-
-def jax_platform(platform: str | None, client: Any) -> str:
-  """The platform name the island reports: JAX's own for the backend it
-  runs (cuda, rocm; `platform` as asked, else the client's), which the
-  client lowers for. jaxlib's GPU clients call themselves "gpu", an alias
-  that JAX resolves only against a GPU backend of its own process, which a
-  client of the cluster usually lacks (eager ops there failed: "Unknown
-  backend: 'gpu' requested")."""
-  return xla_bridge.canonicalize_platform(platform or client.platform)
-
-
 class PjrtBackend:
   """One worker's devices, compiled programs and the arrays they produce."""
 
@@ -273,7 +202,8 @@ class PjrtBackend:
                device_cores: list[int] | None = None,
                platform: str | None = "cpu",
                compilation_cache: CompilationCache | None = None):
-    """num_devices, platform: see island_client (raises PlatformError).
+    """num_devices, platform: see island_client.island_client (raises
+    PlatformError).
     device_cores: where the devices' threads run (cluster/cores.py);
     the caller pins the island client's, global clients pin their own.
     compilation_cache: compiled programs kept across workers, or None."""
@@ -281,8 +211,8 @@ class PjrtBackend:
     # pointers jaxlib fills in lazily in the process that lowers; this one
     # only runs them (as jax.export does for deserialized modules).
     linalg.initialize_lapack()
-    self.client = island_client(platform, num_devices)
-    self.platform: str = jax_platform(platform, self.client)
+    self.client = island_client.island_client(platform, num_devices)
+    self.platform: str = island_client.jax_platform(platform, self.client)
     if self.spans_islands:
       # JAX's own calls in this process (device_put, make_array_...) run on
       # its 'cpu' backend: the global client when there is one, so that JAX
@@ -562,7 +492,8 @@ class PjrtBackend:
     # The client compiled for its own device ids; these are this worker's.
     compile_options.device_assignment = xc.DeviceAssignment.create(
         np.array([d.id for d in devices]).reshape(replicas, -1))
-    outputs, parameters, passes_tokens = self._signature(module)
+    outputs, parameters, passes_tokens = program_metadata.signature(
+        module, self._ir_context)
     # jaxlib 0.10.2's XLA:CPU crashes (SIGSEGV) serializing a program that
     # passes a token over several devices: the compilation cache holds none.
     executable, runner = self._compiled(
@@ -581,8 +512,8 @@ class PjrtBackend:
       aval = jax_core.ShapedArray(shape, np_dtype(dtype))
       handlers.append(xc.array_result_handler(aval, sharding, committed=True,
                                               _skip_checks=True))
-    metadata = self._metadata(runner, outputs)
-    metadata["donated_input_indices"] = _donated(runner)
+    metadata = program_metadata.describe(runner, outputs)
+    metadata["donated_input_indices"] = program_metadata.donated(runner)
     if replicas > 1:  # @main has per-replica shapes: only the count holds
       parameters = [None] * len(parameters)
     metadata["parameters"] = [
@@ -590,7 +521,8 @@ class PjrtBackend:
         for p in parameters]
     # What the client sees of a rank-ordered program is the program it sent.
     for field in ("output_shardings", "parameter_shardings"):
-      metadata[field] = self._shardings(getattr(executable, f"get_{field}")())
+      metadata[field] = program_metadata.encoded_shardings(
+          getattr(executable, f"get_{field}")())
     prog = Program(runner, client, devices, handlers, metadata,
                    _parameters(parameters, devices,
                                executable.get_parameter_shardings()),
@@ -728,7 +660,7 @@ class PjrtBackend:
       text, rewritten = order_reductions.order_reductions(
           self._ir_context, partitioned, replicas,
           {e.parameter_number: e.output_shape_index[0] if e.output_shape_index
-           else 0 for e in _aliases(executable)})
+           else 0 for e in program_metadata.aliases(executable)})
       if not rewritten:
         return executable, executable
       if binding is not None:
@@ -798,71 +730,6 @@ class PjrtBackend:
       raise ValueError(f"{program.metadata['name']}: argument {i} comes "
                        f"in shards of {got}, the program takes shards of "
                        f"{shard_shape}")
-
-  def _main_type(self, module: Any) -> Any:
-    """@main's ir.FunctionType (call within self._ir_context)."""
-    for op in module.body.operations:
-      if ir.StringAttr(op.attributes["sym_name"]).value == "main":
-        return ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
-    raise ValueError("the program has no public function @main")
-
-  def _signature(self, module: Any
-                 ) -> tuple[list[tuple[tuple[int, ...], str]],
-                            list[tuple[tuple[int, ...], str] | None], bool]:
-    """Global result shapes/dtypes of @main, its parameters'
-    shapes/dtypes (None where not an array of a known dtype), and whether
-    it takes or returns a token."""
-    with self._ir_context:
-      ftype = self._main_type(module)
-      outputs = []
-      for t in ftype.results:
-        if hlo.TokenType.isinstance(t):
-          # JAX holds a token as bool[0] (core.get_token_aval()), in and
-          # out; PJRT takes and makes such buffers for token parameters.
-          outputs.append(((0,), "bool"))
-          continue
-        rt = ir.RankedTensorType(t)
-        outputs.append((tuple(rt.shape), _mlir_dtype(rt.element_type)))
-      passes_tokens = any(hlo.TokenType.isinstance(t)
-                          for t in (*ftype.inputs, *ftype.results))
-      return (outputs, [dtypes.tensor_type(t) for t in ftype.inputs],
-              passes_tokens)
-
-  @staticmethod
-  def _shardings(shardings: list[Any] | None) -> list[str] | None:
-    if shardings is None:
-      return None
-    return [base64.b64encode(s.SerializeToString()).decode()
-            for s in shardings]
-
-  @staticmethod
-  def _metadata(executable: Any, outputs: list[tuple[tuple[int, ...], str]]
-                ) -> dict[str, Any]:
-    def layouts(fn):
-      try:
-        # pylint: disable-next=protected-access
-        return [list(x._xla_layout().minor_to_major()) for x in fn()]
-      except Exception as e:  # pylint: disable=broad-except
-        return {"error": str(e)}
-
-    try:
-      cost = {k: float(v) for k, v in (executable.cost_analysis() or {}).items()}
-    except Exception:  # pylint: disable=broad-except
-      cost = {}
-    stats = executable.get_compiled_memory_stats()
-    return {
-        "name": executable.hlo_modules()[0].name,
-        "fingerprint": _fingerprint(executable),
-        "outputs": [{"shape": list(s), "dtype": d} for s, d in outputs],
-        "output_layouts": layouts(executable.get_output_layouts),
-        "parameter_layouts": layouts(executable.get_parameter_layouts),
-        "output_memory_kinds": [list(k) for k in
-                                executable.get_output_memory_kinds()],
-        "cost_analysis": cost,
-        "hlo_text": executable.hlo_modules()[0].to_string(),
-        "memory_stats": {f: getattr(stats, f) for f in _MEMORY_STATS_FIELDS},
-        "code_size": executable.size_of_generated_code_in_bytes(),
-    }
 
   # ----------------------------------------------------------------- arrays
   @staticmethod
@@ -977,13 +844,6 @@ class PjrtBackend:
     return np.ascontiguousarray(host).reshape(-1).view(np.uint8)
 
 
-_MEMORY_STATS_FIELDS = (
-    "generated_code_size_in_bytes", "argument_size_in_bytes",
-    "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
-    "host_generated_code_size_in_bytes", "host_argument_size_in_bytes",
-    "host_output_size_in_bytes", "host_alias_size_in_bytes",
-    "host_temp_size_in_bytes")
-
 def _waiting_for_callbacks(options: bytes) -> bytes:
   """Compile options under which the devices of a program wait in its
   collectives for as long as one of them is in a callback: XLA:CPU
@@ -1004,13 +864,6 @@ def _compile_and_load(client: Any, source: Any, devices: Any, options: Any,
     return client.compile_and_load(source, devices, options)
   return client.compile_and_load(source, devices, options,
                                  host_callbacks=binding.stubs)
-
-
-def _mlir_dtype(element_type: Any) -> str:
-  name = dtypes.from_mlir(element_type)
-  if name is None:
-    raise ValueError(f"unsupported result element type {element_type}")
-  return name
 
 
 def _shard_shape(sharding: jax.sharding.Sharding, shape: tuple[int, ...]
@@ -1041,23 +894,3 @@ def _parameters(parameters: list[tuple[tuple[int, ...], str] | None],
   return out
 
 
-def _aliases(executable: Any) -> list[Any]:
-  """The input/output aliases XLA chose (HloInputOutputAliasProto entries).
-  JAX tuples no CPU program's arguments, so a parameter is an argument."""
-  module = protos.msg("xla.HloModuleProto").FromString(
-      executable.hlo_modules()[0].as_serialized_hlo_module_proto())
-  return list(module.input_output_alias.entries)
-
-
-def _donated(executable: Any) -> list[int]:
-  """The parameters PJRT donates: those XLA aliased to an output. A donor
-  XLA found no use for (`jax.buffer_donor` without an alias) stays alive, as
-  in plain JAX."""
-  return sorted({e.parameter_number for e in _aliases(executable)})
-
-
-def _fingerprint(executable: Any) -> str:
-  fp = executable.fingerprint
-  if isinstance(fp, bytes):
-    return base64.b64encode(fp).decode()
-  return ""

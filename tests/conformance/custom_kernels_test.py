@@ -9,7 +9,7 @@ from jax.experimental import pallas as pl
 from jax.extend import backend as jax_backend
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jax_pathways.worker import pjrt_backend
+from jax_pathways.worker import island_client
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +52,7 @@ def _blocked_matmul(x, y):
 
 
 def test_devices_report_the_workers_platform(proxy_devices):
-  worker = pjrt_backend.island_client("cpu", 1).local_devices()[0]
+  worker = island_client.island_client("cpu", 1).local_devices()[0]
   assert {(d.platform, d.device_kind) for d in proxy_devices} == {
       (worker.platform, worker.device_kind)}
   # What jax.jit lowers for through jax_pathways.

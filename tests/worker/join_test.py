@@ -12,7 +12,7 @@ import pytest
 from jax_pathways.resources.topology import Topology
 from jax_pathways.status import Code, StatusError
 from jax_pathways.worker import join
-from jax_pathways.worker import pjrt_backend
+from jax_pathways.worker import island_client
 from jax_pathways.worker.pjrt_backend import PjrtBackend
 
 # Subprocesses start outside the checkout (see tests/cli_test.py).
@@ -64,7 +64,7 @@ def test_cpu_devices_report_no_memory_budget():
 
 
 def test_the_cpu_island_client_is_the_workers_own():
-  client = pjrt_backend.island_client("cpu", 3)
+  client = island_client.island_client("cpu", 3)
   assert client.platform == "cpu"
   assert len(client.local_devices()) == 3
   assert {d.device_kind for d in client.local_devices()} == {"cpu"}
@@ -121,15 +121,15 @@ import os, sys
 os.environ["JAX_PLATFORMS"] = "fakeaccel"
 from jax._src import xla_bridge
 from jax._src.lib import xla_client as xc
-from jax_pathways.worker import pjrt_backend
+from jax_pathways.worker import island_client
 xla_bridge.register_backend_factory(
     "fakeaccel", lambda: xc.make_cpu_client(num_devices=2), priority=500)
-client = pjrt_backend.island_client("fakeaccel", None)
+client = island_client.island_client("fakeaccel", None)
 assert client is xla_bridge.get_backend("fakeaccel")
 assert len(client.local_devices()) == 2
 try:
-  pjrt_backend.island_client("fakeaccel", 3)
-except pjrt_backend.PlatformError as e:
+  island_client.island_client("fakeaccel", 3)
+except island_client.PlatformError as e:
   print(e)
 """
 
@@ -142,7 +142,7 @@ import os
 os.environ["JAX_PLATFORMS"] = "rocm"
 from jax._src import xla_bridge
 from jax._src.lib import xla_client as xc
-from jax_pathways.worker import pjrt_backend
+from jax_pathways.worker import island_client
 
 class GpuNamed:
   platform = "gpu"
@@ -153,7 +153,7 @@ class GpuNamed:
 
 xla_bridge.register_backend_factory("rocm", GpuNamed, priority=500)
 # The worker's default platform: JAX's default backend.
-print(pjrt_backend.jax_platform(None, pjrt_backend.island_client(None, None)))
+print(island_client.jax_platform(None, island_client.island_client(None, None)))
 """
 
 

@@ -15,6 +15,11 @@
 // controller still runs (a worker whose controller falls silent exits);
 // it only queues, so a worker that does not read never holds it up.
 //
+// Its methods live by idea: dispatcher.cc (submitting, sending, reading
+// what workers report), admission.cc (fair share and the memory budget),
+// stages.cc (uploads forwarded as they arrive) and island_loss.cc
+// (heartbeats, silent and lost islands, failures held for a loss).
+//
 // Thread safety: every public method may be called from any thread. Blocking
 // methods (Poll, Shutdown) must be called without the GIL.
 #ifndef JAX_PATHWAYS_CSRC_CONTROLLER_DISPATCHER_DISPATCHER_H_
@@ -305,6 +310,8 @@ class Dispatcher {
   // The reason `held` can never get the memory it needs while `client`'s
   // later gangs wait behind it, or OK.
   Status Hopeless(ClientId client, const Held& held) const;
+  // Why `io`'s results can never fit in `island`'s memory, or OK.
+  Status NeverFits(const IslandOp& io, const Island& island) const;
   // Requires mu_. Counts the memory of an op being numbered.
   void CountMemory(Island* island, ClientId client, const IslandOp& io);
   // Requires mu_. Fails a gang that will not be numbered.
