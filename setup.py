@@ -1,7 +1,7 @@
 """Builds jax_pathways and its C++ extensions from csrc/.
 
 * jax_pathways._core: dispatcher, worker executor, transport, fast path.
-* jax_pathways._frontend: the controller's gRPC server (links grpc++; only
+* jax_pathways._server: the controller's gRPC server (links grpc++; only
   the controller process loads it).
 Both link libprotobuf: the IFRT-proxy messages C++ reads are classes protoc
 generates here from the schema jaxlib embeds. Needs libgrpc++-dev,
@@ -105,7 +105,7 @@ class _BuildExt(build_ext):
     headers = glob.glob(os.path.join(_PROTO_DIR, "**", "*.pb.h"),
                         recursive=True)
     for ext in self.extensions:
-      if ext.name == "jax_pathways._frontend":
+      if ext.name == "jax_pathways._server":
         ext.sources.append(protos[_SERVER_PROTO])
       else:
         ext.sources += [src for name, src in protos.items()
@@ -175,10 +175,10 @@ core = Pybind11Extension(
 )
 
 frontend = Pybind11Extension(
-    "jax_pathways._frontend",
+    "jax_pathways._server",
     _sources("common/bytes.cc", "controller/server/*.cc",
-             "python/frontend_module.cc",
-             "python/frontend_bindings.cc", "python/status_bindings.cc"),
+             "python/server_module.cc",
+             "python/server_bindings.cc", "python/status_bindings.cc"),
     include_dirs=["csrc", _PROTO_DIR],
     depends=list(_HEADERS),
     cxx_std=17,
@@ -195,7 +195,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",  # jax 0.10.2 needs 3.11
     packages=find_packages(include=["jax_pathways", "jax_pathways.*"]),
-    package_data={"jax_pathways": ["_core.pyi", "_frontend.pyi", "py.typed"]},
+    package_data={"jax_pathways": ["_core.pyi", "_server.pyi", "py.typed"]},
     ext_modules=[core, frontend],
     cmdclass={"build_ext": _BuildExt},
     install_requires=[

@@ -27,6 +27,7 @@ import jax_pathways  # noqa: E402
 sys.path.insert(0, os.path.dirname(__file__))
 import bits  # noqa: E402  pylint: disable=wrong-import-position
 import processes  # noqa: E402  pylint: disable=wrong-import-position
+from suite_order import LONGEST_FIRST  # noqa: E402  pylint: disable=wrong-import-position
 
 ISLANDS = 2
 DEVICES_PER_ISLAND = 4
@@ -67,27 +68,6 @@ def pytest_xdist_auto_num_workers(config) -> int:
   with three (the same tree, one run each)."""
   return max(1, min((os.cpu_count() or 1) + 1, 4))
 
-
-# The test files that take longest (each 40-150 s in a fresh-clone CI run
-# on two cores), started first: xdist hands out whole files (--dist
-# loadfile), and a long one handed out last runs alone at the end. xdist
-# would put them last (it orders files by their number of tests; pytest's
-# addopts turn that off), so the others follow here in that order.
-LONGEST_FIRST = (
-    "conformance/jax_suite_test.py",
-    "elastic/pathwaysutils_test.py",
-    "elastic/loop_test.py",
-    "examples_test.py",
-    "deploy/ray_test.py",
-    "failure/lost_stage_test.py",
-    "failure/global_rejoin_test.py",
-    "clients/ordering_test.py",
-    "sanitizers/address_test.py",
-    "conformance/moe_test.py",
-    "clients/program_lifetime_test.py",
-    "cluster/by_hand_test.py",
-    "sanitizers/thread_test.py",
-)
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -1,4 +1,4 @@
-// The narrow boundary between the gRPC frontend (module _frontend) and the
+// The narrow boundary between the gRPC frontend (module _server) and the
 // sessions' fast path and dispatcher (module _core): tables of C function
 // pointers, handed over as PyCapsules named below. C, not C++
 // classes: the two modules are separate shared objects, each with its own

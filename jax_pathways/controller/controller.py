@@ -13,7 +13,7 @@ from typing import Any
 from absl import logging
 
 from jax_pathways import _core
-from jax_pathways import _frontend
+from jax_pathways import _server
 import jax_pathways
 from jax_pathways.cluster import addresses
 from jax_pathways.controller.callback_router import CallbackRouter
@@ -64,7 +64,7 @@ class Controller:
       # before a client makes arrays spanning them.
       self.topology.when_complete(self.global_client.follow)
       self.dispatcher.on_lost(self.global_client.follow)
-    server = _frontend.GrpcServer()
+    server = _server.GrpcServer()
     self.host_buffers = server.host_buffers
     self.compile_cache = CompileCache(self.dispatcher, self.global_client)
     self.callbacks = CallbackRouter(server.send, server.finish)

@@ -1,6 +1,6 @@
 """GrpcService: the controller's gRPC face, and nothing else.
 
-The C++ _frontend.GrpcServer terminates gRPC (xla.ifrt.proxy.GrpcIfrtService
+The C++ _server.GrpcServer terminates gRPC (xla.ifrt.proxy.GrpcIfrtService
 and jax_pathways.Admin) and serves the host-buffer side channel itself; this
 module takes its events in batches on one thread: it opens sessions (checking
 version and cluster token), feeds them their requests in order, closes them,
@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 
 from absl import logging
 
-from jax_pathways import _frontend
+from jax_pathways import _server
 from jax_pathways import config
 from jax_pathways import threads
 from jax_pathways.controller import op_payloads
@@ -64,7 +64,7 @@ REFUSED_AFTER_S = 0.5
 # The op id of a session's InitRequest from JAX's client (its first).
 INIT_OP_ID = 1
 
-Event = _frontend.EventKind
+Event = _server.EventKind
 
 
 class GrpcService:
@@ -77,7 +77,7 @@ class GrpcService:
     self._token = token
     self._status = status
     self._supervised = supervised
-    self._server = server  # _frontend.GrpcServer
+    self._server = server  # _server.GrpcServer
     self.host_buffers = services.host_buffers
     self._lock = threading.Lock()
     self.sessions: dict[int, Session] = {}  # by stream id

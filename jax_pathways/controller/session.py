@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from absl import logging
 
-from jax_pathways import _core, _frontend, validation
+from jax_pathways import _core, _server, validation
 from jax_pathways.controller import moves
 from jax_pathways.controller.array_store import ArrayStore, Layouts
 from jax_pathways.controller.arrays import Array
@@ -51,7 +51,7 @@ class Services:
   topology: Topology
   # The controller's; a session's is its own ClientDispatcher of it.
   dispatcher: Dispatcher | ClientDispatcher
-  host_buffers: _frontend.HostBuffers
+  host_buffers: _server.HostBuffers
   compile_cache: CompileCache
   resources: ResourceManager
   platform_version: str

@@ -29,7 +29,7 @@ class Pieces(NamedTuple):
   """A blob held by the C++ side in the pieces it arrived in (an upload as
   gRPC received it): one object however many pieces, sent as consecutive
   tails, so the worker gets one blob."""
-  capsule: Any  # from _frontend.HostBuffers.take
+  capsule: Any  # from _server.HostBuffers.take
   nbytes: int
 
 

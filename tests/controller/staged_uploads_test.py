@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from jax_pathways import _core
-from jax_pathways import _frontend
+from jax_pathways import _server
 from jax_pathways import admin
 import jax_pathways
 from jax_pathways.wire import payloads
@@ -41,7 +41,7 @@ def _rig(kind: str):
   """(frontend, dispatcher, executor, channel to the frontend): island 0's
   worker reading the dispatcher's memory as one on this host does
   ("local"), or connected over TCP as one on another host is ("remote")."""
-  server = _frontend.GrpcServer()
+  server = _server.GrpcServer()
   port = server.start("127.0.0.1:0", 256 << 20, 10.0)
   server.host_buffers.open_session(SESSION)
   a, b = socket.socketpair() if kind == "local" else tcp_pair()

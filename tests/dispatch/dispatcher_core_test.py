@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jax_pathways import _core
-from jax_pathways import _frontend
+from jax_pathways import _server
 
 OpKind = _core.OpKind
 
@@ -55,7 +55,7 @@ def test_a_payload_in_parts_arrives_whole():
   shared when the C++ side made them (an upload taken from HostBuffers, a
   view of a completion's payload), else copied; the worker sees one payload
   either way, also after Python drops the tails."""
-  hb = _frontend.HostBuffers()
+  hb = _server.HostBuffers()
   hb.open_session(1)
   data = bytes(range(256)) * 5000
   hb.store(1, 7, data)
@@ -745,7 +745,7 @@ def test_a_local_worker_reads_large_uploads_from_the_controller():
   tails (uploads, padding between them) of 64 KiB or more in all are lent
   (it copies them out of the controller's memory, in order, after the head)
   and kept alive until the op finishes; smaller ones are sent."""
-  hb = _frontend.HostBuffers()
+  hb = _server.HostBuffers()
   hb.open_session(1)
   rng = np.random.default_rng(0)
   big, shard = rng.bytes(1 << 20), rng.bytes(40 << 10)

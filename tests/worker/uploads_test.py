@@ -5,7 +5,7 @@ import jax
 import numpy as np
 
 from jax_pathways import _core
-from jax_pathways import _frontend
+from jax_pathways import _server
 from jax_pathways.wire import payloads
 from jax_pathways.worker.pjrt_backend import PjrtBackend, host_view
 
@@ -16,7 +16,7 @@ def test_an_uploaded_array_is_put_without_a_copy(cpu_devices):
   aligned, so the device array aliases the received frame: no copy of the
   upload on the worker."""
   data = np.arange(300_000, dtype=np.float32)
-  hb = _frontend.HostBuffers()
+  hb = _server.HostBuffers()
   hb.open_session(1)
   hb.store(1, 7, data.tobytes())
   upload = payloads.Pieces(*hb.take(1, 7))

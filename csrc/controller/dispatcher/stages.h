@@ -8,7 +8,7 @@
 // (kStageData); its PUT goes without them (kOpStaged) only if the whole
 // upload, these very pieces, went to it, else with them as before.
 //
-// The frontend (module _frontend) forwards pieces on its gRPC thread
+// The frontend (module _server) forwards pieces on its gRPC thread
 // through a JpUploadStream (common/request_hook.h) made here; it may
 // outlive the Dispatcher, and then forwards nothing.
 #ifndef JAX_PATHWAYS_CSRC_CONTROLLER_DISPATCHER_STAGES_H_

@@ -2,7 +2,7 @@
 
 #include "controller/server/grpc_server.h"
 #include "python/bytes_casters.h"
-#include "python/frontend_bindings.h"
+#include "python/server_bindings.h"
 #include "python/status_casters.h"
 
 namespace py = pybind11;
