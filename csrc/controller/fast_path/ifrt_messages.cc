@@ -1,5 +1,8 @@
 #include "controller/fast_path/ifrt_messages.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/wire_format_lite.h>
+
 #include <limits>
 
 #include "xla/python/ifrt_proxy/common/ifrt_service.pb.h"
@@ -115,17 +118,36 @@ bool ReadBody(const proxy::IfrtRequest& m, IfrtRequest* r) {
   return false;
 }
 
+// Whether every top-level field of `message` is one the C++ schema knows.
+// It holds only the kinds above: any other request (a compile's program, a
+// large upload's bytes), or a field newer than jaxlib's schema, is Python's
+// whole, and is skipped here, not copied, on the thread every session's
+// requests share.
+bool OnlyKnownKinds(std::string_view message) {
+  using google::protobuf::internal::WireFormatLite;
+  google::protobuf::io::CodedInputStream in(
+      reinterpret_cast<const uint8_t*>(message.data()),
+      static_cast<int>(message.size()));
+  const google::protobuf::Descriptor* request = proxy::IfrtRequest::descriptor();
+  while (uint32_t tag = in.ReadTag()) {
+    if (request->FindFieldByNumber(WireFormatLite::GetTagFieldNumber(tag)) ==
+            nullptr ||
+        !WireFormatLite::SkipField(&in, tag)) {
+      return false;
+    }
+  }
+  return in.ConsumedEntireMessage();
+}
+
 }  // namespace
 
 IfrtRequest Read(std::string_view message) {
-  proxy::IfrtRequest m;
-  if (message.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
+  if (message.size() > static_cast<size_t>(std::numeric_limits<int>::max()) ||
+      !OnlyKnownKinds(message)) {
     return IfrtRequest();
   }
-  // The C++ schema holds only the kinds above: any other request, or a
-  // field newer than jaxlib's schema, is an unknown field here.
-  if (!m.ParseFromArray(message.data(), static_cast<int>(message.size())) ||
-      !m.GetReflection()->GetUnknownFields(m).empty()) {
+  proxy::IfrtRequest m;
+  if (!m.ParseFromArray(message.data(), static_cast<int>(message.size()))) {
     return IfrtRequest();
   }
   IfrtRequest r;
