@@ -6,6 +6,7 @@ import re
 import select
 import signal
 import subprocess
+import time
 
 # A line at WARNING or above, as absl's C++ (W1128 12:00:00.0 ...) or
 # Python's logging writes it: what a healthy process's stderr never has.
@@ -23,6 +24,44 @@ def alive(pid: int) -> bool:
       return f.read().split()[2] != "Z"
   except OSError:
     return False
+
+
+def freeze(pid: int, timeout_s: float = 30.0) -> None:
+  """SIGSTOP to `pid`, returning once every thread of it has stopped. The
+  kernel stops a process's threads one by one, once the thread it woke to
+  take the signal runs: on a loaded machine the others meanwhile go on,
+  and a request arriving then (a test's next call) is still answered."""
+  os.kill(pid, signal.SIGSTOP)
+  deadline = time.monotonic() + timeout_s
+  while not _all_stopped(pid):
+    assert time.monotonic() < deadline, f"pid {pid} did not stop"
+    time.sleep(0.005)
+
+
+def _all_stopped(pid: int) -> bool:
+  try:
+    tasks = os.listdir(f"/proc/{pid}/task")
+  except OSError:
+    return True  # gone: nothing of it runs
+  for tid in tasks:
+    try:
+      with open(f"/proc/{pid}/task/{tid}/stat") as f:
+        state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+      continue  # the thread has ended
+    if state not in ("T", "t", "Z", "X"):
+      return False
+  return True
+
+
+def started(pid: int) -> int | None:
+  """When `pid` started (clock ticks since boot), None if it is gone: with
+  its pid, it names one process (pids are reused; see pin)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return int(f.read().rsplit(")", 1)[1].split()[19])
+  except (OSError, IndexError, ValueError):
+    return None
 
 
 def pin(pid: int) -> int | None:

@@ -200,7 +200,7 @@ def test_an_upload_streaming_to_a_frozen_worker_fails_it_alone(cluster):
   assert served.returncode == 0, served.stderr[-3000:]
   victim = {i["island"]: i for i in admin.status(address, TOKEN)["islands"]}[
       0]["pid"]
-  os.kill(victim, signal.SIGSTOP)
+  processes.freeze(victim)
   try:
     out = _client(ready["address"], TOKEN, script=FROZEN)
   finally:

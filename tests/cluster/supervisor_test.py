@@ -94,7 +94,7 @@ def test_a_stopped_worker_declared_lost_is_killed_and_replaced(caplog):
   old = cluster.workers[1]
   try:
     with caplog.at_level(logging.WARNING):
-      os.kill(old.pid, signal.SIGSTOP)
+      processes.freeze(old.pid)
       stopped_at = time.monotonic()
       deadline = stopped_at + worker_timeout + 10
       while True:

@@ -19,6 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jax_pathways import admin, dtypes
 from jax_pathways.wire import protos
 import bits  # tests/conftest.py puts tests/ on sys.path
+import processes
 from jax_pathways.programs import sharding as sharding_lib
 from jax_pathways.programs.sharding import Sharding
 
@@ -708,7 +709,7 @@ def test_a_closed_stream_ends_after_the_replies_it_is_owed(pathways,
   session.store(3, np.arange(4, dtype=np.float32).tobytes())
   ready_checks = _stats(pathways)["ready_checks"]
   worker = pathways.workers[0].pid  # island 0: the arrays' (device 0)
-  os.kill(worker, signal.SIGSTOP)  # well within the worker timeout
+  processes.freeze(worker)  # well within the worker timeout
   try:
     made = session.send_make_array(3, 3, 4)
     check = session.send(check_value_ready_request=lambda b:

@@ -91,7 +91,9 @@ def ray_nodes(workdir):
     ray.shutdown()
     nodes.shutdown()
     psutil.wait_procs(started, timeout=30)
-    left = [p.pid for p in started if processes.alive(p.pid)]
+    # psutil tells a process from a later one given its pid (start time).
+    left = [p.pid for p in started
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left, f"Ray processes outlived the cluster: {left}"
 
 

@@ -37,8 +37,9 @@ def _train(settings: dict, timeout: float = 240.0) -> dict:
     processes.stop([proc])
   assert proc.returncode == 0, err[-4000:]
   result = json.loads(out.strip().splitlines()[-1])
-  for h in result["hurt"]:
-    if processes.alive(h["pid"]):
+  for h in result["hurt"]:  # only the very process it hurt, if it lives
+    started = processes.started(h["pid"])
+    if started is not None and started == h["started"]:
       os.kill(h["pid"], 9)
   return result
 

@@ -31,6 +31,8 @@ import sys
 import time
 
 settings = json.loads(sys.argv[1])
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import processes  # noqa: E402  tests/processes.py
 
 import jax_pathways  # noqa: E402
 
@@ -118,9 +120,11 @@ def hammer(step: int, island: int) -> None:
     assert time.monotonic() < deadline, "the supervisor never gave up"
     worker = cluster.workers[island]
     if worker.poll() is None and worker.pid not in {h["pid"] for h in hurt}:
+      started = processes.started(worker.pid)
       os.kill(worker.pid, signal.SIGKILL)
       hurt.append({"step": step, "what": "kill", "island": island,
-                   "pid": worker.pid, "at": time.monotonic()})
+                   "pid": worker.pid, "started": started,
+                   "at": time.monotonic()})
     time.sleep(0.02)
 
 
@@ -133,9 +137,10 @@ def on_step(i: int, loss) -> None:
       return
     pid = next(x["pid"] for x in admin.status(address, token)["islands"]
                if x["island"] == island)
+    started = processes.started(pid)
     os.kill(pid, signal.SIGKILL if what == "kill" else signal.SIGSTOP)
     hurt.append({"step": i, "what": what, "island": island, "pid": pid,
-                 "at": time.monotonic()})
+                 "started": started, "at": time.monotonic()})
 
 
 events = []

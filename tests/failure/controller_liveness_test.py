@@ -17,6 +17,8 @@ from jax_pathways import admin
 from jax_pathways.cluster.local_cluster import LocalCluster
 from jax_pathways.worker.join import PROBE_TIMEOUT_S
 
+import processes  # tests/conftest.py puts tests/ on sys.path
+
 pytestmark = pytest.mark.integration
 
 # The workers' --controller-timeout (10 s by default; shorter here, past
@@ -92,7 +94,7 @@ def test_workers_of_a_stopped_controller_exit_and_say_why(cluster):
   controller = cluster.controller.pid
   _wait_joined(cluster)
   client = _client(cluster, controller_timeout_s=3)
-  os.kill(controller, signal.SIGSTOP)
+  processes.freeze(controller)
   # The client's call waiting on the stopped controller fails once the
   # controller has not answered its pings for 3 s, and so do later ones.
   client.stdin.write("go\n")
@@ -217,7 +219,7 @@ def test_a_worker_joining_the_islands_leaves_a_stopped_controller(tmp_path):
       assert time.monotonic() < deadline and worker.poll() is None
       time.sleep(0.1)
     time.sleep(1)  # in the join, which waits for island 1
-    os.kill(controller.pid, signal.SIGSTOP)
+    processes.freeze(controller.pid)
     assert worker.wait(HANG_S) == 0
     text = (tmp_path / "worker.log").read_text(errors="replace")
     assert "controller is gone" in text, text[-2000:]

@@ -187,7 +187,7 @@ def test_spanning_programs_run_again_after_rejoins(how, tmp_path):
       time.sleep(1.0)  # inside its collectives
       lost_at = time.monotonic()
       if how == "sigstop":
-        os.kill(victim.pid, signal.SIGSTOP)
+        processes.freeze(victim.pid)
       else:
         os.kill(victim.pid, signal.SIGKILL)
       cli_cluster.wait_for(

@@ -117,7 +117,10 @@ def test_a_lost_stage_holds_no_survivor(how):
     assert all("digest" in got for got in before["steps"].values()), before
     assert "digest" in before["other"], before
 
-    os.kill(workers[1].pid, how)
+    if how == signal.SIGSTOP:
+      processes.freeze(workers[1].pid)
+    else:
+      os.kill(workers[1].pid, how)
     client.stdin.write("go\n")
     client.stdin.flush()
     # Held at most until island 1 is declared lost (WORKER_TIMEOUT_S), not

@@ -150,7 +150,10 @@ def test_lost_worker_ends_programs_spanning_its_island(client, signum):
   victim = pids["workers"][1]
   time.sleep(0.5)  # inside the spanning program's all-reduces
   lost_at = time.time()
-  os.kill(victim, signum)
+  if signum == signal.SIGSTOP:
+    processes.freeze(victim)
+  else:
+    os.kill(victim, signum)
   seen = c.read("error", 30)
   assert seen["error"] is not None
   assert "DATA_LOSS" in seen["error"], seen

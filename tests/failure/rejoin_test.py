@@ -212,9 +212,11 @@ def test_embedded_cluster_restarts_a_dead_worker(restart):
       env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
       stderr=subprocess.PIPE, text=True, start_new_session=True)
   pids = []
+  pinned: dict[int, int | None] = {}  # pid -> its pidfd (processes.pin)
   try:
     start = _line(client, 120)
     pids = [start["controller"], *start["workers"]]
+    pinned.update((p, processes.pin(p)) for p in pids)
 
     def ask(cmd):
       client.stdin.write(cmd + "\n")
@@ -235,6 +237,7 @@ def test_embedded_cluster_restarts_a_dead_worker(restart):
       rejoined_at = time.monotonic()
       new = status["workers"][1]
       pids.append(new)
+      pinned[new] = processes.pin(new)
       assert new != victim and status["restarts"] == [0, 1], status
       assert status["islands"][1]["pid"] == new
       assert status["islands"][1]["restarts"] == 1
@@ -250,19 +253,22 @@ def test_embedded_cluster_restarts_a_dead_worker(restart):
       got = ask("compute")
       assert "DATA_LOSS" in got["error"] and f"pid {victim}" in got["error"]
     pids = status["pids"]
+    pinned.update((p, processes.pin(p)) for p in pids if p not in pinned)
     client.stdin.write("quit\n")
     client.stdin.flush()
     assert _line(client, 30) == {"done": True}
     assert client.wait(timeout=30) == 0, client.stderr.read()[-3000:]
     # Every process the cluster started, restarted ones too, ends with it.
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and any(processes.alive(p) for p in pids):
+    while time.monotonic() < deadline and not all(
+        processes.ended(pinned[p]) for p in pids):
       time.sleep(0.1)
-    assert not [p for p in pids if processes.alive(p)], pids
+    assert all(processes.ended(pinned[p]) for p in pids), pids
   finally:
     if client.poll() is None:
       client.kill()
       client.wait(timeout=10)
-    for p in pids:
-      if processes.alive(p):
-        os.kill(p, signal.SIGKILL)
+    for fd in pinned.values():
+      processes.send(fd, signal.SIGKILL)
+      if fd is not None:
+        os.close(fd)

@@ -61,7 +61,7 @@ def test_a_resumed_lost_worker_exits_with_exit_lost(tmp_path, replaced):
 
     old = worker("old")
     _wait_for("the worker joined", lambda: island().get("alive"), 60)
-    os.kill(old.pid, signal.SIGSTOP)
+    processes.freeze(old.pid)
     _wait_for("the stopped worker lost", lambda: not island()["alive"],
               WORKER_TIMEOUT_S + 5)
     if replaced:
