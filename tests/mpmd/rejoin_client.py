@@ -20,9 +20,11 @@ from typing import Any, Callable
 
 os.environ["JAX_PLATFORMS"] = "proxy,cpu"
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax_pathways  # noqa: E402
 from jax_pathways.cluster import restarts  # noqa: E402
+import processes  # noqa: E402  tests/processes.py
 
 # The restarted worker waits this long before it starts, so the steps "lost"
 # runs meet the island lost, not back already.
@@ -58,7 +60,9 @@ def wait_for(what: str, predicate: Callable[[], bool], timeout: float) -> None:
 
 
 cluster = jax_pathways.local_cluster()
-say(phase="started", pids=cluster.pids, victim=cluster.workers[LOST].pid)
+# With when each started: a pid names the same process only with it.
+say(phase="started", pids={p: processes.started(p) for p in cluster.pids},
+    victim=cluster.workers[LOST].pid)
 model = models.make_mlp(stages=2, microbatches=M)
 batch = (model.x, model.y)
 cpu = jax.devices("cpu")[0]
@@ -150,6 +154,7 @@ began = time.monotonic()
 # The same Pipeline objects: their executables compiled before the loss.
 say(phase="rejoined", steps={name: run(name) for name in steps},
     took_s=time.monotonic() - began, island=island(LOST),
+    island_started=processes.started(island(LOST)["pid"]),
     assembled={name: assembled(name) for name in sys.argv[1:]})
 
 

@@ -41,14 +41,22 @@ def test_pipeline_steps_survive_a_lost_island_that_rejoins():
     if client.poll() is None:
       client.kill()
       client.communicate(timeout=10)
-    pids = phases.get("started", {}).get("pids", [])
+    # pid -> when it started: the same pid later may be another process.
+    pids = {int(p): t for p, t in
+            phases.get("started", {}).get("pids", {}).items()}
     if "rejoined" in phases:
-      pids.append(phases["rejoined"]["island"]["pid"])
+      pids[phases["rejoined"]["island"]["pid"]] = (
+          phases["rejoined"]["island_started"])
+
+    def lives(pid: int) -> bool:
+      return (pids[pid] is not None and processes.alive(pid) and
+              processes.started(pid) == pids[pid])
+
     # Every process of the cluster, the restarted worker too, ends with it.
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and any(map(processes.alive, pids)):
+    while time.monotonic() < deadline and any(map(lives, pids)):
       time.sleep(0.1)
-    left = [p for p in pids if processes.alive(p)]
+    left = [p for p in pids if lives(p)]
     for p in left:
       os.kill(p, signal.SIGKILL)
   assert not left, left
