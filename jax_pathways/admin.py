@@ -7,9 +7,10 @@ from typing import Any
 
 import grpc
 
-from jax_pathways.wire.session_keys import TOKEN_HEADER
+from jax_pathways.wire.session_keys import (ADMIN_CHECK_SLICE, ADMIN_STATUS,
+                                             ADMIN_SUPERVISION, ADMIN_TRACE,
+                                             TOKEN_HEADER)
 
-_SERVICE = "/jax_pathways.Admin/"
 
 
 class AdminError(RuntimeError):
@@ -30,7 +31,7 @@ def _call(address: str, method: str, body: bytes, token: str | None,
   metadata = [(TOKEN_HEADER, token)] if token else []
   try:
     with grpc.insecure_channel(_target(address)) as channel:
-      call = channel.unary_unary(_SERVICE + method, request_serializer=None,
+      call = channel.unary_unary(method, request_serializer=None,
                                  response_deserializer=None)
       raw = call(body, timeout=timeout, metadata=metadata)
   except grpc.RpcError as e:
@@ -42,7 +43,7 @@ def _call(address: str, method: str, body: bytes, token: str | None,
 def status(address: str, token: str | None = None,
            timeout: float = 5.0) -> dict[str, Any]:
   """The controller's status, as `jax-pathways status` prints it."""
-  return _call(address, "Status", b"", token, timeout)
+  return _call(address, ADMIN_STATUS, b"", token, timeout)
 
 
 def trace(address: str, action: str, token: str | None = None,
@@ -53,7 +54,7 @@ def trace(address: str, action: str, token: str | None = None,
   {"islands": {"<id>": [[seq, kind, name, issue_start_ns, issue_end_ns,
   ready_ns], ...]}}.
   """
-  return _call(address, "Trace", json.dumps({"action": action}).encode(),
+  return _call(address, ADMIN_TRACE, json.dumps({"action": action}).encode(),
                token, timeout)
 
 
@@ -61,7 +62,7 @@ def check_slice(address: str, devices: str | None, island: str | None,
                 token: str | None = None, timeout: float = 5.0) -> None:
   """Raises AdminError (INVALID_ARGUMENT, RESOURCE_EXHAUSTED) with the
   reason if a client asking for this slice could not be placed."""
-  _call(address, "CheckSlice",
+  _call(address, ADMIN_CHECK_SLICE,
         json.dumps({"devices": devices, "island": island}).encode(), token,
         timeout)
 
@@ -74,4 +75,5 @@ def report_supervision(address: str, report: dict[str, Any],
   worker's, "restarts": processes started after the first, "given_up":
   why it stopped restarting it, or ""}. `status` shows it; a give-up is
   added to the island's error, which every later call on it gets."""
-  _call(address, "Supervision", json.dumps(report).encode(), token, timeout)
+  _call(address, ADMIN_SUPERVISION, json.dumps(report).encode(), token,
+        timeout)

@@ -64,16 +64,20 @@ void RegisterGrpcServer(py::module_& m) {
       .def(
           "start",
           [](GrpcServer& s, const std::string& address,
-             int max_request_bytes, double first_message_timeout_s) {
+             int max_request_bytes, double first_message_timeout_s,
+             std::vector<std::string> python_unary,
+             std::vector<std::string> python_streams) {
             StatusOr<int> port = [&] {
               py::gil_scoped_release nogil;
               return s.Start(address, max_request_bytes,
-                             first_message_timeout_s);
+                             first_message_timeout_s, std::move(python_unary),
+                             std::move(python_streams));
             }();
             return ValueOrThrow(std::move(port));
           },
           py::arg("address"), py::arg("max_request_bytes"),
-          py::arg("first_message_timeout_s"))
+          py::arg("first_message_timeout_s"), py::arg("python_unary"),
+          py::arg("python_streams"))
       .def(
           "poll",
           [](GrpcServer& s, double timeout_s, size_t max_items) {

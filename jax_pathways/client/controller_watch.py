@@ -24,8 +24,8 @@ from absl import logging
 
 from jax_pathways import threads
 from jax_pathways.cluster import addresses
+from jax_pathways.wire.session_keys import ADMIN_PING
 
-PING = "/jax_pathways.Admin/Ping"
 PERIOD_S = 1.0
 CUT_PERIOD_S = 0.1  # after giving up: how often new connections are cut
 
@@ -41,7 +41,7 @@ class ControllerWatch:
     self.gave_up = threading.Event()
     self._stopped = threading.Event()
     self._channel = grpc.insecure_channel(target.split("://", 1)[1])
-    self._ping = self._channel.unary_unary(PING)
+    self._ping = self._channel.unary_unary(ADMIN_PING)
 
   def start(self) -> None:
     threads.start(self._run, "jp-watch")

@@ -33,20 +33,13 @@ from jax_pathways.controller.session import Services, Session
 from jax_pathways.resources.virtual_slice import SliceRequest
 from jax_pathways.status import Code, Status, StatusError
 from jax_pathways.wire import protos
-from jax_pathways.wire.session_keys import (CALLBACKS_HEADER, CALLBACKS_KEY,
-                                             CALLBACKS_METHOD, DEVICES_KEY,
-                                             ISLAND_KEY, SESSION_METADATA,
-                                             TOKEN_HEADER, TOKEN_KEY,
-                                             WEIGHT_KEY)
+from jax_pathways.wire.session_keys import (
+    ADMIN_CHECK_SLICE, ADMIN_PING, ADMIN_SERVICE, ADMIN_STATUS,
+    ADMIN_SUPERVISION, ADMIN_TRACE, CALLBACKS_HEADER, CALLBACKS_KEY, CALLBACKS_METHOD,
+    DEVICES_KEY, ISLAND_KEY, SESSION_METADATA, TOKEN_HEADER, TOKEN_KEY,
+    WEIGHT_KEY)
 
 GET_VERSION = "/xla.ifrt.proxy.GrpcIfrtService/GetVersion"
-ADMIN_STATUS = "/jax_pathways.Admin/Status"
-ADMIN_TRACE = "/jax_pathways.Admin/Trace"
-ADMIN_CHECK_SLICE = "/jax_pathways.Admin/CheckSlice"
-ADMIN_SUPERVISION = "/jax_pathways.Admin/Supervision"
-# Liveness only (no token): answered by the sessions thread, as clients'
-# requests are (client/controller_watch.py).
-ADMIN_PING = "/jax_pathways.Admin/Ping"
 # What a session without the right token is told, as the status of its
 # InitRequest (GrpcService._refuse). JAX's client retries a failed
 # InitRequest until its connection timeout (120 s by default; pathwaysutils
@@ -101,7 +94,9 @@ class GrpcService:
     # buffering it (RESOURCE_EXHAUSTED "Received message larger than max").
     cfg = config.from_env()
     port = self._server.start(bind, cfg.max_request_mib << 20,
-                              cfg.first_message_timeout)
+                              cfg.first_message_timeout,
+                              python_unary=[GET_VERSION, ADMIN_SERVICE],
+                              python_streams=[CALLBACKS_METHOD])
     self._thread = threads.start(self._loop, "jp-sessions")
     return port
 

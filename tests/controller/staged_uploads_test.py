@@ -42,7 +42,8 @@ def _rig(kind: str):
   worker reading the dispatcher's memory as one on this host does
   ("local"), or connected over TCP as one on another host is ("remote")."""
   server = _server.GrpcServer()
-  port = server.start("127.0.0.1:0", 256 << 20, 10.0)
+  port = server.start("127.0.0.1:0", 256 << 20, 10.0, python_unary=[],
+                      python_streams=[])
   server.host_buffers.open_session(SESSION)
   a, b = socket.socketpair() if kind == "local" else tcp_pair()
   # A window past the worker's stages: PUTs are never held back here.

@@ -20,10 +20,6 @@ namespace jax_pathways {
 namespace {
 
 constexpr char kService[] = "/xla.ifrt.proxy.GrpcIfrtService/";
-constexpr char kAdminService[] = "/jax_pathways.Admin/";
-// A client's callbacks: a stream the controller asks it on and it answers
-// on (controller/callback_router.py), each message a request of its own.
-constexpr char kCallbacksStream[] = "/jax_pathways.Callbacks/Serve";
 constexpr char kStoreMetadata[] =
     "ifrt-proxy-grpc-host-buffer-store-metadata-bin";
 constexpr size_t kChunk = 1 << 20;  // as the reference server streams
@@ -49,19 +45,31 @@ enum class CallKind {
   kSession, kStream, kUnary, kStore, kLookup, kDelete, kRefused
 };
 
-CallKind KindOf(const std::string& method) {
+// Whether `method` is one of `names` (a name ending in '/': any method of
+// that service).
+bool Names(const std::vector<std::string>& names, const std::string& method) {
+  for (const std::string& n : names) {
+    if (!n.empty() && n.back() == '/' ? method.rfind(n, 0) == 0
+                                      : method == n) {
+      return true;
+    }
+  }
+  return false;
+}
+
+CallKind KindOf(const std::string& method,
+                const std::vector<std::string>& python_unary,
+                const std::vector<std::string>& python_streams) {
   std::string svc(kService);
   if (method.rfind(svc, 0) == 0) {
     std::string name = method.substr(svc.size());
     if (name == "IfrtSession") return CallKind::kSession;
-    if (name == "GetVersion") return CallKind::kUnary;
     if (name == "HostBufferStore") return CallKind::kStore;
     if (name == "HostBufferLookup") return CallKind::kLookup;
     if (name == "HostBufferDelete") return CallKind::kDelete;
-    return CallKind::kRefused;
   }
-  if (method.rfind(kAdminService, 0) == 0) return CallKind::kUnary;
-  if (method == kCallbacksStream) return CallKind::kStream;
+  if (Names(python_unary, method)) return CallKind::kUnary;
+  if (Names(python_streams, method)) return CallKind::kStream;
   return CallKind::kRefused;
 }
 
@@ -389,7 +397,8 @@ void Call::PushClosed() {
 void Call::OnNew(bool ok) {
   if (!ok) return;  // the server is shutting down
   server_->SpawnCall();
-  kind_ = KindOf(ctx_.method());
+  kind_ = KindOf(ctx_.method(), server_->python_unary_,
+                 server_->python_streams_);
   switch (kind_) {
     case CallKind::kSession:
     case CallKind::kStream:
@@ -782,9 +791,13 @@ GrpcServer::~GrpcServer() { Shutdown(); }
 
 StatusOr<int> GrpcServer::Start(const std::string& address,
                                 int max_request_bytes,
-                                double first_message_timeout_s) {
+                                double first_message_timeout_s,
+                                std::vector<std::string> python_unary,
+                                std::vector<std::string> python_streams) {
   first_message_timeout_ = std::chrono::milliseconds(
       static_cast<int64_t>(first_message_timeout_s * 1000));
+  python_unary_ = std::move(python_unary);
+  python_streams_ = std::move(python_streams);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);

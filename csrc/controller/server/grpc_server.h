@@ -70,8 +70,14 @@ class GrpcServer {
   // its InitRequest, a unary-style call its one request) is cut off: a
   // stream must not hold the server's resources for as long as it likes
   // before it says who it is.
+  // `python_unary`, `python_streams`: the methods Python serves (its names
+  // for them, controller/grpc_service.py), as unary-style calls and as
+  // streams; a name ending in '/' stands for every method of a service.
+  // The IFRT session and the host-buffer calls are this server's own.
   StatusOr<int> Start(const std::string& address, int max_request_bytes,
-                      double first_message_timeout_s);
+                      double first_message_timeout_s,
+                      std::vector<std::string> python_unary,
+                      std::vector<std::string> python_streams);
   std::vector<FrontendEvent> Poll(double timeout_s, size_t max_items);
   // Queues one response message on stream `id`; false if it is gone.
   bool Send(uint64_t id, std::string data);
@@ -119,6 +125,8 @@ class GrpcServer {
   std::unique_ptr<grpc::ServerCompletionQueue> cq_;
   std::unique_ptr<grpc::Server> server_;
   std::chrono::milliseconds first_message_timeout_{10000};
+  std::vector<std::string> python_unary_;    // set by Start()
+  std::vector<std::string> python_streams_;  // set by Start()
   std::thread cq_thread_;
   std::mutex ops_mu_;  // guards starting ops vs. shutting the queue down
   bool cq_shut_ = false;
