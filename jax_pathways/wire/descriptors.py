@@ -209,10 +209,10 @@ def subset(fds: descriptor_pb2.FileDescriptorSet,
       prune(name, m.nested_type, m.enum_type, out.nested_type, out.enum_type,
             uses)
 
+  needed_files = {where[n][0] for n in needed}
   kept: dict[str, descriptor_pb2.FileDescriptorProto] = {}
   for f in fds.file:
-    if not any(file == f.name for file, _ in
-               (where[n] for n in needed)):
+    if f.name not in needed_files:
       continue
     g = kept[f.name] = descriptor_pb2.FileDescriptorProto()
     g.CopyFrom(f)
@@ -225,10 +225,12 @@ def subset(fds: descriptor_pb2.FileDescriptorSet,
           uses)
     g.dependency.extend(d for d in f.dependency if d in uses - {f.name})
   out = descriptor_pb2.FileDescriptorSet()  # each file after its imports
+  emitted: set[str] = set()
 
   def emit(name: str) -> None:
-    if any(f.name == name for f in out.file):
+    if name in emitted:
       return
+    emitted.add(name)
     for dep in kept[name].dependency:
       emit(dep)
     out.file.add().CopyFrom(kept[name])
