@@ -26,6 +26,7 @@ client. A route is released with its executable (or its session).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -115,10 +116,6 @@ class CallbackRouter:
       self._send(stream, msg.encode({"kind": msg.FORGET,
                                      "table": released.table}))
 
-  def routes(self) -> int:
-    with self._lock:
-      return len(self._routes)
-
   # ------------------------------------------------------------ clients
   def open_client(self, stream: int, client: str) -> None:
     """A client's callbacks stream opened (its token checked)."""
@@ -128,21 +125,19 @@ class CallbackRouter:
                    f"{MAX_CLIENT_ID} characters")
       return
     with self._lock:
-      if client in self._streams:
-        refused = True
-      else:
-        refused = False
+      refused = client in self._streams
+      if not refused:
         self._streams[client] = stream
         self._clients[stream] = client
-        unsent = [(cid, p) for cid, p in self._pending.items()
+        unsent = [p for p in self._pending.values()
                   if p.client == client and not p.sent]
-        for _, p in unsent:
+        for p in unsent:
           p.sent = True
     if refused:
       self._finish(stream, int(Code.ALREADY_EXISTS),
                    "this client's callbacks are served on another stream")
       return
-    for _, p in unsent:
+    for p in unsent:
       self._send(stream, p.message)
 
   def from_client(self, stream: int, data: bytes) -> None:
@@ -173,8 +168,7 @@ class CallbackRouter:
           answer = (answer[0], [bytes(b) for b in blobs])
           route.answers[pending.memo] = answer
     for link, request in pending.waiters:
-      link.send(msg.encode({"kind": msg.REPLY, "id": request, **answer[0]},
-                           answer[1]))
+      link.reply(request, answer)
 
   def close_client(self, stream: int) -> None:
     """A client's callbacks stream ended: what it owed fails now."""
@@ -274,8 +268,7 @@ class CallbackRouter:
         stream = self._register(call_id, route_id, message, (link, request),
                                 memo)
     if answer is not None:
-      link.send(msg.encode({"kind": msg.REPLY, "id": request, **answer[0]},
-                           answer[1]))
+      link.reply(request, answer)
       return
     self._deliver(stream, message)
 
@@ -365,15 +358,19 @@ class _WorkerLink:
     if not self._closed:
       self._out.put(data)
 
+  def reply(self, request: int, answer: tuple[dict[str, Any], list[Any]]
+            ) -> None:
+    """Answers the worker's `request` with a client's (header, blobs)."""
+    self.send(msg.encode({"kind": msg.REPLY, "id": request, **answer[0]},
+                         answer[1]))
+
   def close(self) -> None:
     if self._closed:
       return
     self._closed = True
     self._out.put(None)
-    try:
+    with contextlib.suppress(OSError):
       self._sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-      pass
 
   def _read(self) -> None:
     try:

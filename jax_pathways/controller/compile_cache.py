@@ -236,11 +236,9 @@ class CompileCache:
   is held once for it: release() it when its executable goes."""
 
   def __init__(self, dispatcher: Dispatcher,
-               global_client: GlobalClient | None = None,
-               keep_unheld: int = KEEP_UNHELD):
+               global_client: GlobalClient | None = None):
     self._dispatcher = dispatcher
     self._global_client = global_client
-    self._keep_unheld = keep_unheld
     self._ids = itertools.count(1)
     self._lock = threading.Lock()
     self.compiles = 0  # programs sent to be compiled, ever
@@ -347,7 +345,7 @@ class CompileCache:
         freed.append(self._done.pop(key))
       else:
         self._unheld[key] = program
-      while len(self._unheld) > self._keep_unheld:
+      while len(self._unheld) > KEEP_UNHELD:
         freed.append(self._done.pop(self._unheld.popitem(last=False)[0]))
     for p in freed:
       # Numbered after every launch of it: each was before some fence.

@@ -191,7 +191,7 @@ class GrpcService:
       return
     meta = _parse("xla.ifrt.proxy.GrpcIfrtSessionMetadata", raw,
                   "session metadata")
-    if not self._token_ok(meta):
+    if not self._token_ok(_attribute(meta, TOKEN_KEY) or ""):
       # JAX's client retries about once a second: log the first of a burst.
       logging.log_every_n_seconds(
           logging.INFO, "refused a session from %s: wrong or missing "
@@ -322,12 +322,10 @@ class GrpcService:
       self.host_buffers.close_session(session.id)
       logging.info("client %d closed its session", session.number)
 
-  def _token_ok(self, meta: Any) -> bool:
-    if not self._token:
-      return True
-    given = _attribute(meta, TOKEN_KEY) or ""
+  def _token_ok(self, given: str) -> bool:
     # As bytes: compare_digest refuses str that are not ASCII.
-    return secrets.compare_digest(given.encode(), self._token.encode())
+    return not self._token or secrets.compare_digest(given.encode(),
+                                                     self._token.encode())
 
   # ----------------------------------------------------------- unary calls
   def _unary(self, call: int, data: bytes, method: str,
@@ -369,10 +367,9 @@ class GrpcService:
     return resp.SerializeToString()
 
   def _check_admin_token(self, metadata: dict[str, bytes]) -> None:
-    if self._token:
-      given = metadata.get(TOKEN_HEADER, b"").decode(errors="replace")
-      if not secrets.compare_digest(given.encode(), self._token.encode()):
-        raise StatusError(Code.UNAUTHENTICATED, "wrong cluster token")
+    given = metadata.get(TOKEN_HEADER, b"").decode(errors="replace")
+    if not self._token_ok(given):
+      raise StatusError(Code.UNAUTHENTICATED, "wrong cluster token")
 
   def _check_slice(self, data: bytes) -> bytes:
     """Places a slice request without keeping it: what a client asking for

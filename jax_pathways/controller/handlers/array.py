@@ -9,7 +9,6 @@ returning, even though the ops run later.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import math
 from typing import Any, Sequence
 
@@ -17,6 +16,7 @@ from jax_pathways import dtypes, validation
 from jax_pathways.controller import moves, op_payloads, remap_plan
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.dispatcher import IslandOp, OpKind, StageDest
+from jax_pathways.controller.handlers.future import done_future
 from jax_pathways.controller.handlers.handler_table import handles
 from jax_pathways.controller.session import Reply, Session, StreamTo
 from jax_pathways.programs import sharding as sharding_lib
@@ -622,10 +622,8 @@ def delete_array(session: Session, req: Any, reply: Reply) -> None:
     array.deleted = True
   # A DELETE is done once it has its place in each island's order.
   moves.release(session.services, arrays)
-  future: concurrent.futures.Future = concurrent.futures.Future()
-  future.set_result(Status())
   handle = session.server_handles.new()
-  session.futures.put(handle, future, minted=True)
+  session.futures.put(handle, done_future(), minted=True)
   reply.ok(lambda r: setattr(r, "deletion_future_handle", handle))
 
 

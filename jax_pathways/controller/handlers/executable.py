@@ -16,7 +16,8 @@ from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.compile_cache import CompiledProgram
 from jax_pathways.controller.mpmd_executable import MpmdExecutable
 from jax_pathways.controller.profile_executable import ProfileExecutable
-from jax_pathways.controller.handlers.future import done_future
+from jax_pathways.controller.handlers.future import (done_future,
+                                                      reply_when_done)
 from jax_pathways.controller.handlers.handler_table import handles
 from jax_pathways.controller.session import Reply, Session
 from jax_pathways.programs import sharding as sharding_lib
@@ -203,8 +204,8 @@ def _register_fast(session: Session, handle: int,
 
 @handles("loaded_executable_fetch_execute_result_request")
 def fetch_execute_result(session: Session, req: Any, reply: Reply) -> None:
-  future = session.execute_results.pop(req.result_status_handle)
-  future.add_done_callback(lambda f: reply.status(f.result()))
+  reply_when_done(session.execute_results.pop(req.result_status_handle),
+                  reply)
 
 
 def _answer_costs(reply: Reply, find: Callable[[], Any],
@@ -309,10 +310,6 @@ def mpmd_cost_analysis(session: Session, req: Any, reply: Reply) -> None:
 
 
 @handles("loaded_host_callback_poll_request")
-def host_callback_poll(session: Session, req: Any, reply: Reply) -> None:
-  raise unimplemented("host callbacks cannot cross the IFRT proxy")
-
-
 @handles("loaded_host_callback_return_request")
-def host_callback_return(session: Session, req: Any, reply: Reply) -> None:
+def host_callback(session: Session, req: Any, reply: Reply) -> None:
   raise unimplemented("host callbacks cannot cross the IFRT proxy")
