@@ -34,6 +34,22 @@ from jax_pathways.wire import payloads
 
 # Compiles being read and placed at once (each waits for a program reader).
 COMPILE_THREADS = READERS
+# The dispatcher's counters of an island that `jax-pathways status` shows,
+# and what it shows before the island has any.
+_COUNTERS = {
+    "queued": 0, "in_flight": 0, "submitted": 0, "finished": 0,
+    "memory_used": 0, "memory_capacity": 0,
+    # Uploads are read from the controller's memory (same host).
+    "reads_locally": False,
+    # Of uploads streamed to the worker while they arrived.
+    "staged_bytes": 0,
+    # Room a worker on another host holds for stages sent to it and not yet
+    # put or ended.
+    "held_stage_bytes": 0,
+    # Sent, not yet taken by the worker's socket: grows while the worker
+    # does not read (frozen), never blocking the controller.
+    "send_backlog_bytes": 0,
+}
 
 
 class Controller:
@@ -207,22 +223,7 @@ class Controller:
           # Whether programs spanning islands run on this worker now.
           "global_client": (spanning and s.get("alive", False) and
                             self.global_client.member(island)),
-          "queued": s.get("queued", 0),
-          "in_flight": s.get("in_flight", 0),
-          "submitted": s.get("submitted", 0),
-          "finished": s.get("finished", 0),
-          "memory_used": s.get("memory_used", 0),
-          "memory_capacity": s.get("memory_capacity", 0),
-          # Uploads are read from the controller's memory (same host).
-          "reads_locally": s.get("reads_locally", False),
-          # Of uploads streamed to the worker while they arrived.
-          "staged_bytes": s.get("staged_bytes", 0),
-          # Room a worker on another host holds for stages sent to it and
-          # not yet put or ended.
-          "held_stage_bytes": s.get("held_stage_bytes", 0),
-          # Sent, not yet taken by the worker's socket: grows while the
-          # worker does not read (frozen), never blocking the controller.
-          "send_backlog_bytes": s.get("send_backlog_bytes", 0),
+          **{k: s.get(k, default) for k, default in _COUNTERS.items()},
       })
     with self.service._lock:  # pylint: disable=protected-access
       sessions = list(self.service.sessions.values())

@@ -19,6 +19,7 @@ connection goes to the callback router (controller/callback_router.py).
 """
 from __future__ import annotations
 
+import contextlib
 import socket
 from typing import Any, Callable
 
@@ -28,6 +29,7 @@ from jax_pathways import _core
 from jax_pathways import threads
 from jax_pathways.cluster import addresses
 from jax_pathways.controller.dispatcher import Dispatcher
+from jax_pathways.resources.island import Island
 from jax_pathways.resources.topology import Topology
 from jax_pathways.status import StatusError
 from jax_pathways.wire import handshake
@@ -60,10 +62,8 @@ class WorkerListener:
     # close() alone leaves a socket that a thread is blocked accepting on
     # listening (Linux): a worker's probe was still answered "dropped" on a
     # clean stop, and the worker exited 3 instead of 0.
-    try:
+    with contextlib.suppress(OSError):  # not listening
       self._sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-      pass  # not listening
     self._sock.close()
 
   def _accept_loop(self) -> None:
@@ -141,25 +141,25 @@ class WorkerListener:
     """The island of a worker's callbacks connection: its current worker's."""
     if self._on_callbacks is None:
       raise handshake.HandshakeError("this controller serves no callbacks")
-    try:
-      island = self._topology.island(int(hello.get("island")))
-    except (TypeError, ValueError, StatusError) as e:
-      raise handshake.HandshakeError(
-          f"callbacks for island {hello.get('island')!r}: {e}") from None
+    island = self._island_of(hello, "callbacks")
     if (island.worker_pid, island.worker_host) != (hello.get("pid"),
                                                    hello.get("host")):
       raise handshake.HandshakeError(
           f"callbacks connection of a worker that is not {island.name}")
     return int(island.id)
 
+  def _island_of(self, hello: dict[str, Any], what: str) -> Island:
+    """The island a worker's `what` connection names."""
+    try:
+      return self._topology.island(int(hello.get("island")))
+    except (TypeError, ValueError, StatusError) as e:
+      raise handshake.HandshakeError(
+          f"{what} for island {hello.get('island')!r}: {e}") from None
+
   def _probe(self, hello: dict[str, Any]) -> dict[str, Any]:
     """Answers a worker whose connection ended: why it is no longer its
     island's worker (its loss, or who took its place)."""
-    try:
-      island = self._topology.island(int(hello.get("island")))
-    except (TypeError, ValueError, StatusError) as e:
-      raise handshake.HandshakeError(f"probe for island "
-                                     f"{hello.get('island')!r}: {e}") from None
+    island = self._island_of(hello, "probe")
     stats = {s["island"]: s for s in self._dispatcher.stats()}.get(
         island.id, {})
     mine = (island.worker_pid == hello.get("pid") and
