@@ -23,6 +23,7 @@ shutting a service down killed its client with SIGABRT within seconds).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import select
 import socket
@@ -91,12 +92,9 @@ class CoordinationHost:
                  address)
 
   def close(self) -> None:
-    with self._lock:
-      try:
-        self._proc.stdin.write(json.dumps({"exit": True}) + "\n")
-        self._proc.stdin.close()
-      except (OSError, ValueError):
-        pass
+    with self._lock, contextlib.suppress(OSError, ValueError):
+      self._proc.stdin.write(json.dumps({"exit": True}) + "\n")
+      self._proc.stdin.close()
     try:
       # It goes once the workers have (told to stop by now, they leave).
       self._proc.wait(timeout=coordination_host.LINGER_S + 5)
