@@ -51,6 +51,11 @@ def check_supported(schedule: str, stage_meshes: Mapping[str, str]) -> None:
 Atom = tuple[str, Any]
 
 
+def _keys(atoms: Sequence[Atom]) -> list[int]:
+  """The ids of the computed values among `atoms`."""
+  return [k for kind, k in atoms if kind == "key"]
+
+
 @dataclasses.dataclass
 class _Node:
   """One equation of the flattened step."""
@@ -127,8 +132,8 @@ def _place_nodes(nodes: list[_Node], stage_meshes: Mapping[str, str],
     if node.mesh is not None:
       continue
     weight: dict[str, int] = {}
-    for kind, k in node.inputs:
-      if kind == "key" and k in producer and producer[k].mesh is not None:
+    for k in _keys(node.inputs):
+      if k in producer and producer[k].mesh is not None:
         aval = _aval_of(producer[k], k)
         mesh = producer[k].mesh
         weight[mesh] = weight.get(mesh, 0) + int(np.prod(aval.shape) or 1)
@@ -136,9 +141,8 @@ def _place_nodes(nodes: list[_Node], stage_meshes: Mapping[str, str],
       node.mesh = max(weight, key=lambda m: (weight[m], -list(weight).index(m)))
   consumers: dict[int, list[_Node]] = {}
   for node in nodes:
-    for kind, k in node.inputs:
-      if kind == "key":
-        consumers.setdefault(k, []).append(node)
+    for k in _keys(node.inputs):
+      consumers.setdefault(k, []).append(node)
   for node in reversed(nodes):
     if node.mesh is None:
       placed = [c.mesh for k in node.outputs for c in consumers.get(k, [])
@@ -161,9 +165,9 @@ def _order(nodes: list[_Node], plan: schedule_lib.Schedule,
   out = []
   while remaining:
     for i, node in enumerate(remaining):
-      if any(kind == "key" and k not in ready for kind, k in node.inputs):
+      if not ready.issuperset(_keys(node.inputs)):
         continue
-      if node.stage is not None and node.kind in ("F", "B"):
+      if node.stage is not None:
         queue = expected.get(node.mesh, [])
         if queue and queue[0] != (node.kind, node.microbatch):
           continue
@@ -202,14 +206,13 @@ def _fragments(order: list[_Node], out_keys: set[int]) -> list[_Fragment]:
       last.nodes.append(node)
     else:
       fragments.append(_Fragment(node.mesh, [node]))
-    for kind, k in node.inputs:
-      if kind == "key":
-        last_use[k] = len(fragments) - 1
+    for k in _keys(node.inputs):
+      last_use[k] = len(fragments) - 1
   for i, fragment in enumerate(fragments):
     made = [k for n in fragment.nodes for k in n.outputs]
     for n in fragment.nodes:
-      for kind, k in n.inputs:
-        if kind == "key" and k not in made and k not in fragment.inputs:
+      for k in _keys(n.inputs):
+        if k not in made and k not in fragment.inputs:
           fragment.inputs.append(k)
     fragment.outputs = [k for k in made
                         if k in out_keys or last_use.get(k, -1) > i]
@@ -232,12 +235,10 @@ def _evaluate(nodes: list[_Node], inputs: list[int], outputs: list[int]
 
 def plan(fn: Callable[..., Any], topology: Topology,
          stage_meshes: Mapping[str, str], schedule_name: str,
-         microbatches: int, split: tuple[Any, ...]) -> Plan:
-  """`fn`'s step for the arguments `split` (microbatches split), by this
-  splitter, with `stage_meshes` (stage -> mesh name) as the pipeline has
-  them."""
-  abstract = jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), split)
+         microbatches: int, abstract: tuple[Any, ...]) -> Plan:
+  """`fn`'s step for arguments of the shapes and dtypes `abstract`
+  (microbatches split), by this splitter, with `stage_meshes` (stage ->
+  mesh name) as the pipeline has them."""
   closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*abstract)
   flat = _Flattener()
   input_keys = [flat.key() for _ in closed.jaxpr.invars]
@@ -253,7 +254,7 @@ def plan(fn: Callable[..., Any], topology: Topology,
                   microbatches)
   order = _order(nodes, textbook, set(input_keys))
 
-  fragments = _fragments(order, {v for kind, v in out_atoms if kind == "key"})
+  fragments = _fragments(order, set(_keys(out_atoms)))
   input_mesh: dict[int, str] = {}   # where each input is first used
   for fragment in fragments:
     for k in fragment.inputs:
@@ -277,7 +278,7 @@ def plan(fn: Callable[..., Any], topology: Topology,
     fragment.fn = fn
   tasks: dict[str, list[schedule_lib.Task]] = {m: [] for m in meshes}
   for node in order:
-    if node.stage is not None and node.kind in ("F", "B"):
+    if node.stage is not None:
       tasks[node.mesh].append(schedule_lib.Task(node.kind, node.microbatch,
                                                 (node.stage,)))
   schedule = schedule_lib.Schedule(

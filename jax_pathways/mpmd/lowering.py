@@ -68,13 +68,9 @@ def to_mpmd(module: Any, clone: Any) -> Lowered:
         continue
       index = int(m.group(1))
       counters.add(index)
-      with ir.InsertionPoint(call), call.location:
-        new = mpmd.CallOp([r.type for r in call.results], list(call.operands),
-                          ir.FlatSymbolRefAttr.get(_callee(call)))
-      new.attributes["call_counter"] = ir.IntegerAttr.get(u32, index)
-      for old, result in zip(call.results, new.results):
-        old.replace_all_uses_with(result)
-      call.operation.erase()
+      new = _remade_call(call, list(call.operands),
+                         {"call_counter": ir.IntegerAttr.get(u32, index)},
+                         ir, mpmd)
       if not _is_backward(table[_callee(new)]):
         forward_calls.append((index, new))
     _in_counter_order(main, forward_calls)
@@ -119,9 +115,7 @@ def _inline_as_named_computation(call: Any, callee: Any, name: str,
   for old, new in zip(body.arguments, block.arguments):
     old.replace_all_uses_with(new)
   ret.operation.erase()
-  for old, new in zip(call.results, named.results):
-    old.replace_all_uses_with(new)
-  call.operation.erase()
+  _replace(call, named)
   copy.operation.erase()
 
 
@@ -157,7 +151,8 @@ def _accumulate_in_backwards(main: Any, table: Any, ir: Any,
       continue
     order = sorted(links)
     _add_into(fn, ret, order, ir, mpmd)
-    new = _with_operands(call, [links[k][1] for k in order], ir, mpmd)
+    new = _remade_call(call, list(call.operands) +
+                       [links[k][1] for k in order], call.attributes, ir, mpmd)
     for k in order:
       add = links[k][0]
       add.result.replace_all_uses_with(new.results[k])
@@ -165,19 +160,25 @@ def _accumulate_in_backwards(main: Any, table: Any, ir: Any,
     backwards[n] = new
 
 
-def _with_operands(op: Any, extra: list[Any], ir: Any, mpmd: Any) -> Any:
-  """`op` (an mpmd.call) remade with `extra` operands at the end."""
+def _remade_call(op: Any, operands: list[Any], attributes: Any, ir: Any,
+                 mpmd: Any) -> Any:
+  """An mpmd.call of `op`'s callee on `operands`, with `attributes` (but
+  the callee), in `op`'s place."""
   with ir.InsertionPoint(op), op.location:
-    new = mpmd.CallOp([r.type for r in op.results],
-                      list(op.operands) + extra,
+    new = mpmd.CallOp([r.type for r in op.results], operands,
                       ir.FlatSymbolRefAttr.get(_callee(op)))
-  for name, value in op.attributes.items():
+  for name, value in attributes.items():
     if name != "callee":
       new.attributes[name] = value
-  for old, result in zip(op.results, new.results):
-    old.replace_all_uses_with(result)
-  op.erase()
+  _replace(op, new)
   return new
+
+
+def _replace(old: Any, new: Any) -> None:
+  """Erases op `old`, its results' uses now `new`'s results."""
+  for result, replacement in zip(old.results, new.results):
+    result.replace_all_uses_with(replacement)
+  old.operation.erase()
 
 
 def _add_into(fn: Any, ret: Any, results: list[int], ir: Any,
@@ -223,9 +224,7 @@ def _add_into(fn: Any, ret: Any, results: list[int], ir: Any,
       with ir.InsertionPoint(inner_ret), inner_ret.location:
         total = stablehlo.AddOp(running, inner_ret.operands[j])
       inner_ret.operands[j] = total.result
-    for old, result in zip(named.results, new.results):
-      old.replace_all_uses_with(result)
-    named.erase()
+    _replace(named, new)
 
 
 def _in_counter_order(main: Any, calls: list[tuple[int, Any]]) -> None:

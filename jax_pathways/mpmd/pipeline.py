@@ -90,32 +90,32 @@ class Pipeline:
     return self
 
   @property
+  def _last_plan(self) -> Plan:
+    if self._last is None:
+      raise RuntimeError("call the pipeline (or .lower(*args)) first")
+    return self._last
+
+  @property
   def input_shardings(self) -> list[NamedSharding]:
     """Where the last call's flattened arguments (batch arguments split into
     microbatches) live; arguments already there are not moved."""
-    if self._last is None:
-      raise RuntimeError("call the pipeline (or .lower(*args)) first")
-    return list(self._last.input_shardings)
+    return list(self._last_plan.input_shardings)
 
   @property
   def schedule(self) -> schedule_lib.Schedule:
     """The schedule the last call ran (or lower() planned)."""
-    if self._last is None:
-      raise RuntimeError("call the pipeline (or .lower(*args)) first")
-    return self._last.schedule
+    return self._last_plan.schedule
 
   @property
   def ifrt_ir(self) -> str:
     """The IFRT IR program (MLIR text) the last call ran: its @main calls
     one fragment per scheduled task on its mesh and copies arrays between
     meshes, in each mesh's schedule order."""
-    if self._last is None:
-      raise RuntimeError("call the pipeline (or .lower(*args)) first")
-    if self._last.ifrt_ir is None:
+    if self._last_plan.ifrt_ir is None:
       raise RuntimeError(f"the {self.partitioner!r} partitioner runs the "
                          "step fragment by fragment, not as an IFRT IR "
                          "program")
-    return self._last.ifrt_ir
+    return self._last_plan.ifrt_ir
 
   # --------------------------------------------------------------- planning
   def _split(self, args: Sequence[Any], abstract: bool = False
@@ -137,17 +137,17 @@ class Pipeline:
                 for k in range(m)]
     return tuple(out)
 
-  def _signature(self, split: tuple[Any, ...]) -> Any:
-    leaves, tree = jax.tree.flatten(split)
-    return tree, tuple((np.shape(x), jnp.result_type(x)) for x in leaves)
-
   def _plan(self, split: tuple[Any, ...]) -> Plan:
-    key = self._signature(split)
+    leaves, tree = jax.tree.flatten(split)
+    key = tree, tuple((np.shape(x), jnp.result_type(x)) for x in leaves)
     plan = self._plans.get(key)
     if plan is None:
-      plan = (self._shardy_plan(split) if self.partitioner == SHARDY else
+      abstract = jax.tree.map(
+          lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)),
+          split)
+      plan = (self._shardy_plan(abstract) if self.partitioner == SHARDY else
               fallback.plan(self.fn, self.topology, self.stage_meshes,
-                            self.schedule_name, self.microbatches, split))
+                            self.schedule_name, self.microbatches, abstract))
       self._plans[key] = plan
     self._last = plan
     return plan
@@ -182,10 +182,10 @@ class Pipeline:
       start += n
     return out
 
-  def _shardy_plan(self, split: tuple[Any, ...]) -> Plan:
-    abstract = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)), split)
-    jitted = jax.jit(self.fn, in_shardings=self.lowering_shardings(split),
+  def _shardy_plan(self, abstract: tuple[Any, ...]) -> Plan:
+    """The step for arguments of these shapes and dtypes (microbatches
+    split), by the Shardy MPMD partitioner."""
+    jitted = jax.jit(self.fn, in_shardings=self.lowering_shardings(abstract),
                      keep_unused=True)
     traced = jitted.trace(*abstract)
     out_info = traced.out_info
@@ -200,7 +200,7 @@ class Pipeline:
     partitioned = shardy.partition(lowered, self.topology,
                                    self.stage_meshes, self.schedule_name,
                                    self.partitioning_options,
-                                   self.donated_leaves(split))
+                                   self.donated_leaves(abstract))
     out_leaves, out_tree = jax.tree.flatten(out_info)
     avals = [jax.core.ShapedArray(o.shape, o.dtype) for o in out_leaves]
     backend = self.topology.devices()[0].client
