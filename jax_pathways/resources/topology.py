@@ -192,16 +192,6 @@ class Topology:
     ids = sorted({self.island_of_device(d).id for d in devices})
     return [self.island(i) for i in ids]
 
-  def place(self, devices: Iterable[int], what: str) -> Island:
-    """The one island that holds all of `devices`; a clear error otherwise
-    (for what cannot span islands, such as one MPMD fragment)."""
-    islands = self.islands_of(devices, what)
-    if len(islands) > 1:
-      raise invalid_argument(
-          f"{what} spans islands {[i.id for i in islands]} (devices "
-          f"{list(devices)}) but must stay within one island")
-    return islands[0]
-
   @staticmethod
   def custom_call_targets(islands: Iterable[Island]) -> frozenset[str]:
     """The custom call targets programs on all of `islands` may name

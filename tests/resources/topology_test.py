@@ -21,7 +21,7 @@ def test_device_ids_by_island_order():
   assert [list(i.device_ids) for i in t.islands()] == [
       [0, 1, 2, 3], [4, 5, 6], [7, 8]]
   assert t.island_of_device(5).id == 1
-  assert t.place([7, 8], "x").id == 2
+  assert [i.id for i in t.islands_of([8, 7], "x")] == [2]
 
 
 def test_refusals():
@@ -40,14 +40,13 @@ def test_refusals():
     t.register(_hello())
 
 
-def test_placement_errors_name_the_islands():
+def test_islands_of_devices_in_island_order_and_unknown_devices_refused():
   t = Topology(2)
   t.register(_hello(0))
   t.register(_hello(1))
-  with pytest.raises(StatusError, match=r"spans islands \[0, 1\]"):
-    t.place([3, 4], "the program")
+  assert [i.id for i in t.islands_of([4, 3], "the program")] == [0, 1]
   with pytest.raises(StatusError, match="device 8 does not exist"):
-    t.place([8], "the program")
+    t.islands_of([8], "the program")
 
 
 def test_incomplete_cluster_says_what_is_missing_and_calls_back_once_complete():
