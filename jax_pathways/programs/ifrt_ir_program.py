@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import re
 import threading
@@ -167,8 +168,7 @@ class _Reader:
           raise unimplemented(
               f"IFRT IR op {kind} is not supported (jax_pathways runs "
               "ifrt.Call and ifrt.CopyArrays)")
-      label = (ir.StringAttr(module.operation.attributes["sym_name"]).value
-               if "sym_name" in module.operation.attributes else "mpmd")
+      label = _string(module.operation.attributes, "sym_name", "mpmd")
     return MpmdProgram(label, tuple(self._placed), tuple(self._names),
                        dict(self._meshes), tuple(steps), tuple(self._types),
                        inputs, outputs, donated, tuple(self._device_ids))
@@ -208,24 +208,21 @@ class _Reader:
 
   # -------------------------------------------------------------- fragments
   def _call(self, op: Any, nested: dict[str, Any]) -> Call:
-    from jaxlib.mlir import ir  # pylint: disable=import-outside-toplevel
     callee = str(op.attributes["callee"])  # @module::@main
     module_name = callee.split("::")[0].lstrip("@").strip('"')
     if module_name not in nested:
       raise invalid_argument(f"ifrt.Call names unknown program {callee}")
     logical = [int(x) for x in re.findall(r"\d+", str(op.attributes["devices"]))]
     devices = tuple(self._global(logical))
-    mesh = (ir.StringAttr(op.attributes["ifrt.mesh_name"]).value
-            if "ifrt.mesh_name" in op.attributes else module_name)
+    mesh = _string(op.attributes, "ifrt.mesh_name", module_name)
     known = self._meshes.setdefault(mesh, devices)
     if known != devices:
       raise invalid_argument(f"mesh {mesh!r} names devices {list(known)} "
                              f"and {list(devices)}")
     key = (module_name, devices)
     if key not in self._fragments:
-      options_key = (ir.StringAttr(op.attributes["ifrt.compile_options_key"])
-                     .value if "ifrt.compile_options_key" in op.attributes
-                     else f"{module_name}_mesh_{mesh}")
+      options_key = _string(op.attributes, "ifrt.compile_options_key",
+                            f"{module_name}_mesh_{mesh}")
       label = f"Fragment {module_name} on mesh {mesh!r}"
       content = custom_calls.read(nested[module_name])
       if content.needs_client:
@@ -294,13 +291,19 @@ def _donated_arguments(main: Any) -> tuple[int, ...]:
                if "ifrt.donated" in ir.DictAttr(attrs))
 
 
+def _string(attributes: Any, name: str, default: str) -> str:
+  """The string attribute `name`, else `default`."""
+  from jaxlib.mlir import ir  # pylint: disable=import-outside-toplevel
+  return ir.StringAttr(attributes[name]).value if name in attributes else (
+      default)
+
+
 def _is_control(value: Any) -> bool:
   return str(value.type).startswith("!ifrt.control")
 
 
 # One MLIR context for all programs: parsing happens on the session thread.
 _lock = threading.Lock()
-_ctx: Any = None
 
 # A tiny MPMD module: lowering it loads the IFRT dialect into the context
 # (JAX's contexts register stablehlo, sdy and mpmd but not ifrt; without it
@@ -314,20 +317,18 @@ _PRELOAD = """module {
 }"""
 
 
+@functools.cache  # called under _lock; not cached if it raises
 def _load_context() -> Any:
-  global _ctx
-  if _ctx is None:
-    extension = shardy_mpmd.load()
-    if extension is None:
-      raise unimplemented("this controller cannot read IFRT IR programs: "
-                          f"{shardy_mpmd.unavailable_reason()}")
-    from jaxlib.mlir import ir  # pylint: disable=import-outside-toplevel
-    from jax_pathways.programs import mlir_context  # pylint: disable=import-outside-toplevel
-    ctx = mlir_context.make()
-    with ctx, ir.Location.unknown():
-      extension.lower_to_ifrt(ir.Module.parse(_PRELOAD))
-    _ctx = ctx
-  return _ctx
+  extension = shardy_mpmd.load()
+  if extension is None:
+    raise unimplemented("this controller cannot read IFRT IR programs: "
+                        f"{shardy_mpmd.unavailable_reason()}")
+  from jaxlib.mlir import ir  # pylint: disable=import-outside-toplevel
+  from jax_pathways.programs import mlir_context  # pylint: disable=import-outside-toplevel
+  ctx = mlir_context.make()
+  with ctx, ir.Location.unknown():
+    extension.lower_to_ifrt(ir.Module.parse(_PRELOAD))
+  return ctx
 
 
 @contextlib.contextmanager

@@ -27,7 +27,6 @@ from jax_pathways.status import invalid_argument, unimplemented
 from jax_pathways.wire import protos
 
 XLA_PROGRAM = "xla::ifrt::XlaProgram"
-IFRT_IR_PROGRAM = "xla::ifrt::IfrtIRProgram"
 XLA_COMPILE_OPTIONS = "xla::ifrt::XlaCompileOptions"
 
 
@@ -118,15 +117,13 @@ def place(program: Any, compile_options: Any, topology: Topology,
     # Physical ids in the options too: clients whose slices share devices
     # share the compiled program.
     da = build.device_assignment
-    for r in range(da.replica_count):
-      for c in range(da.computation_count):
-        da.computation_devices[c].replica_device_ids[r] = physical[
-            r * da.computation_count + c]
+    for c, computation in enumerate(da.computation_devices):
+      computation.replica_device_ids[:] = physical[c::da.computation_count]
   identity, content = (read or _read)(program.data)
   return placed(program.data, options, topology, spmd_across_islands,
                 "the program's device assignment", physical,
                 identity=identity, content=content,
-                serves_callbacks=serves_callbacks, label="The program")
+                serves_callbacks=serves_callbacks)
 
 
 def _read(program: bytes) -> tuple[bytes, custom_calls.Content]:
