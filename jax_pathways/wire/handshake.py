@@ -29,9 +29,18 @@ class HandshakeError(Exception):
   """The other end is not (or will not accept) a member of this cluster."""
 
 
-def _mac(token: str | None, *parts: str) -> str:
+def _mac(token: str | None, role: str, nonce: str, their_nonce: str,
+         message: dict[str, Any]) -> str:
+  """What proves that `role`'s `message` comes from a holder of `token`."""
+  parts = (role, nonce, their_nonce, json.dumps(message, sort_keys=True))
   key = (token or "").encode()
   return hmac.new(key, "|".join(parts).encode(), hashlib.sha256).hexdigest()
+
+
+def _signed(reply: dict[str, Any], token: str | None, *parts: Any) -> bool:
+  """Whether `reply` carries the mac of `parts` (_mac's, after the token)."""
+  return hmac.compare_digest(_mac(token, *parts).encode(),
+                             str(reply.get("mac", "")).encode())
 
 
 def _send(sock: socket.socket, obj: dict[str, Any]) -> None:
@@ -75,10 +84,7 @@ def accept(sock: socket.socket, token: str | None,
     hello, their_nonce = reply.get("hello"), reply.get("nonce")
     if not isinstance(hello, dict) or not isinstance(their_nonce, str):
       raise HandshakeError("malformed hello")
-    hello_text = json.dumps(hello, sort_keys=True)
-    expected = _mac(token, "connector", nonce, their_nonce, hello_text)
-    if not hmac.compare_digest(expected.encode(),
-                               str(reply.get("mac", "")).encode()):
+    if not _signed(reply, token, "connector", nonce, their_nonce, hello):
       _send(sock, {"error": "authentication failed: wrong cluster token"})
       raise HandshakeError("authentication failed: wrong cluster token")
     try:
@@ -86,10 +92,8 @@ def accept(sock: socket.socket, token: str | None,
     except HandshakeError as e:
       _send(sock, {"error": str(e)})
       raise
-    welcome_text = json.dumps(welcome, sort_keys=True)
     _send(sock, {"welcome": welcome,
-                 "mac": _mac(token, "acceptor", their_nonce, nonce,
-                             welcome_text)})
+                 "mac": _mac(token, "acceptor", their_nonce, nonce, welcome)})
     return hello
   except (OSError, struct.error) as e:
     raise HandshakeError(f"handshake failed: {e}") from None
@@ -105,20 +109,16 @@ def connect(sock: socket.socket, token: str | None, hello: dict[str, Any],
       raise HandshakeError(
           f"the other end does not speak {MAGIC} (got {str(first)[:80]})")
     nonce = os.urandom(16).hex()
-    hello_text = json.dumps(hello, sort_keys=True)
     _send(sock, {"hello": hello, "nonce": nonce,
                  "mac": _mac(token, "connector", first["nonce"], nonce,
-                             hello_text)})
+                             hello)})
     reply = _recv(sock)
     if "error" in reply:
       raise HandshakeError(str(reply["error"]))
     welcome = reply.get("welcome")
     if not isinstance(welcome, dict):
       raise HandshakeError("malformed welcome")
-    welcome_text = json.dumps(welcome, sort_keys=True)
-    expected = _mac(token, "acceptor", nonce, first["nonce"], welcome_text)
-    if not hmac.compare_digest(expected.encode(),
-                               str(reply.get("mac", "")).encode()):
+    if not _signed(reply, token, "acceptor", nonce, first["nonce"], welcome):
       raise HandshakeError("the other end does not hold the cluster token")
     return welcome
   except (OSError, struct.error) as e:
