@@ -7,7 +7,7 @@ place (its generation grows by one) and finished joining.
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import jax
 from absl import logging
@@ -22,11 +22,15 @@ POLL_S = 0.05
 NOTICE_S = 5.0
 
 
+def _status() -> dict[str, Any]:
+  address, token = _initialize.connection()
+  return admin.status(address, token, timeout=5.0)
+
+
 def up() -> frozenset[int]:
   """The islands whose worker is alive now (as the controller sees it)."""
-  address, token = _initialize.connection()
   try:
-    status = admin.status(address, token, timeout=5.0)
+    status = _status()
   except admin.AdminError as e:
     logging.warning("elastic: cannot ask the controller which islands are "
                     "up (%s)", e)
@@ -40,9 +44,8 @@ def up() -> frozenset[int]:
 def given_up(islands: Iterable[int]) -> str:
   """Why a supervisor stopped restarting the worker of each of `islands`
   it gave up on, with what to do ("island N: ..." lines; "" if none)."""
-  address, token = _initialize.connection()
   try:
-    status = admin.status(address, token, timeout=5.0)
+    status = _status()
   except admin.AdminError:
     return ""
   keep = frozenset(islands)
