@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from google.protobuf import descriptor_pb2
 
@@ -224,17 +224,24 @@ def subset(fds: descriptor_pb2.FileDescriptorSet,
     prune(scope, f.message_type, f.enum_type, g.message_type, g.enum_type,
           uses)
     g.dependency.extend(d for d in f.dependency if d in uses - {f.name})
-  out = descriptor_pb2.FileDescriptorSet()  # each file after its imports
-  emitted: set[str] = set()
-
-  def emit(name: str) -> None:
-    if name in emitted:
-      return
-    emitted.add(name)
-    for dep in kept[name].dependency:
-      emit(dep)
-    out.file.add().CopyFrom(kept[name])
-
-  for name in kept:
-    emit(name)
+  out = descriptor_pb2.FileDescriptorSet()
+  out.file.extend(in_import_order(kept, kept))
   return out
+
+
+def in_import_order(files: Mapping[str, descriptor_pb2.FileDescriptorProto],
+                    roots: Iterable[str]
+                    ) -> list[descriptor_pb2.FileDescriptorProto]:
+  """`roots` and the files they import, each after its imports. KeyError
+  names an imported file missing from `files`."""
+  out: dict[str, descriptor_pb2.FileDescriptorProto] = {}
+
+  def visit(name: str) -> None:
+    if name not in out:
+      for dep in files[name].dependency:
+        visit(dep)
+      out[name] = files[name]
+
+  for root in roots:
+    visit(root)
+  return list(out.values())

@@ -64,24 +64,15 @@ def _load_descriptor_set() -> descriptor_pb2.FileDescriptorSet:
 @functools.cache
 def _pool() -> descriptor_pool.DescriptorPool:
   fds = _load_descriptor_set()
-  by_name = {f.name: f for f in fds.file}
+  try:
+    files = descriptors.in_import_order({f.name: f for f in fds.file}, _ROOTS)
+  except KeyError as e:
+    raise RuntimeError(
+        f"jaxlib's embedded schema lacks {e.args[0]}; this jaxlib build is "
+        "not supported by jax_pathways (it needs jaxlib==0.10.2)") from None
   pool = descriptor_pool.DescriptorPool()
-  added: set[str] = set()
-
-  def add(name: str) -> None:
-    if name in added:
-      return
-    if name not in by_name:
-      raise RuntimeError(
-          f"jaxlib's embedded schema lacks {name}; this jaxlib build is not "
-          "supported by jax_pathways (it needs jaxlib==0.10.2)")
-    for dep in by_name[name].dependency:
-      add(dep)
-    pool.Add(by_name[name])
-    added.add(name)
-
-  for root in _ROOTS:
-    add(root)
+  for f in files:
+    pool.Add(f)
   return pool
 
 
