@@ -93,10 +93,7 @@ def value_and_grad(fn: Callable[..., Any]) -> Callable[..., Any]:
       # partitioner fuses it into, leaving every schedule its natural order.
       losses = {i: _microbatch(fn, i)(p, *[b[i] for b in batches])
                 for i in reversed(range(m))}
-      total = losses[0]
-      for i in range(1, m):
-        total = total + losses[i]
-      return total / m
+      return sum((losses[i] for i in range(1, m)), losses[0]) / m
 
     return jax.value_and_grad(mean_loss)(params)
 

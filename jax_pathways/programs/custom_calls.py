@@ -116,28 +116,27 @@ def read(module: Any) -> Content:
     return ir.WalkResult.ADVANCE
 
   module.operation.walk(visit)
-  attributes = module.operation.attributes
-  table = (ir.StringAttr(attributes[TABLE_ATTRIBUTE]).value
-           if TABLE_ATTRIBUTE in attributes and
-           isinstance(attributes[TABLE_ATTRIBUTE], ir.StringAttr) else None)
-  return Content(tuple(calls), table, largest[0])
+  table = _attribute(module.operation.attributes, TABLE_ATTRIBUTE,
+                     ir.StringAttr)
+  return Content(tuple(calls), None if table is None else table.value,
+                 largest[0])
 
 
 def _custom_call(ir: Any, op: Any) -> CustomCall:
   attributes = op.attributes
   target = ir.StringAttr(attributes["call_target_name"]).value
-  config = b""
-  if "backend_config" in attributes and isinstance(
-      attributes["backend_config"], ir.StringAttr):
-    config = ir.StringAttr(attributes["backend_config"]).value_bytes
-  index = None
-  typed = attributes["mhlo.backend_config"] if (
-      "mhlo.backend_config" in attributes) else None
-  if isinstance(typed, ir.DictAttr) and "index" in typed:
-    value = typed["index"]
-    if isinstance(value, ir.IntegerAttr):
-      index = int(value.value)
-  return CustomCall(target, config, index)
+  config = _attribute(attributes, "backend_config", ir.StringAttr)
+  typed = _attribute(attributes, "mhlo.backend_config", ir.DictAttr)
+  index = typed["index"] if typed is not None and "index" in typed else None
+  return CustomCall(target, b"" if config is None else config.value_bytes,
+                    int(index.value) if isinstance(index, ir.IntegerAttr)
+                    else None)
+
+
+def _attribute(attributes: Any, name: str, kind: type) -> Any:
+  """The attribute `name` if it is there and a `kind`, else None."""
+  value = attributes[name] if name in attributes else None
+  return value if isinstance(value, kind) else None
 
 
 def _static_bytes(ir: Any, t: Any) -> int:

@@ -125,12 +125,10 @@ def from_proto(proto: Any) -> Sharding:
   if kind == HLO:
     p = protos.msg("xla.ifrt.HloShardingProto").FromString(ser.data)
     op = p.xla_op_sharding
-    if op.type == _REPLICATED or (op.type == _MAXIMAL and
-                                  len(p.devices.device_ids) == 1):
-      op_bytes = None
-    else:
-      op_bytes = op.SerializeToString()
-    return Sharding(tuple(p.devices.device_ids), op_bytes, _memory_kind(p))
+    whole = op.type == _REPLICATED or (op.type == _MAXIMAL and
+                                       len(p.devices.device_ids) == 1)
+    return Sharding(tuple(p.devices.device_ids),
+                    None if whole else op.SerializeToString(), _memory_kind(p))
   if kind == CONCRETE_EVEN:
     p = protos.msg("xla.ifrt.ConcreteEvenShardingProto").FromString(ser.data)
     if p.is_fully_replicated or len(p.devices.device_ids) == 1:
@@ -166,12 +164,10 @@ def to_proto(sharding: Sharding, out: Any) -> None:
 def from_op_sharding(devices: Sequence[int], op_sharding_b64: str | None,
                      memory_kind: str | None) -> Sharding:
   """From the (base64) OpSharding a worker reports for a program output."""
-  if op_sharding_b64 is None:
-    return Sharding(tuple(devices), None, memory_kind)
-  raw = base64.b64decode(op_sharding_b64)
-  op = protos.msg("xla.OpSharding").FromString(raw)
-  if op.type == _REPLICATED:
-    return Sharding(tuple(devices), None, memory_kind)
+  raw = None if op_sharding_b64 is None else base64.b64decode(op_sharding_b64)
+  if raw is not None and (
+      protos.msg("xla.OpSharding").FromString(raw).type == _REPLICATED):
+    raw = None
   return Sharding(tuple(devices), raw, memory_kind)
 
 
