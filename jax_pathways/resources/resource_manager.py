@@ -9,6 +9,7 @@ collectives).
 """
 from __future__ import annotations
 
+import collections
 import math
 import threading
 from typing import Callable
@@ -63,11 +64,8 @@ class ResourceManager:
 
   # ------------------------------------------------------------- placement
   def _holders(self) -> dict[int, int]:
-    count: dict[int, int] = {}
-    for s in self._slices.values():
-      for d in s.physical_ids:
-        count[d] = count.get(d, 0) + 1
-    return count
+    return collections.Counter(d for s in self._slices.values()
+                               for d in s.physical_ids)
 
   def _place(self, request: SliceRequest) -> list[int]:
     islands = self._topology.islands()

@@ -69,14 +69,12 @@ class VirtualSlice:
     return len(self.physical_ids)
 
   def physical(self, ids: Sequence[int]) -> tuple[int, ...]:
-    out = []
     for i in ids:
       if not 0 <= i < len(self.physical_ids):
         raise invalid_argument(
             f"device {i} is not in this client's slice: it has devices "
             f"0..{len(self.physical_ids) - 1}")
-      out.append(self.physical_ids[i])
-    return tuple(out)
+    return tuple(self.physical_ids[i] for i in ids)
 
   def virtual(self, ids: Sequence[int]) -> tuple[int, ...]:
     index = {p: v for v, p in enumerate(self.physical_ids)}
