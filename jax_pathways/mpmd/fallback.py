@@ -81,11 +81,9 @@ class _Flattener:
 
   def run(self, jaxpr: Any, consts: Sequence[Any], inputs: Sequence[Atom],
           microbatch: int | None) -> list[Atom]:
-    env: dict[Any, Atom] = {}
-    for v, c in zip(jaxpr.constvars, consts):
-      env[v] = ("lit", c)
-    for v, a in zip(jaxpr.invars, inputs):
-      env[v] = a
+    env: dict[Any, Atom] = {v: ("lit", c)
+                            for v, c in zip(jaxpr.constvars, consts)}
+    env.update(zip(jaxpr.invars, inputs))
 
     def read(x: Any) -> Atom:
       return ("lit", x.val) if isinstance(x, jex_core.Literal) else env[x]
@@ -264,18 +262,17 @@ def plan(fn: Callable[..., Any], topology: Topology,
                for m, mesh in topology.meshes.items()}
   compiled: dict[Any, Callable[..., Any]] = {}
   for fragment in fragments:
-    single = fragment.nodes[0] if len(fragment.nodes) == 1 else None
-    cache_key = ((fragment.mesh, id(single.eqn.params.get("jaxpr")),
-                  tuple(str(a) for a in single.eqn.params.items()))
-                 if single is not None and single.stage is not None else None)
-    fn = compiled.get(cache_key) if cache_key is not None else None
-    if fn is None:
-      fn = jax.jit(_evaluate(fragment.nodes, fragment.inputs,
-                             fragment.outputs),
-                   out_shardings=shardings[fragment.mesh])
-      if cache_key is not None:
-        compiled[cache_key] = fn
-    fragment.fn = fn
+    node = fragment.nodes[0]
+    # A stage call (a fragment of its own) compiles once per mesh; any
+    # other fragment on its own.
+    key = ((fragment.mesh, id(node.eqn.params.get("jaxpr")),
+            tuple(str(a) for a in node.eqn.params.items()))
+           if node.stage is not None else id(fragment))
+    if key not in compiled:
+      compiled[key] = jax.jit(_evaluate(fragment.nodes, fragment.inputs,
+                                        fragment.outputs),
+                              out_shardings=shardings[fragment.mesh])
+    fragment.fn = compiled[key]
   tasks: dict[str, list[schedule_lib.Task]] = {m: [] for m in meshes}
   for node in order:
     if node.stage is not None:

@@ -163,12 +163,9 @@ def one_f_one_b(meshes: Sequence[str], stages: Sequence[str],
   for k, (m, s) in enumerate(zip(meshes, stages)):
     warmup = min(n - k, microbatches)
     tasks = [Task("F", i, (s,)) for i in range(warmup)]
-    f, b = warmup, 0
-    while b < microbatches:
+    for b in range(microbatches):
       tasks.append(Task("B", b, (s,)))
-      b += 1
-      if f < microbatches:
-        tasks.append(Task("F", f, (s,)))
-        f += 1
+      if warmup + b < microbatches:
+        tasks.append(Task("F", warmup + b, (s,)))
     orders[m] = tuple(tasks)
   return Schedule("1F1B", orders)
