@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import dataclasses
 import functools
 import hashlib
 import threading
@@ -129,27 +130,26 @@ CALLBACK_WARN_S = 600
 Parameter = tuple[tuple[int, ...], np.dtype, tuple[int, ...] | None] | None
 
 
+@dataclasses.dataclass(eq=False)
 class Program:
   """A compiled program and what is needed to run it fast."""
+  executable: Any
+  client: Any
+  devices: tuple[Any, ...]
+  out_handlers: list[Any]
+  metadata: dict[str, Any]
+  parameters: list[Parameter]
+  # Its callbacks into its client's process (worker/callback_binding.py).
+  callbacks: worker_callbacks.Binding | None = None
+  # Per parameter, the argument layouts execute() has checked, by the
+  # identity of their sharding (the entry holds it, so the id is not
+  # reused): (sharding, shape, dtype). Arrays a program makes share their
+  # result handler's sharding object, so a loop checks once.
+  checked: list[dict[int, tuple[Any, Any, Any]]] = dataclasses.field(
+      init=False)
 
-  def __init__(self, executable: Any, client: Any, devices: tuple[Any, ...],
-               out_handlers: list[Any], metadata: dict[str, Any],
-               parameters: list[Parameter],
-               callbacks: worker_callbacks.Binding | None = None):
-    self.executable = executable
-    self.client = client
-    # Its callbacks into its client's process (worker/callback_binding.py).
-    self.callbacks = callbacks
-    self.devices = devices
-    self.out_handlers = out_handlers
-    self.metadata = metadata
-    self.parameters = parameters
-    # Per parameter, the argument layouts execute() has checked, by the
-    # identity of their sharding (the entry holds it, so the id is not
-    # reused): (sharding, shape, dtype). Arrays a program makes share their
-    # result handler's sharding object, so a loop checks once.
-    self.checked: list[dict[int, tuple[Any, Any, Any]]] = [
-        {} for _ in parameters]
+  def __post_init__(self):
+    self.checked = [{} for _ in self.parameters]
 
 
 class Execution:
@@ -444,7 +444,7 @@ class PjrtBackend:
 
   def on_client(self, array: jax.Array, client: Any) -> jax.Array:
     """`array` on `client`'s devices of the same island (copying if needed)."""
-    source = array.sharding._device_assignment[0].client  # pylint: disable=protected-access
+    source = _client(array)
     if source is client:
       return array
     if source is not self.client and source is not self.global_client:
@@ -695,8 +695,7 @@ class PjrtBackend:
           seen[2] == a.dtype):
         continue
       self._check_argument(program, i, a, p)
-      moved = moved or (sharding._device_assignment[0].client  # pylint: disable=protected-access
-                        is not program.client)
+      moved = moved or _client(a) is not program.client
       if not moved:
         if len(checked) >= ARGUMENT_LAYOUTS_KEPT:
           checked.clear()
@@ -760,11 +759,6 @@ class PjrtBackend:
     return xc.batched_device_put(aval, sharding, list(pieces), list(devices),
                                  True)
 
-  def put(self, data: memoryview, dtype: str, shape: Sequence[int],
-          sharding: jax.sharding.Sharding,
-          strides: Sequence[int] | None) -> jax.Array:
-    return self.from_host(host_view(data, dtype, shape, strides), sharding)
-
   def assemble(self, shape: Sequence[int], sharding: jax.sharding.Sharding,
                parts: Sequence[jax.Array]) -> jax.Array:
     """An array from single-device arrays, one per addressable device."""
@@ -783,18 +777,27 @@ class PjrtBackend:
     return [by_device[d] for d in array.sharding._device_assignment  # pylint: disable=protected-access
             if d in by_device]
 
+  def _local_positions(self, refs: Sequence[DeviceRef]) -> list[int]:
+    """The positions in `refs` of this worker's devices."""
+    return [i for i, r in enumerate(refs)
+            if isinstance(r, int) or self.device(r) in self._local_global]
+
+  def first_held(self, spec: dict[str, Any], shape: Sequence[int]
+                 ) -> dict[int, int]:
+    """The distinct pieces (see shards.distinct) this worker holds first:
+    piece number -> its position in the spec's devices."""
+    local = set(self._local_positions(spec["devices"]))
+    return {k: pos for k, pos in
+            enumerate(shards.distinct(shards.indices(spec, shape)))
+            if pos in local}
+
   def pieces(self, array: jax.Array, spec: dict[str, Any],
              shape: Sequence[int]) -> dict[int, np.ndarray]:
-    """Distinct pieces (by global position, see shards.distinct) this worker
-    holds first, as host arrays."""
-    refs = spec["devices"]
-    mine = {i for i, r in enumerate(refs)
-            if isinstance(r, int) or self.is_local(r)}
-    local = iter(self.shards(array))
-    by_position = {i: next(local) for i in range(len(refs)) if i in mine}
-    return {k: np.asarray(by_position[pos]) for k, pos in
-            enumerate(shards.distinct(shards.indices(spec, shape)))
-            if pos in by_position}
+    """first_held's pieces, as host arrays."""
+    by_position = dict(zip(self._local_positions(spec["devices"]),
+                           self.shards(array)))
+    return {k: np.asarray(by_position[pos])
+            for k, pos in self.first_held(spec, shape).items()}
 
   def memory_per_device(self) -> int:
     """The smallest device memory the devices report; 0 if they report none
@@ -811,17 +814,8 @@ class PjrtBackend:
   def spans(self, arrays: Sequence[Any]) -> bool:
     """Whether any of `arrays` (or a launch's Execution) is a global
     client's (of any generation): it waits for other islands."""
-    for a in arrays:
-      if isinstance(a, Execution):
-        if a.client is not self.client:
-          return True
-      elif (isinstance(a, jax.Array) and
-            a.sharding._device_assignment[0].client is not self.client):  # pylint: disable=protected-access
-        return True
-    return False
-
-  def is_local(self, ref: DeviceRef) -> bool:
-    return self.device(ref) in self._local_global
+    return any(_client(a) is not self.client for a in arrays
+               if isinstance(a, (Execution, jax.Array)))
 
   @staticmethod
   def to_host(array: jax.Array, strides: Sequence[int] | None = None
@@ -842,6 +836,13 @@ class PjrtBackend:
       host = out
     # As bytes: numpy exports no buffer for dtypes such as bfloat16.
     return np.ascontiguousarray(host).reshape(-1).view(np.uint8)
+
+
+def _client(a: jax.Array | Execution) -> Any:
+  """The PJRT client `a` (an array, or a launch's Execution) is on."""
+  if isinstance(a, Execution):
+    return a.client
+  return a.sharding._device_assignment[0].client  # pylint: disable=protected-access
 
 
 def _waiting_for_callbacks(options: bytes) -> bytes:

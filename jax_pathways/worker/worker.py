@@ -34,6 +34,7 @@ Payload headers per op kind (built by the controller's handlers):
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -129,8 +130,8 @@ class Worker:
         OpKind.FETCH: self._fetch,
         OpKind.DELETE: self._delete,
         OpKind.COPY: self._copy,
-        OpKind.SEND: self._send,
-        OpKind.RECEIVE: self._receive,
+        OpKind.SEND: functools.partial(self._exchange, receive=False),
+        OpKind.RECEIVE: functools.partial(self._exchange, receive=True),
         OpKind.TRACE: self._trace,
         OpKind.JOIN_GLOBAL: self._join_global,
     }
@@ -216,8 +217,7 @@ class Worker:
     if program is not None and self._lane_readers:
       for i in program.metadata.get("donated_input_indices", ()):
         if i < len(op.args):
-          after += [t for t in self._lane_readers.get(op.args[i], ())
-                    if not t.issued.is_set()]
+          after += self._unissued_readers(op.args[i])
     if not route and not after:
       return False
     if route:
@@ -232,14 +232,16 @@ class Worker:
     for b, pending in zip(op.results, task.results):
       self._buffers[b] = pending
     for b in op.args:
-      readers = [t for t in self._lane_readers.get(b, ())
-                 if not t.issued.is_set()]
-      readers.append(task)
-      self._lane_readers[b] = readers
+      self._lane_readers[b] = [*self._unissued_readers(b), task]
     if spanning:
       self._last_spanning = task
     lane.submit(task)
     return True
+
+  def _unissued_readers(self, buffer: int) -> list[Task]:
+    """The ops on lanes that read `buffer` and are not issued yet."""
+    return [t for t in self._lane_readers.get(buffer, ())
+            if not t.issued.is_set()]
 
   def _run_on_lane(self, op: Any, task: Task, snapshot: dict[int, Any],
                    program: Program | None) -> None:
@@ -435,8 +437,9 @@ class Worker:
     header, blobs = payloads.decode(op.payload, self._headers)
     sharding = self._backend.sharding(header["sharding"])
     if "shards" not in header:
-      array = self._backend.put(blobs[0], header["dtype"], header["shape"],
-                                sharding, header.get("strides"))
+      array = self._backend.from_host(
+          host_view(blobs[0], header["dtype"], header["shape"],
+                    header.get("strides")), sharding)
     else:
       # This worker's devices only (the controller sends each island its
       # shards of an array that spans islands).
@@ -521,12 +524,6 @@ class Worker:
         return json.dumps(self._tracer.stop()).encode()
 
       self._completions.add(op.seq, [], stop)
-
-  def _send(self, op: Any) -> None:
-    self._exchange(op, receive=False)
-
-  def _receive(self, op: Any) -> None:
-    self._exchange(op, receive=True)
 
   def _exchange(self, op: Any, receive: bool) -> None:
     """One island's part of moving an array between islands: push the
@@ -700,7 +697,7 @@ class Worker:
       except Exception as e:  # pylint: disable=broad-except
         status = error_status(e)
         failure = StatusError(status.code, status.message)
-        mine = {k: None for k in _first_held(spec, shape, self._backend)}
+        mine = dict.fromkeys(self._backend.first_held(spec, shape))
       for link in links:
         for k, piece in mine.items():
           if failure is None:
@@ -733,15 +730,3 @@ def _lost_move(why: str) -> StatusError:
   broken link it is (DATA_LOSS)."""
   return StatusError(Code.DATA_LOSS, f"{_core.BROKEN_LINK} ({why})")
 
-
-def _first_held(spec: dict[str, Any], shape: list[int],
-                backend: PjrtBackend) -> list[int]:
-  """Distinct pieces this worker holds first (when the source array itself
-  is unavailable, to send errors for them)."""
-  refs = spec["devices"]
-  out = []
-  for k, pos in enumerate(shards.distinct(shards.indices(spec, shape))):
-    ref = refs[pos]
-    if isinstance(ref, int) or backend.is_local(ref):
-      out.append(k)
-  return out
