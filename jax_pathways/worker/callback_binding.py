@@ -135,15 +135,21 @@ def _shut(sock: socket.socket) -> None:
     pass
 
 
-def ask(link: Link, route: int, what: str, question: dict[str, Any],
-        blobs: list[Any]) -> tuple[dict[str, Any], list[memoryview]]:
-  """A compile-time question to the client of `route`; raises its error."""
-  header, out = link.request({"kind": msg.ASK, "route": route, "what": what,
-                              "question": question}, blobs)
+def _request(link: Link, request: dict[str, Any], blobs: list[Any]
+             ) -> tuple[dict[str, Any], list[memoryview]]:
+  """Link.request, raising the client's error if its reply carries one."""
+  header, out = link.request(request, blobs)
   status = msg.reply_status(header)
   if not status.ok:
     raise CallbackError(status.message)
   return header, out
+
+
+def ask(link: Link, route: int, what: str, question: dict[str, Any],
+        blobs: list[Any]) -> tuple[dict[str, Any], list[memoryview]]:
+  """A compile-time question to the client of `route`; raises its error."""
+  return _request(link, {"kind": msg.ASK, "route": route, "what": what,
+                         "question": question}, blobs)
 
 
 class Binding:
@@ -185,12 +191,9 @@ class _Stub:
       return b.filler(self._index)
     try:
       specs, blobs = msg.pack_arrays(args)
-      header, out = b.link.request({"kind": msg.CALL, "route": b.route,
-                                    "index": self._index, "args": specs},
-                                   blobs)
-      status = msg.reply_status(header)
-      if not status.ok:
-        raise CallbackError(status.message)
+      header, out = _request(b.link, {"kind": msg.CALL, "route": b.route,
+                                      "index": self._index, "args": specs},
+                             blobs)
       results = msg.unpack_arrays(header.get("results"), out,
                                   "callback results")
       self._check(results)
@@ -301,37 +304,41 @@ def _split(config: bytes) -> tuple[int, str]:
   return int(route), key.decode()
 
 
-def _propagate(user_sharding: Any, shape: Any, config: bytes) -> Any:
+def _ask_partitioner(config: bytes, what: str, shardings: list[Any],
+                     **question: Any
+                     ) -> tuple[dict[str, Any], list[memoryview]]:
+  """Asks the client `config` routes to, about the partitioner `config`
+  names, with `shardings` and the rest of `question`."""
   route, key = _split(config)
   blobs: list[Any] = []
-  refs = msg.pack_shardings([user_sharding], blobs)
-  header, out = ask(_link, route, msg.PROPAGATE,
-                    {"key": key, "shape": msg.shape_spec(shape),
-                     "shardings": refs}, blobs)
+  refs = msg.pack_shardings(shardings, blobs)
+  return ask(_link, route, what, {"key": key, **question, "shardings": refs},
+             blobs)
+
+
+def _shapes(arg_shapes: Any, result_shape: Any) -> dict[str, Any]:
+  return {"args": [msg.shape_spec(s) for s in arg_shapes],
+          "result": msg.shape_spec(result_shape)}
+
+
+def _propagate(user_sharding: Any, shape: Any, config: bytes) -> Any:
+  header, out = _ask_partitioner(config, msg.PROPAGATE, [user_sharding],
+                                 shape=msg.shape_spec(shape))
   return msg.unpack_shardings(header.get("shardings"), out, "answer")[0]
 
 
 def _infer(arg_shapes: Any, arg_shardings: Any, result_shape: Any,
            config: bytes) -> Any:
-  route, key = _split(config)
-  blobs: list[Any] = []
-  refs = msg.pack_shardings(list(arg_shardings), blobs)
-  header, out = ask(_link, route, msg.INFER,
-                    {"key": key, "shardings": refs,
-                     "args": [msg.shape_spec(s) for s in arg_shapes],
-                     "result": msg.shape_spec(result_shape)}, blobs)
+  header, out = _ask_partitioner(config, msg.INFER, list(arg_shardings),
+                                 **_shapes(arg_shapes, result_shape))
   return msg.unpack_shardings(header.get("shardings"), out, "answer")[0]
 
 
 def _partition(arg_shapes: Any, arg_shardings: Any, result_shape: Any,
                result_sharding: Any, config: bytes) -> Any:
-  route, key = _split(config)
-  blobs: list[Any] = []
-  refs = msg.pack_shardings([*arg_shardings, result_sharding], blobs)
-  header, out = ask(_link, route, msg.PARTITION,
-                    {"key": key, "shardings": refs,
-                     "args": [msg.shape_spec(s) for s in arg_shapes],
-                     "result": msg.shape_spec(result_shape)}, blobs)
+  header, out = _ask_partitioner(config, msg.PARTITION,
+                                 [*arg_shardings, result_sharding],
+                                 **_shapes(arg_shapes, result_shape))
   module = header.get("module")
   if type(module) is not int or not 0 <= module < len(out):  # pylint: disable=unidiomatic-typecheck
     raise CallbackError("the client's partition answer has no module")

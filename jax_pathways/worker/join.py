@@ -192,6 +192,12 @@ def _host_memory() -> int:
     return 0
 
 
+def _hello(role: str, island: int) -> dict[str, Any]:
+  """The hello of this worker's other connections to its controller."""
+  return {"role": role, "island": island, "pid": os.getpid(),
+          "host": socket.gethostname()}
+
+
 def _callbacks_connection(controller: str, token: str | None, island: int,
                           timeout: float) -> socket.socket:
   """A new connection for callbacks (worker/callback_binding.py),
@@ -201,9 +207,7 @@ def _callbacks_connection(controller: str, token: str | None, island: int,
   from jax_pathways.wire import handshake
   sock = addresses.connect(controller, timeout)
   try:
-    handshake.connect(sock, token, {"role": "callbacks", "island": island,
-                                    "pid": os.getpid(),
-                                    "host": socket.gethostname()},
+    handshake.connect(sock, token, _hello("callbacks", island),
                       timeout=timeout)
   except BaseException:
     sock.close()
@@ -231,11 +235,10 @@ def _exit_code(ended: str, controller: str, token: str | None,
   # pylint: disable=import-outside-toplevel
   from jax_pathways.cluster import addresses
   from jax_pathways.wire import handshake
-  probe = {"role": "probe", "island": island, "pid": os.getpid(),
-           "host": socket.gethostname()}
   try:
     with addresses.connect(controller, PROBE_TIMEOUT_S) as sock:
-      answer = handshake.connect(sock, token, probe, PROBE_TIMEOUT_S)
+      answer = handshake.connect(sock, token, _hello("probe", island),
+                                 PROBE_TIMEOUT_S)
   except (OSError, handshake.HandshakeError) as e:
     logging.warning("controller is gone (%s; it does not answer: %s); "
                     "worker exits", ended, e)

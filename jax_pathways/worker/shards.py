@@ -29,21 +29,16 @@ def indices(spec: dict[str, Any], shape: Sequence[int]) -> list[Index]:
     op = xc.OpSharding()
     op.ParseFromString(base64.b64decode(spec["op_sharding"]))
     hlo = xc.HloSharding.from_proto(op)
-  out = []
-  for slices in op_shardings.op_sharding_to_indices(hlo, shape, n):
-    out.append(tuple(s.indices(d)[:2] for s, d in zip(slices, shape)))
-  return out
+  return [tuple(s.indices(d)[:2] for s, d in zip(slices, shape))
+          for slices in op_shardings.op_sharding_to_indices(hlo, shape, n)]
 
 
 def distinct(pieces: Sequence[Index]) -> list[int]:
   """Positions of the first device holding each distinct piece."""
-  seen: set[Index] = set()
-  out = []
+  first: dict[Index, int] = {}
   for i, p in enumerate(pieces):
-    if p not in seen:
-      seen.add(p)
-      out.append(i)
-  return out
+    first.setdefault(p, i)
+  return list(first.values())
 
 
 def as_slices(index: Index) -> tuple[slice, ...]:
