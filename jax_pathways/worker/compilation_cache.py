@@ -111,13 +111,12 @@ class CompilationCache:
       logging.warning("compilation cache: cannot read %s: %s", path, e)
       return None
     try:
-      blobs = _decode(data, key.encode(), self.stamp)
+      return _decode(data, key.encode(), self.stamp)
     except ValueError as e:
       logging.warning("compilation cache: %s %s; dropped (compiling)", path,
                       e)
       self.drop(key)
       return None
-    return blobs
 
   def put(self, key: str, blobs: Sequence[bytes]) -> None:
     """Stores `blobs` under `key`, whole or not at all (a full disk only

@@ -329,10 +329,8 @@ def _combine_blocks(value: Any, dim: int, n: int, combine: Any) -> Any:
           if isinstance(t.element_type, ir.BF16Type) else out)
   total = None
   for j in range(n):
-    start = [0] * len(block)
-    start[dim] = j * block[dim]
-    limit = list(block)
-    limit[dim] = (j + 1) * block[dim]
+    start = [j * b if d == dim else 0 for d, b in enumerate(block)]
+    limit = [a + b for a, b in zip(start, block)]
     part = hlo.SliceOp(value, _i64s(start), _i64s(limit),
                        _i64s([1] * len(block))).result
     if wide is not out:

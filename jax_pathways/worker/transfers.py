@@ -21,7 +21,6 @@ a pull that never comes would escape the watchdog).
 """
 from __future__ import annotations
 
-import os
 import socket
 import threading
 from typing import Any
@@ -107,28 +106,13 @@ def _shut_down_sockets_to(peers: set[tuple[str, int]]) -> int:
   ((ip, port)); returns how many."""
   count = 0
   try:
-    names = os.listdir("/proc/self/fd")
-  except OSError as e:  # not Linux: pulls end when the process does
-    logging.warning("transfers: cannot list this process's sockets: %s", e)
-    return 0
-  for name in names:
-    try:
-      if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
-        continue
-      fd = os.dup(int(name))  # stays valid if the owner closes its own
-    except (OSError, ValueError):
-      continue  # closed meanwhile
-    try:
-      sock = socket.socket(fileno=fd)
-    except OSError:
-      os.close(fd)
-      continue
-    with sock:
-      try:
-        if (sock.type == socket.SOCK_STREAM and
-            sock.getpeername()[:2] in peers):
+    for sock, peer in addresses.connected_sockets():
+      if sock.type == socket.SOCK_STREAM and peer[:2] in peers:
+        try:
           sock.shutdown(socket.SHUT_RDWR)
           count += 1
-      except OSError:
-        pass  # not connected (a listener), or already shut
+        except OSError:
+          pass  # already shut
+  except OSError as e:  # not Linux: pulls end when the process does
+    logging.warning("transfers: cannot list this process's sockets: %s", e)
   return count
