@@ -884,14 +884,11 @@ def _parameters(parameters: list[tuple[tuple[int, ...], str] | None],
     shardings = None
   out: list[Parameter] = []
   for i, p in enumerate(parameters):
-    if p is None:
-      out.append(None)
-      continue
     shard_shape = None
-    if shardings is not None:
+    if p is not None and shardings is not None:
       shard_shape = _shard_shape(
           sharding_impls.GSPMDSharding(devices, shardings[i]), p[0])
-    out.append((p[0], np_dtype(p[1]), shard_shape))
+    out.append(None if p is None else (p[0], np_dtype(p[1]), shard_shape))
   return out
 
 

@@ -109,6 +109,7 @@ def run(controller: str, islands: int, devices: int | None,
   each is told to stop or loses the controller; returns an exit code."""
   # pylint: disable=import-outside-toplevel
   from jax_pathways import _core
+  from jax_pathways import threads
   from jax_pathways.cluster import addresses
   from jax_pathways.wire import handshake
   from jax_pathways.worker.join import configure_jax, worker_hello
@@ -135,13 +136,10 @@ def run(controller: str, islands: int, devices: int | None,
                ", ".join(str(i) for i, _ in loops[:8]) +
                (" ..." if islands > 8 else ""))
   ended: list[str | None] = []
-  threads = [threading.Thread(
-      target=lambda e=e: ended.append(SimulatedIsland(e, compile_program)
-                                      .run()),
-      name=f"jp-sim-{i}", daemon=True) for i, e in loops]
-  for t in threads:
-    t.start()
-  for t in threads:
+  running = [threads.start(
+      lambda e=e: ended.append(SimulatedIsland(e, compile_program).run()),
+      f"jp-sim-{i}") for i, e in loops]
+  for t in running:
     t.join()
   for _, executor in loops:
     executor.shutdown()
