@@ -124,7 +124,6 @@ def run(controller: str, islands: int, devices: int | None,
       return backend.compile(*args)
 
   hello = worker_hello(backend, None, 0, "", "")
-  hello["device_kind"] = backend.devices[0].device_kind
   loops = []
   for _ in range(islands):
     sock = addresses.connect(controller, connect_timeout)

@@ -390,7 +390,8 @@ class Worker:
     if program is None:
       raise StatusError(Code.FAILED_PRECONDITION,
                         f"program {op.program} was not compiled on this worker")
-    if program.client is not self._backend.client:  # spans islands
+    spanning = program.client is not self._backend.client
+    if spanning:
       if program.client is not self._backend.current_global():
         raise StatusError(
             Code.FAILED_PRECONDITION,
@@ -402,18 +403,17 @@ class Worker:
     args = [self._array(b) for b in op.args]
     self._launched[op.seq] = time.monotonic()
     if program.callbacks is not None:  # on its lane
-      self._launch_calling_back(op, program, args)
+      self._launch_calling_back(op, program, args, spanning)
       return
     outputs, execution = self._backend.execute(program, args)
     self._store(op, outputs)
-    self._completions.add(op.seq, [execution],
-                          spanning=program.client is not self._backend.client)
+    self._completions.add(op.seq, [execution], spanning=spanning)
 
   def _launch_calling_back(self, op: Any, program: Program,
-                           args: list[jax.Array]) -> None:
+                           args: list[jax.Array], spanning: bool) -> None:
     """A launch of a program with callbacks, on its lane: its results are
-    its own once it has finished and none of its callbacks failed."""
-    spanning = program.client is not self._backend.client
+    its own once it has finished and none of its callbacks failed.
+    `spanning`: the program spans islands."""
     program.callbacks.failure = None
     outputs, execution = self._backend.execute(program, args)
     self._on_lane.task.issued.set()  # a later spanning launch may go now
