@@ -20,6 +20,7 @@ from jax_pathways import config
 from jax_pathways.client import make_mesh
 from jax_pathways.client import plugin
 from jax_pathways.client import stderr_filter
+from jax_pathways.cluster import addresses
 from jax_pathways.cluster import cores
 from jax_pathways.cluster.local_cluster import LocalCluster
 from jax_pathways.resources.virtual_slice import SliceRequest
@@ -38,8 +39,7 @@ _SESSION_END_WAIT_S = 5.0
 
 
 def _normalize(address: str) -> str:
-  if "://" not in address:
-    address = "grpc://" + address
+  address = addresses.grpc_url(address)
   if not address.startswith("grpc://"):
     raise ValueError(f"jax_pathways address {address!r} must look like "
                      "grpc://host:port")

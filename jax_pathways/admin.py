@@ -7,6 +7,7 @@ from typing import Any
 
 import grpc
 
+from jax_pathways.cluster import addresses
 from jax_pathways.wire.session_keys import (ADMIN_CHECK_SLICE, ADMIN_STATUS,
                                              ADMIN_SUPERVISION, ADMIN_TRACE,
                                              TOKEN_HEADER)
@@ -22,15 +23,11 @@ class AdminError(RuntimeError):
     self.details = details  # the controller's own words
 
 
-def _target(address: str) -> str:
-  return address.split("://", 1)[1] if "://" in address else address
-
-
 def _call(address: str, method: str, body: bytes, token: str | None,
           timeout: float) -> dict[str, Any]:
   metadata = [(TOKEN_HEADER, token)] if token else []
   try:
-    with grpc.insecure_channel(_target(address)) as channel:
+    with grpc.insecure_channel(addresses.dial_target(address)) as channel:
       call = channel.unary_unary(method, request_serializer=None,
                                  response_deserializer=None)
       raw = call(body, timeout=timeout, metadata=metadata)

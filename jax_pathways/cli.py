@@ -553,9 +553,7 @@ def _connect(parser: argparse.ArgumentParser, args: argparse.Namespace,
       shutil.rmtree(made, ignore_errors=True)
     return 2
   from jax_pathways.cluster import host_registry  # pylint: disable=import-outside-toplevel
-  controller = (args.controller if "://" in args.controller
-                else "grpc://" + args.controller)
-  listed = host_registry.add("connect", controller, token)
+  listed = host_registry.add("connect", args.controller, token)
   stop = threading.Event()
   for sig in (signal.SIGINT, signal.SIGTERM):
     signal.signal(sig, lambda *_: stop.set())

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Iterator
 from jax_pathways import _initialize
 from jax_pathways import tracing
 from jax_pathways import xplane
+from jax_pathways.cluster import addresses
 from jax_pathways.tracing import Trace
 
 if TYPE_CHECKING:
@@ -80,8 +81,8 @@ def profile(log_dir: str | os.PathLike[str],
 def _host(address: str) -> str:
   """The controller's host, which names the islands in the files as the
   controller names them (after its own hostname)."""
-  target = address.split("://", 1)[-1]
-  host = "" if target.startswith("unix:") else target.rsplit(":", 1)[0]
+  target = addresses.dial_target(address)
+  host = "" if addresses.is_unix(target) else target.rsplit(":", 1)[0]
   if host in ("", "localhost", "127.0.0.1", "[::1]"):  # this host's
     return socket.gethostname()
   return host

@@ -58,10 +58,6 @@ def invalid_argument(message: str) -> StatusError:
   return StatusError(Code.INVALID_ARGUMENT, message)
 
 
-def not_found(message: str) -> StatusError:
-  return StatusError(Code.NOT_FOUND, message)
-
-
 def unimplemented(message: str) -> StatusError:
   return StatusError(Code.UNIMPLEMENTED, message)
 

@@ -40,7 +40,7 @@ class ControllerWatch:
     self.timeout_s = timeout_s
     self.gave_up = threading.Event()
     self._stopped = threading.Event()
-    self._channel = grpc.insecure_channel(target.split("://", 1)[1])
+    self._channel = grpc.insecure_channel(addresses.dial_target(target))
     self._ping = self._channel.unary_unary(ADMIN_PING)
 
   def start(self) -> None:
@@ -87,17 +87,14 @@ class ControllerWatch:
 
 def _peers(target: str) -> set[object]:
   """The socket addresses `target` names, as getpeername() reports them."""
-  address = target.split("://", 1)[1]
-  if address.startswith("unix:"):
-    path = address[len("unix:"):]
+  address = addresses.dial_target(target)
+  if addresses.is_unix(address):
+    path = address[len(addresses.UNIX):]
     return {path, path.encode()}
-  host, _, port = address.rpartition(":")
-  host = host.strip("[]")
   try:
-    infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    return addresses.endpoints(address)
   except (OSError, ValueError):
     return set()
-  return {(info[4][0], info[4][1]) for info in infos}
 
 
 def shut_down_connections(target: str) -> int:

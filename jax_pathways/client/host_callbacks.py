@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from absl import logging
 
+from jax_pathways.cluster import addresses
 from jax_pathways.programs import custom_calls
 from jax_pathways.wire import callback_messages as msg
 from jax_pathways.wire.session_keys import (CALLBACKS_HEADER, CALLBACKS_METHOD,
@@ -80,46 +81,41 @@ def install() -> None:
   encode_inspect = xc.encode_inspect_sharding_callback
 
   @functools.wraps(compile_and_load)
-  def compile_with_tables(backend: Any, module: Any, executable_devices: Any,
-                          options: Any, host_callbacks: Sequence[Any]) -> Any:
+  def compile_with_table(backend: Any, module: Any, executable_devices: Any,
+                         options: Any, host_callbacks: Sequence[Any]) -> Any:
+    """Compiles `module` through the proxy client with its host callbacks
+    kept here, named by a table id in the program."""
     if not host_callbacks or backend not in _ours:
       return compile_and_load(backend, module, executable_devices, options,
                               host_callbacks)
-    return _compile_with_table(compile_and_load, backend, module,
-                               executable_devices, options, host_callbacks)
+    from jaxlib.mlir import ir  # pylint: disable=import-outside-toplevel
+    if _service is None:
+      raise RuntimeError("jax_pathways: callbacks are not being served in "
+                         "this process (jax_pathways.initialize() was not "
+                         "run)")
+    table = next(_table_ids)
+    with _lock:
+      _tables[table] = tuple(host_callbacks)
+    attributes = module.operation.attributes
+    attributes[custom_calls.TABLE_ATTRIBUTE] = ir.StringAttr.get(
+        f"{table}:{len(host_callbacks)}", module.context)
+    try:
+      return compile_and_load(backend, module, executable_devices, options,
+                              [])
+    except BaseException:
+      forget(table)
+      raise
+    finally:
+      # JAX may compile the same module again (another backend, a retry).
+      del attributes[custom_calls.TABLE_ATTRIBUTE]
 
   def encode_and_record(callback: Any) -> bytes:
     key = encode_inspect(callback)
     _inspect[bytes(key)] = callback
     return key
 
-  compiler.backend_compile_and_load = compile_with_tables
+  compiler.backend_compile_and_load = compile_with_table
   xc.encode_inspect_sharding_callback = encode_and_record
-
-
-def _compile_with_table(compile_and_load: Any, backend: Any, module: Any,
-                        executable_devices: Any, options: Any,
-                        host_callbacks: Sequence[Any]) -> Any:
-  """Compiles `module` through the proxy client with its host callbacks
-  kept here, named by a table id in the program."""
-  from jaxlib.mlir import ir  # pylint: disable=import-outside-toplevel
-  if _service is None:
-    raise RuntimeError("jax_pathways: callbacks are not being served in this "
-                       "process (jax_pathways.initialize() was not run)")
-  table = next(_table_ids)
-  with _lock:
-    _tables[table] = tuple(host_callbacks)
-  attributes = module.operation.attributes
-  attributes[custom_calls.TABLE_ATTRIBUTE] = ir.StringAttr.get(
-      f"{table}:{len(host_callbacks)}", module.context)
-  try:
-    return compile_and_load(backend, module, executable_devices, options, [])
-  except BaseException:
-    forget(table)
-    raise
-  finally:
-    # JAX may compile the same module again (another backend, a retry).
-    del attributes[custom_calls.TABLE_ATTRIBUTE]
 
 
 def forget(table: int) -> None:
@@ -166,7 +162,7 @@ class _Service:
   def __init__(self, target: str, token: str | None, client_id: str):
     self.client_id = client_id
     self.target, self.token = target, token
-    self._target = target.split("://", 1)[1] if "://" in target else target
+    self._target = addresses.dial_target(target)
     self._metadata = [(CALLBACKS_HEADER, client_id)]
     if token:
       self._metadata.append((TOKEN_HEADER, token))

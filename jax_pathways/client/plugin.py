@@ -25,6 +25,7 @@ from jax_pathways.client import flusher
 from jax_pathways.client import host_callbacks
 from jax_pathways.client import make_mesh
 from jax_pathways.client import stderr_filter
+from jax_pathways.cluster import addresses
 from jax_pathways.wire.session_keys import (CALLBACKS_KEY, DEVICES_KEY,
                                              ISLAND_KEY, TOKEN_KEY)
 
@@ -83,9 +84,7 @@ def _target() -> str:
         "jax_pathways: no controller to connect to. Call "
         "jax_pathways.initialize() before using JAX, or set "
         "JAX_BACKEND_TARGET=grpc://host:port")
-  if "://" not in target:
-    target = "grpc://" + target
-  return target
+  return addresses.grpc_url(target)
 
 
 def _preflight(target: str, token: str | None) -> None:

@@ -19,6 +19,16 @@ def is_unix(address: str) -> bool:
   return address.startswith(UNIX)
 
 
+def grpc_url(address: str) -> str:
+  """`address` as a URL: grpc:// unless it names a scheme of its own."""
+  return address if "://" in address else "grpc://" + address
+
+
+def dial_target(url: str) -> str:
+  """What a gRPC channel dials for `url`: the address without its scheme."""
+  return url.split("://", 1)[-1]
+
+
 def is_loopback(address: str) -> bool:
   if is_unix(address):
     return True

@@ -17,6 +17,8 @@ import stat
 
 from absl import logging
 
+from jax_pathways.cluster import addresses
+
 
 def folder() -> str:
   """$XDG_RUNTIME_DIR/jax_pathways (a tmpfs of this user's, emptied at
@@ -41,9 +43,8 @@ def add(kind: str, address: str, token: str | None,
     fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC |
                  os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
-      json.dump({"kind": kind, "address": address if "://" in address
-                 else "grpc://" + address, "token": token,
-                 "pid": os.getpid(), "log_dir": log_dir}, f)
+      json.dump({"kind": kind, "address": addresses.grpc_url(address),
+                 "token": token, "pid": os.getpid(), "log_dir": log_dir}, f)
     os.replace(path + ".tmp", path)
   except OSError as e:
     logging.info("jax_pathways: not listed for `jax-pathways status` (%s)",

@@ -56,10 +56,19 @@ _SILENT_CONTROLLER_S = 5.0
 # worker, per platform whose islands can share a host.
 VISIBLE_DEVICES = {"cuda": "CUDA_VISIBLE_DEVICES",
                    "rocm": "HIP_VISIBLE_DEVICES"}
+# A client's JAX configuration, which the cluster's processes (and Ray's
+# actors, deploy/ray_actors.py) must not inherit.
+CLIENT_ENV = ("JAX_PLATFORMS", "JAX_BACKEND_TARGET", "XLA_FLAGS",
+              "JAX_NUM_CPU_DEVICES")
 
 
 class ClusterError(RuntimeError):
   """The embedded cluster could not start."""
+
+
+def _optional(flag: str, value: Any) -> list[str]:
+  """`flag` and `value` for a command line; nothing for None (the default)."""
+  return [] if value is None else [flag, str(value)]
 
 
 def _tail(path: str, lines: int = 25) -> str:
@@ -177,9 +186,7 @@ class LocalCluster:
     log_path = os.path.join(self.log_dir, f"{name}.log")
     env = dict(os.environ)
     env[config.TOKEN] = self.token
-    # Children must not inherit a client's JAX configuration.
-    for key in ("JAX_PLATFORMS", "JAX_BACKEND_TARGET", "XLA_FLAGS",
-                "JAX_NUM_CPU_DEVICES"):
+    for key in CLIENT_ENV:
       env.pop(key, None)
     env.update(env_extra or {})
     with open(log_path, "ab") as log:
@@ -198,6 +205,10 @@ class LocalCluster:
     self._started.append(proc)
     return proc
 
+  def _spawn_worker(self, island: int) -> subprocess.Popen:
+    return self._spawn(f"worker{island}", self._worker_args[island],
+                       self._worker_env[island])
+
   def start(self) -> None:
     deadline = time.monotonic() + self.start_timeout
     try:
@@ -211,11 +222,9 @@ class LocalCluster:
           "--coordinator-listen", f"unix:{sockets}/coordination.sock",
           "--max-in-flight", str(self.max_in_flight),
           "--reduction-order", self.reduction_order,
-          "--parent-pid", str(os.getpid())] + (
-              ["--memory-wait", str(self.memory_wait_s)]
-              if self.memory_wait_s is not None else []) + (
-              ["--worker-timeout", str(self.worker_timeout_s)]
-              if self.worker_timeout_s is not None else []))
+          "--parent-pid", str(os.getpid()),
+          *_optional("--memory-wait", self.memory_wait_s),
+          *_optional("--worker-timeout", self.worker_timeout_s)])
       ready = self._read_ready_line(self.controller, deadline)
       self.controller_address = ready["address"]
       for i in range(self.islands):
@@ -225,15 +234,13 @@ class LocalCluster:
             # Emulated CPU devices unless told, also on a host with
             # accelerators.
             "--platform", self.platform,
-            "--data-listen", f"unix:{sockets}/data{i}.sock"] + (
-                ["--device-cores", cores.format_list(self.device_cores[i])]
-                if self.device_cores else []) + (
-                    ["--compilation-cache-dir", self.compilation_cache_dir]
-                    if self.compilation_cache_dir else []) + (
-                        ["--controller-timeout", str(self.controller_timeout_s)]
-                        if self.controller_timeout_s is not None else []))
-        self.workers.append(self._spawn(f"worker{i}", self._worker_args[i],
-                                        self._worker_env[i]))
+            "--data-listen", f"unix:{sockets}/data{i}.sock",
+            *_optional("--device-cores", None if self.device_cores is None
+                       else cores.format_list(self.device_cores[i])),
+            *_optional("--compilation-cache-dir",
+                       self.compilation_cache_dir),
+            *_optional("--controller-timeout", self.controller_timeout_s)])
+        self.workers.append(self._spawn_worker(i))
       self._wait_complete(deadline)
     except BaseException:
       self.stop()
@@ -334,8 +341,7 @@ class LocalCluster:
         with self._restart_lock:  # stop() sees every process started
           if self._stopping.is_set():
             return
-          self.workers[i] = self._spawn(f"worker{i}", self._worker_args[i],
-                                        self._worker_env[i])
+          self.workers[i] = self._spawn_worker(i)
         self.restarts[i] += 1
         started[i] = time.monotonic()
         logging.warning("jax_pathways local cluster: island %d's worker "
@@ -357,9 +363,7 @@ class LocalCluster:
                          "running")
       self._given_up.pop(island, None)
       self._incidents[island].reset()
-      self.workers[island] = self._spawn(f"worker{island}",
-                                         self._worker_args[island],
-                                         self._worker_env[island])
+      self.workers[island] = self._spawn_worker(island)
       self.restarts[island] += 1
     logging.warning("jax_pathways local cluster: island %d's worker started "
                     "again on request (pid %d, restart %d)", island,
@@ -510,9 +514,7 @@ class LocalCluster:
   def _clean_up(self, failed: bool) -> None:
     """Removes the folder this cluster made (sockets, and logs unless
     log_dir was given), keeping logs and saying where after a failure."""
-    if self.socket_dir != self.log_dir:
-      shutil.rmtree(self.socket_dir, ignore_errors=True)
-    elif failed:
+    if self.socket_dir == self.log_dir and failed:
       for name in os.listdir(self.socket_dir):
         if name.endswith(".sock"):
           os.unlink(os.path.join(self.socket_dir, name))

@@ -41,6 +41,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from jax_pathways import config
 from jax_pathways import logs
+from jax_pathways.cluster import local_cluster
 from jax_pathways.cluster import tokens
 
 DEFAULT_NAME = "jax-pathways"
@@ -52,10 +53,6 @@ NAMESPACE = "jax_pathways"
 # answers once its new process runs, a stopped one never).
 _LOSS_POLL_S = 1.0
 _PID_TIMEOUT_S = 10.0
-# A client's JAX configuration, which an actor must not inherit from the
-# environment `ray start` (or a test) ran in.
-_CLIENT_ENV = ("JAX_PLATFORMS", "JAX_BACKEND_TARGET", "XLA_FLAGS",
-               "JAX_NUM_CPU_DEVICES")
 
 
 class ClusterError(RuntimeError):
@@ -76,7 +73,9 @@ class Cluster:
 
 def _prepare_process() -> str:
   """Logging as the CLI's, no client JAX configuration; the node's IP."""
-  for key in _CLIENT_ENV:
+  # Not the client's JAX configuration of the environment `ray start` (or a
+  # test) ran in.
+  for key in local_cluster.CLIENT_ENV:
     os.environ.pop(key, None)
   logs.setup_logging(config.from_env().verbosity)
   return ray.util.get_node_ip_address()
