@@ -15,6 +15,7 @@ own descriptors see it; only the duplicates made here are closed.
 """
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -105,11 +106,9 @@ def shut_down_connections(target: str) -> int:
   for sock, peer in addresses.connected_sockets():
     if (peer if isinstance(peer, (str, bytes)) else tuple(peer[:2])
         ) in peers:
-      try:
+      with contextlib.suppress(OSError):  # closed meanwhile
         sock.shutdown(socket.SHUT_RDWR)
         closed += 1
-      except OSError:
-        pass  # closed meanwhile
   return closed
 
 

@@ -21,6 +21,7 @@ computation but not waking.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from typing import Any, Callable
@@ -48,13 +49,11 @@ def threads() -> set[int]:
 
 def _wakes(tid: int) -> int | None:
   """How many times thread `tid` went to sleep and woke up so far."""
-  try:
+  with contextlib.suppress(OSError):
     with open(f"{_TASKS}/{tid}/status", encoding="ascii") as f:
       for line in f:
         if line.startswith("voluntary_ctxt_switches:"):
           return int(line.split()[1])
-  except OSError:
-    pass
   return None
 
 
@@ -71,12 +70,10 @@ def wake_rates(tids: set[int], seconds: float = _SAMPLE_S) -> dict[int, float]:
 
 
 def _calm(tid: int) -> str:
-  try:
+  with contextlib.suppress(OSError):
     with open(f"/proc/{tid}/timerslack_ns", "w", encoding="ascii") as f:
       f.write(str(SLACK_NS))
     return f"timer slack {SLACK_NS // 1_000_000} ms"
-  except OSError:
-    pass
   try:
     os.setpriority(os.PRIO_PROCESS, tid, 19)
     return "nice 19 (no CAP_SYS_NICE for a timer slack)"

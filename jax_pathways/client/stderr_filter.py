@@ -30,6 +30,7 @@ Run as a script, this file is that child (stdlib only: it starts with -I -S).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import select
@@ -129,10 +130,8 @@ class Dropping:
     sys.stderr.flush()
     os.dup2(self._saved, 2)
     os.close(self._saved)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
       child.wait(timeout=_CLOSE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-      pass
     child.stdout.close()
 
   def __enter__(self) -> Dropping:
@@ -148,15 +147,13 @@ def _main() -> None:
   signal.signal(signal.SIGINT, signal.SIG_IGN)
 
   def dropped() -> None:
-    try:  # unbuffered: nothing left to flush at exit, when nobody reads
+    # Nobody may wait for it (after close(), or at exit). Unbuffered:
+    # nothing left to flush at exit, when nobody reads.
+    with contextlib.suppress(OSError):
       os.write(sys.stdout.fileno(), b"dropped\n")
-    except OSError:  # nobody waits for it (after close(), or at exit)
-      pass
 
-  try:
+  with contextlib.suppress(BrokenPipeError):  # nobody reads stderr any more
     copy_without(sys.argv[1], sys.stdin.buffer, sys.stderr.buffer, dropped)
-  except BrokenPipeError:  # nobody reads stderr any more
-    pass
 
 
 if __name__ == "__main__":

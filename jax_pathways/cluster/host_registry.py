@@ -11,6 +11,7 @@ reader.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -55,10 +56,8 @@ def add(kind: str, address: str, token: str | None,
 
 def remove(path: str | None) -> None:
   if path is not None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
       os.unlink(path)
-    except FileNotFoundError:
-      pass
 
 
 def live() -> list[dict]:

@@ -22,6 +22,7 @@ brings such an island back.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -542,10 +543,8 @@ class LocalCluster:
     procs = list(self._started)
     for p in procs:
       if p.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
           p.send_signal(signal.SIGTERM)
-        except ProcessLookupError:
-          pass
     deadline = time.monotonic() + _STOP_GRACE_S
     for p in procs:
       try:

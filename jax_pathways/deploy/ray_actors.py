@@ -26,6 +26,7 @@ line. Every address is the node's IP (Ray's), so the token is mandatory.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
@@ -356,15 +357,12 @@ def stop(name: str = DEFAULT_NAME, ray_address: str | None = None) -> bool:
   controller = _actor(name)
   group = None
   if controller is not None:
-    try:
+    # It died: the group is found by name.
+    with contextlib.suppress(ray.exceptions.RayError):
       group = ray.get(controller.placement_group.remote(), timeout=30)
-    except ray.exceptions.RayError:  # it died: the group is found by name
-      pass
   if group is None:
-    try:
+    with contextlib.suppress(ValueError):
       group = get_placement_group(name)
-    except ValueError:
-      pass
   return _teardown(name, controller, group)
 
 
