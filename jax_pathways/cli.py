@@ -505,11 +505,10 @@ def _status(parser: argparse.ArgumentParser, args: argparse.Namespace,
       continue
     answered += 1
     if args.json:
-      print(json.dumps(s if args.address or cfg.address else
-                       dict(s, address=target["address"],
-                            kind=target["kind"]), indent=1))
+      print(json.dumps(s if address else dict(
+          s, address=target["address"], kind=target["kind"]), indent=1))
     else:
-      if len(targets) > 1 or not (args.address or cfg.address):
+      if not address:
         logs = (f", logs in {target['log_dir']}" if target.get("log_dir")
                 else "")
         print(f"== {target['kind']} {target['address']} (pid "

@@ -39,6 +39,7 @@ from typing import Any
 from absl import logging
 
 from jax_pathways import config
+from jax_pathways import threads
 from jax_pathways.cluster import cores
 from jax_pathways.cluster import restarts
 
@@ -252,15 +253,11 @@ class LocalCluster:
                  self.log_dir,
                  f"; island cores {self.device_cores}"
                  if self.device_cores else "")
-    self._watcher = threading.Thread(target=self._watch,
-                                     args=(self.controller,),
-                                     name="jax-pathways-watch", daemon=True)
-    self._watcher.start()
+    self._watcher = threads.start(self._watch, "jax-pathways-watch",
+                                  self.controller)
     if self.restart_workers:
-      self._supervisor = threading.Thread(target=self._supervise,
-                                          name="jax-pathways-supervise",
-                                          daemon=True)
-      self._supervisor.start()
+      self._supervisor = threads.start(self._supervise,
+                                       "jax-pathways-supervise")
 
   def _watch(self, controller: subprocess.Popen) -> None:
     while not self._stopping.is_set():

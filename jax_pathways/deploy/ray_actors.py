@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import threading
 import time
 from typing import Any, Mapping
 
@@ -42,6 +41,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from jax_pathways import config
 from jax_pathways import logs
+from jax_pathways import threads
 from jax_pathways.cluster import local_cluster
 from jax_pathways.cluster import tokens
 
@@ -104,8 +104,7 @@ class _Controller:
     # `jax-pathways status` on this node finds it; the entry of a killed
     # actor is dropped by the next reader (its pid is gone).
     host_registry.add("controller", self._controller.address, token)
-    threading.Thread(target=self._kill_lost, name="jp-ray-kill-lost",
-                     daemon=True).start()
+    threads.start(self._kill_lost, "jp-ray-kill-lost")
 
   def _kill_lost(self) -> None:
     """Has Ray restart the actor of a worker the controller declared lost
@@ -180,9 +179,8 @@ class _Worker:
                token: str, controller_timeout_s: float):
     ip = _prepare_process()
     # The actor's methods stay free to answer while the worker serves.
-    threading.Thread(target=self._serve, name="jp-ray-worker", daemon=True,
-                     args=(name, controller, island, devices, token, ip,
-                           controller_timeout_s)).start()
+    threads.start(self._serve, "jp-ray-worker", name, controller, island,
+                  devices, token, ip, controller_timeout_s)
 
   @staticmethod
   def _serve(name: str, controller: str, island: int, devices: int,
