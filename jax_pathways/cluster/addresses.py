@@ -111,9 +111,14 @@ def connected_sockets() -> Iterator[tuple[socket.socket, object]]:
     try:
       if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
         continue
-      sock = socket.socket(fileno=os.dup(int(name)))
+      fd = os.dup(int(name))  # stays valid if the owner closes its own
     except (OSError, ValueError):
-      continue  # closed meanwhile, or not a socket after all
+      continue  # closed meanwhile
+    try:
+      sock = socket.socket(fileno=fd)
+    except OSError:
+      os.close(fd)
+      continue  # not a socket after all (the number was reused)
     try:
       peer = sock.getpeername()
     except OSError:
