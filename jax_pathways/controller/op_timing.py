@@ -37,13 +37,11 @@ class Recording:
             "profile at a time: stop that trace first")
       self._owner = owner
 
-  def release(self, owner: int) -> bool:
-    """Whether `owner` held it (and no longer does)."""
+  def release(self, owner: int) -> None:
+    """`owner` no longer holds it (if it did: another's claim stays)."""
     with self._lock:
-      if self._owner != owner:
-        return False
-      self._owner = None
-      return True
+      if self._owner == owner:
+        self._owner = None
 
 
 def trace(topology: Topology, dispatcher: Dispatcher, action: str,

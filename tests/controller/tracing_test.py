@@ -12,6 +12,8 @@ def test_a_second_client_is_refused_at_once_not_queued():
   with pytest.raises(StatusError, match="client 1 is profiling") as e:
     recording.claim(2)
   assert e.value.status.code == Code.FAILED_PRECONDITION
-  assert not recording.release(2)
-  assert recording.release(1)
+  recording.release(2)  # not its claim: client 1 keeps it
+  with pytest.raises(StatusError, match="client 1 is profiling"):
+    recording.claim(2)
+  recording.release(1)
   recording.claim(2)
