@@ -48,8 +48,8 @@ def trace(address: str, action: str, token: str | None = None,
   """Starts ("start") or stops ("stop") op tracing on every island.
 
   Stop answers once every op submitted before it has finished, with
-  {"islands": {"<id>": [[seq, kind, name, issue_start_ns, issue_end_ns,
-  ready_ns], ...]}}.
+  {"islands": {"<id>": [record, ...]}}, each record as the island's worker
+  keeps it (worker/tracer.py, Tracer.stop).
   """
   return _call(address, ADMIN_TRACE, json.dumps({"action": action}).encode(),
                token, timeout)

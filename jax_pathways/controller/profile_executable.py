@@ -86,7 +86,7 @@ class ProfileExecutable:
         report(status)
 
       op_timing.trace(context.topology, context.dispatcher, "start", started,
-                    self._islands)
+                      self._islands)
     elif self._state == "recording":
       self._state = "stopping"
 
@@ -102,7 +102,7 @@ class ProfileExecutable:
                       "jp-profile")
 
       op_timing.trace(context.topology, context.dispatcher, "stop", stopped,
-                    self._islands)
+                      self._islands)
     else:
       raise failed_precondition(
           f"this profile is {self._state}; start_trace compiles a new one")
@@ -113,7 +113,7 @@ class ProfileExecutable:
       self._state = "abandoned"
       context.recording.release(self._owner)
       op_timing.trace(context.topology, context.dispatcher, "stop",
-                    lambda *_: None, self._islands)
+                      lambda *_: None, self._islands)
 
   def _write(self, body: bytes, stop_ns: int) -> Status:
     """Writes each island's XSpace; why not, if it could not."""
