@@ -27,7 +27,7 @@ from jax_pathways.controller.arrays import Array, Buffer
 from jax_pathways.controller.handle_store import HandleStore
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.resources.island import Island
-from jax_pathways.status import Code, StatusError
+from jax_pathways.status import StatusError, invalid_argument
 from jax_pathways.validation import check_client_handle
 
 Layout = tuple[tuple[Island, ...], str, tuple[int, ...], Sharding | None]
@@ -109,8 +109,7 @@ class ArrayStore(HandleStore[Array]):
       check_client_handle(handle, self.kind)
     if self._fast is not None:
       if self._fast.contains(self._stream, handle):
-        raise StatusError(Code.INVALID_ARGUMENT,
-                          f"array handle {handle} is already in use")
+        raise invalid_argument(f"array handle {handle} is already in use")
       self._fast.note_client_handle(self._stream, handle)
       self._touched.add(handle)
     super().put(handle, item, minted=True)
@@ -125,8 +124,7 @@ class ArrayStore(HandleStore[Array]):
     if not minted:
       check_client_handle(handle, self.kind)
     if handle in self:
-      raise StatusError(Code.INVALID_ARGUMENT,
-                        f"array handle {handle} is already in use")
+      raise invalid_argument(f"array handle {handle} is already in use")
     self._fast.note_client_handle(self._stream, handle)
     self._to_fast(handle, array)
 

@@ -16,7 +16,7 @@ from jax_pathways import dtypes
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.resources.island import Island
 from jax_pathways.resources.topology import Topology
-from jax_pathways.status import Code, Status, StatusError
+from jax_pathways.status import Status, StatusError, failed_precondition
 
 
 @dataclasses.dataclass(eq=False)
@@ -97,7 +97,7 @@ class Array:
     if self.error is not None:
       raise StatusError(self.error.code, self.error.message)
     if self.deleted or self.shared.donated:
-      raise StatusError(Code.FAILED_PRECONDITION, "Array has been deleted.")
+      raise failed_precondition("Array has been deleted.")
 
 
 def device_bytes(dtype: str, shape: tuple[int, ...], sharding: Sharding

@@ -37,7 +37,7 @@ from absl import logging
 from jax_pathways.cluster import addresses
 from jax_pathways.controller import coordination_host
 from jax_pathways.resources.island import Island
-from jax_pathways.status import Code, Status, StatusError
+from jax_pathways.status import Code, Status, StatusError, unavailable
 
 # How long the services' process may take to start one (it imports jaxlib
 # first, while the workers start).
@@ -85,9 +85,9 @@ class CoordinationHost:
       except (OSError, ValueError) as e:
         answer = {"error": f"its process is gone ({e})"}
     if "ready" not in answer:
-      raise StatusError(Code.UNAVAILABLE, (
+      raise unavailable(
           f"could not start the islands' coordination service at {address}: "
-          f"{answer.get('error', f'no answer within {SERVE_TIMEOUT_S:.0f} s')}"))
+          f"{answer.get('error', f'no answer within {SERVE_TIMEOUT_S:.0f} s')}")
     logging.info("coordination service for %d islands at %s", islands,
                  address)
 

@@ -31,7 +31,8 @@ from jax_pathways.controller import versions
 from jax_pathways.controller.handlers import HANDLERS, RESULT_HANDLES
 from jax_pathways.controller.session import Services, Session
 from jax_pathways.resources.virtual_slice import SliceRequest
-from jax_pathways.status import Code, Status, StatusError
+from jax_pathways.status import (Code, Status, StatusError, invalid_argument,
+                                 unimplemented)
 from jax_pathways.wire import protos
 from jax_pathways.wire.session_keys import (
     ADMIN_CHECK_SLICE, ADMIN_PING, ADMIN_SERVICE, ADMIN_STATUS,
@@ -236,8 +237,7 @@ class GrpcService:
     try:
       self._check_admin_token(metadata)
       if self.services.callbacks is None:
-        raise StatusError(Code.UNIMPLEMENTED, "this controller serves no "
-                          "callbacks")
+        raise unimplemented("this controller serves no callbacks")
     except StatusError as e:
       self._server.finish(stream, int(e.status.code), e.status.message)
       return
@@ -351,7 +351,7 @@ class GrpcService:
         self._admin_trace(call, data)
         return  # answered when the islands have done it
       else:
-        raise StatusError(Code.UNIMPLEMENTED, f"no method {method}")
+        raise unimplemented(f"no method {method}")
     except StatusError as e:
       self._server.reply(call, int(e.status.code), e.status.message, b"")
       return
@@ -378,8 +378,8 @@ class GrpcService:
       asked = json.loads(data or b"{}")
       request = SliceRequest.parse(asked.get("devices"), asked.get("island"))
     except (ValueError, AttributeError):
-      raise StatusError(Code.INVALID_ARGUMENT, 'CheckSlice takes {"devices": '
-                        '"2x4", "island": "1"}') from None
+      raise invalid_argument(
+          'CheckSlice takes {"devices": "2x4", "island": "1"}') from None
     if self.services.topology.complete:  # else Init will tell
       self.services.resources.check(request)
     return b"{}"
@@ -388,8 +388,8 @@ class GrpcService:
     try:
       action = json.loads(data or b"{}").get("action")
     except (ValueError, AttributeError):
-      raise StatusError(Code.INVALID_ARGUMENT,
-                        'Trace takes {"action": "start" | "stop"}') from None
+      raise invalid_argument(
+          'Trace takes {"action": "start" | "stop"}') from None
     server = self._server
     op_timing.trace(self.services.topology, self.services.dispatcher, action,
                   lambda status, body: server.reply(call, int(status.code),
@@ -404,12 +404,10 @@ def _supervision(data: bytes, islands: int) -> dict[str, Any]:
                "restarts": int(report["restarts"]),
                "given_up": str(report["given_up"])[:2000]}
   except (ValueError, TypeError, KeyError):
-    raise StatusError(Code.INVALID_ARGUMENT, 'Supervision takes {"island": '
-                      'N, "pid": N, "restarts": N, "given_up": "why"}'
-                      ) from None
+    raise invalid_argument('Supervision takes {"island": N, "pid": N, '
+                           '"restarts": N, "given_up": "why"}') from None
   if not 0 <= checked["island"] < islands:
-    raise StatusError(Code.INVALID_ARGUMENT,
-                      f"no island {checked['island']}")
+    raise invalid_argument(f"no island {checked['island']}")
   return checked
 
 
@@ -417,8 +415,7 @@ def _parse(message: str, data: bytes, what: str) -> Any:
   try:
     return protos.msg(message).FromString(data)
   except Exception:  # pylint: disable=broad-except
-    raise StatusError(Code.INVALID_ARGUMENT,
-                      f"jax_pathways: unparsable {what}") from None
+    raise invalid_argument(f"jax_pathways: unparsable {what}") from None
 
 
 def _attribute(meta: Any, key: str) -> str | None:
@@ -437,6 +434,6 @@ def _weight(raw: str | None) -> float:
   except ValueError:
     weight = -1.0
   if not 0 < weight < float("inf"):
-    raise StatusError(Code.INVALID_ARGUMENT,
-                      f"weight={raw!r}: a client's weight is a positive number")
+    raise invalid_argument(
+        f"weight={raw!r}: a client's weight is a positive number")
   return weight

@@ -11,7 +11,7 @@ import itertools
 import threading
 from typing import Generic, Iterator, TypeVar
 
-from jax_pathways.status import Code, StatusError
+from jax_pathways.status import Code, StatusError, invalid_argument
 from jax_pathways.validation import SERVER_HANDLES_START, check_client_handle
 
 T = TypeVar("T")
@@ -35,8 +35,7 @@ class HandleStore(Generic[T]):
       check_client_handle(handle, self.kind)
     with self._lock:
       if handle in self._items:
-        raise StatusError(Code.INVALID_ARGUMENT,
-                          f"{self.kind} handle {handle} is already in use")
+        raise invalid_argument(f"{self.kind} handle {handle} is already in use")
       self._items[handle] = item
 
   def get(self, handle: int) -> T:

@@ -40,7 +40,8 @@ from jax_pathways.programs.reader import ProgramReader
 from jax_pathways.resources.resource_manager import ResourceManager
 from jax_pathways.resources.topology import Topology
 from jax_pathways.resources.virtual_slice import SliceRequest, VirtualSlice
-from jax_pathways.status import Code, Status, StatusError, from_exception
+from jax_pathways.status import (Code, Status, StatusError, from_exception,
+                                 unimplemented)
 from jax_pathways.wire import payloads
 from jax_pathways.wire import protos
 
@@ -364,8 +365,7 @@ class Session:
       return
     try:
       if handler is None:
-        raise StatusError(Code.UNIMPLEMENTED,
-                          f"{kind} is not supported by jax_pathways")
+        raise unimplemented(f"{kind} is not supported by jax_pathways")
       handler(self, body, reply)
     except Waiting:
       raise

@@ -55,7 +55,8 @@ from jax_pathways import threads
 from jax_pathways import validation
 from jax_pathways.cluster import cores
 from jax_pathways.programs import custom_calls
-from jax_pathways.status import Code, StatusError
+from jax_pathways.status import (Code, StatusError, invalid_argument,
+                                 unimplemented)
 from jax_pathways.wire import protos
 from jax_pathways.worker import callback_binding as worker_callbacks
 from jax_pathways.worker import island_client
@@ -287,7 +288,7 @@ class PjrtBackend:
   def _build_global(self, members: Sequence[int], coordinator: str
                     ) -> GlobalGeneration:
     if not self.spans_islands:
-      raise StatusError(Code.UNIMPLEMENTED, self._no_spanning())
+      raise unimplemented(self._no_spanning())
     # After a loss the islands left build one of their own: its nodes are
     # numbered 0.. in island order.
     members = tuple(sorted(members))
@@ -405,7 +406,7 @@ class PjrtBackend:
     if isinstance(ref, int):
       return self.devices[ref]
     if not self.spans_islands:
-      raise StatusError(Code.UNIMPLEMENTED, self._no_spanning())
+      raise unimplemented(self._no_spanning())
     if self.current_global() is None:
       raise ValueError("this worker has no global client: the cluster has "
                        "one island")
@@ -558,9 +559,9 @@ class PjrtBackend:
     if not checked.any:
       return None
     if checked.count != int(callbacks["count"]):
-      raise StatusError(Code.INVALID_ARGUMENT,
-                        f"the program binds {checked.count} host callbacks, "
-                        f"the controller said {callbacks['count']}")
+      raise invalid_argument(
+          f"the program binds {checked.count} host callbacks, "
+          f"the controller said {callbacks['count']}")
     if checked.compile_time:
       worker_callbacks.install(self.callback_link, self.allowed_custom_calls)
     # On one device a failed callback ends its launch at once; on several

@@ -47,7 +47,8 @@ import numpy as np
 
 from jax_pathways import _core
 from jax_pathways import threads
-from jax_pathways.status import Code, Status, StatusError
+from jax_pathways.status import (Code, Status, StatusError, failed_precondition,
+                                 invalid_argument)
 from jax_pathways.wire import payloads
 from jax_pathways.worker import shards
 from jax_pathways.worker.callback_lanes import Lane, Pending, Task
@@ -388,8 +389,8 @@ class Worker:
     program = (getattr(self._on_lane, "program", None) or
                self._programs.get(op.program))
     if program is None:
-      raise StatusError(Code.FAILED_PRECONDITION,
-                        f"program {op.program} was not compiled on this worker")
+      raise failed_precondition(
+          f"program {op.program} was not compiled on this worker")
     spanning = program.client is not self._backend.client
     if spanning:
       if program.client is not self._backend.current_global():
@@ -447,21 +448,18 @@ class Worker:
       mine = self._backend.mine(sharding)
       per_device: dict[Any, np.ndarray] = {}
       if len(header["shards"]) != len(blobs):
-        raise StatusError(Code.INVALID_ARGUMENT,
-                          f"{len(blobs)} blobs for {len(header['shards'])} "
-                          "shards")
+        raise invalid_argument(
+            f"{len(blobs)} blobs for {len(header['shards'])} shards")
       for spec, blob in zip(header["shards"], blobs):
         for index in spec["devices"]:
           if not 0 <= index < len(devices):  # -1 would be a device too
-            raise StatusError(Code.INVALID_ARGUMENT,
-                              f"shard device index {index} out of range")
+            raise invalid_argument(f"shard device index {index} out of range")
           if devices[index] in mine:
             per_device[devices[index]] = host_view(
                 blob, spec["dtype"], spec["shape"], spec.get("strides"))
       missing = [d for d in mine if d not in per_device]
       if missing:
-        raise StatusError(Code.INVALID_ARGUMENT,
-                          f"no shard given for devices {missing}")
+        raise invalid_argument(f"no shard given for devices {missing}")
       array = self._backend.from_pieces(
           header["shape"], sharding, [per_device[d] for d in mine], mine)
     self._store(op, [array])
@@ -507,7 +505,7 @@ class Worker:
           [local[a][p] for a, p in out["pieces"]])
           for out in header["outputs"]]
     else:
-      raise StatusError(Code.INVALID_ARGUMENT, f"unknown copy mode {mode!r}")
+      raise invalid_argument(f"unknown copy mode {mode!r}")
     self._store(op, outputs)
     self._add(op.seq, outputs)
 
