@@ -93,14 +93,12 @@ def run(controller: str, island: int | None, devices: int | None,
   hello = worker_hello(backend, island, device_memory, peers.address,
                        transfers.address if transfers else "")
   try:
-    sock = addresses.connect(controller, connect_timeout)
-    welcome = handshake.connect(sock, token, hello, timeout=connect_timeout)
+    sock, welcome = handshake.dial(controller, token, hello, connect_timeout)
   except (OSError, ValueError, handshake.HandshakeError) as e:
     print(f"jax-pathways worker: could not join the controller at "
           f"{controller}: {e}", file=sys.stderr)
     peers.close()
     return EXIT_SETUP
-  sock.settimeout(None)
   peers.island = backend.island = int(welcome["island"])
   # Where gloo listens, for every generation of the global client.
   backend.gloo_host = ("127.0.0.1" if addresses.is_loopback(data_listen)
@@ -203,16 +201,9 @@ def _callbacks_connection(controller: str, token: str | None, island: int,
   """A new connection for callbacks (worker/callback_binding.py),
   authenticated as island `island`'s worker."""
   # pylint: disable=import-outside-toplevel
-  from jax_pathways.cluster import addresses
   from jax_pathways.wire import handshake
-  sock = addresses.connect(controller, timeout)
-  try:
-    handshake.connect(sock, token, _hello("callbacks", island),
-                      timeout=timeout)
-  except BaseException:
-    sock.close()
-    raise
-  sock.settimeout(None)
+  sock, _ = handshake.dial(controller, token, _hello("callbacks", island),
+                           timeout)
   return sock
 
 

@@ -57,17 +57,12 @@ class Peers:
       mine.append(sock)
 
     try:
-      sock = addresses.connect(address, timeout, made)
-      try:
-        handshake.connect(sock, self._token, {"role": "peer",
-                                              "island": self.island}, timeout)
-      except Exception:
-        sock.close()
-        raise
+      sock, _ = handshake.dial(address, self._token,
+                               {"role": "peer", "island": self.island},
+                               timeout, made)
     finally:
       with self._mu:
         self._connecting.get(island, set()).difference_update(mine)
-    sock.settimeout(None)
     with self._mu:
       try:
         self._check_not_lost(island, losses)
