@@ -15,8 +15,6 @@ own descriptors see it; only the duplicates made here are closed.
 """
 from __future__ import annotations
 
-import contextlib
-import socket
 import threading
 import time
 
@@ -101,15 +99,7 @@ def _peers(target: str) -> set[object]:
 def shut_down_connections(target: str) -> int:
   """Shuts down every socket of this process connected to `target`;
   returns how many."""
-  peers = _peers(target)
-  closed = 0
-  for sock, peer in addresses.connected_sockets():
-    if (peer if isinstance(peer, (str, bytes)) else tuple(peer[:2])
-        ) in peers:
-      with contextlib.suppress(OSError):  # closed meanwhile
-        sock.shutdown(socket.SHUT_RDWR)
-        closed += 1
-  return closed
+  return addresses.shut_down_connected(_peers(target))
 
 
 def start(target: str, timeout_s: float) -> None:

@@ -8,6 +8,7 @@ other users out.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from typing import Callable, Iterator
@@ -128,3 +129,18 @@ def connected_sockets() -> Iterator[tuple[socket.socket, object]]:
       yield sock, peer
     finally:
       sock.close()
+
+
+def shut_down_connected(peers: set[object]) -> int:
+  """Shuts down this process's stream sockets connected to any of `peers`
+  (as getpeername() reports them: a unix path, or (host, port)); returns
+  how many."""
+  count = 0
+  for sock, peer in connected_sockets():
+    if isinstance(peer, tuple):
+      peer = peer[:2]
+    if sock.type == socket.SOCK_STREAM and peer in peers:
+      with contextlib.suppress(OSError):  # shut meanwhile
+        sock.shutdown(socket.SHUT_RDWR)
+        count += 1
+  return count

@@ -21,7 +21,6 @@ a pull that never comes would escape the watchdog).
 """
 from __future__ import annotations
 
-import socket
 import threading
 from typing import Any
 
@@ -104,15 +103,8 @@ class Transfers:
 def _shut_down_sockets_to(peers: set[tuple[str, int]]) -> int:
   """Shuts down this process's TCP sockets connected to any of `peers`
   ((ip, port)); returns how many."""
-  count = 0
   try:
-    for sock, peer in addresses.connected_sockets():
-      if sock.type == socket.SOCK_STREAM and peer[:2] in peers:
-        try:
-          sock.shutdown(socket.SHUT_RDWR)
-          count += 1
-        except OSError:
-          pass  # already shut
+    return addresses.shut_down_connected(peers)
   except OSError as e:  # not Linux: pulls end when the process does
     logging.warning("transfers: cannot list this process's sockets: %s", e)
-  return count
+    return 0
