@@ -28,6 +28,7 @@ launches one at a time, so a failure belongs to the launch that made it).
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import socket
 import threading
@@ -81,7 +82,9 @@ class Link:
         msg.write_frame(sock, msg.encode({**header, "id": request}, blobs))
       except OSError as e:
         self._waiting.pop(request, None)
-        _shut(sock)  # its reader fails the rest and closes it
+        # Its reader fails the rest and closes it.
+        with contextlib.suppress(OSError):
+          sock.shutdown(socket.SHUT_RDWR)
         if self._sock is sock:
           self._sock = None
         raise CallbackError(f"the controller's callbacks connection broke: "
@@ -126,13 +129,6 @@ class Link:
     for slot in slots:
       slot[1] = Status(Code.UNAVAILABLE, why)
       slot[0].set()
-
-
-def _shut(sock: socket.socket) -> None:
-  try:
-    sock.shutdown(socket.SHUT_RDWR)
-  except OSError:
-    pass
 
 
 def _request(link: Link, request: dict[str, Any], blobs: list[Any]
