@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
+
+from jax_pathways.wire import handshake
 
 UNIX = "unix:"
 
@@ -144,3 +146,20 @@ def shut_down_connected(peers: set[object]) -> int:
         sock.shutdown(socket.SHUT_RDWR)
         count += 1
   return count
+
+
+def dial(address: str, token: str | None, hello: dict[str, Any],
+         timeout: float,
+         made: Callable[[socket.socket], None] | None = None
+         ) -> tuple[socket.socket, dict[str, Any]]:
+  """A connection to `address` (connect, with `made`) that
+  authenticated with `hello`, blocking from then on, and the acceptor's
+  welcome. The socket is closed if the handshake fails."""
+  sock = connect(address, timeout, made)
+  try:
+    welcome = handshake.connect(sock, token, hello, timeout)
+  except BaseException:
+    sock.close()
+    raise
+  sock.settimeout(None)
+  return sock, welcome

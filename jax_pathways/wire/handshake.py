@@ -21,8 +21,6 @@ import socket
 import struct
 from typing import Any, Callable
 
-from jax_pathways.cluster import addresses
-
 MAGIC = "jax_pathways/1"
 _MAX_MESSAGE = 1 << 20
 
@@ -126,19 +124,3 @@ def connect(sock: socket.socket, token: str | None, hello: dict[str, Any],
   except (OSError, struct.error) as e:
     raise HandshakeError(f"handshake failed: {e}") from None
 
-
-def dial(address: str, token: str | None, hello: dict[str, Any],
-         timeout: float,
-         made: Callable[[socket.socket], None] | None = None
-         ) -> tuple[socket.socket, dict[str, Any]]:
-  """A connection to `address` (addresses.connect, with `made`) that
-  authenticated with `hello`, blocking from then on, and the acceptor's
-  welcome. The socket is closed if the handshake fails."""
-  sock = addresses.connect(address, timeout, made)
-  try:
-    welcome = connect(sock, token, hello, timeout)
-  except BaseException:
-    sock.close()
-    raise
-  sock.settimeout(None)
-  return sock, welcome

@@ -93,7 +93,7 @@ def run(controller: str, island: int | None, devices: int | None,
   hello = worker_hello(backend, island, device_memory, peers.address,
                        transfers.address if transfers else "")
   try:
-    sock, welcome = handshake.dial(controller, token, hello, connect_timeout)
+    sock, welcome = addresses.dial(controller, token, hello, connect_timeout)
   except (OSError, ValueError, handshake.HandshakeError) as e:
     print(f"jax-pathways worker: could not join the controller at "
           f"{controller}: {e}", file=sys.stderr)
@@ -201,8 +201,8 @@ def _callbacks_connection(controller: str, token: str | None, island: int,
   """A new connection for callbacks (worker/callback_binding.py),
   authenticated as island `island`'s worker."""
   # pylint: disable=import-outside-toplevel
-  from jax_pathways.wire import handshake
-  sock, _ = handshake.dial(controller, token, _hello("callbacks", island),
+  from jax_pathways.cluster import addresses
+  sock, _ = addresses.dial(controller, token, _hello("callbacks", island),
                            timeout)
   return sock
 

@@ -57,7 +57,7 @@ class Peers:
       mine.append(sock)
 
     try:
-      sock, _ = handshake.dial(address, self._token,
+      sock, _ = addresses.dial(address, self._token,
                                {"role": "peer", "island": self.island},
                                timeout, made)
     finally:

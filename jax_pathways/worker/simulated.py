@@ -110,7 +110,7 @@ def run(controller: str, islands: int, devices: int | None,
   # pylint: disable=import-outside-toplevel
   from jax_pathways import _core
   from jax_pathways import threads
-  from jax_pathways.wire import handshake
+  from jax_pathways.cluster import addresses
   from jax_pathways.worker.join import configure_jax, worker_hello
   configure_jax("cpu")
   from jax_pathways.worker.pjrt_backend import PjrtBackend
@@ -125,7 +125,7 @@ def run(controller: str, islands: int, devices: int | None,
   hello = worker_hello(backend, None, 0, "", "")
   loops = []
   for _ in range(islands):
-    sock, welcome = handshake.dial(controller, token, hello, connect_timeout)
+    sock, welcome = addresses.dial(controller, token, hello, connect_timeout)
     executor = _core.Executor(sock.detach(), controller, controller_timeout)
     loops.append((int(welcome["island"]), executor))
   logging.info("%d simulated islands joined (%s)", islands,
