@@ -151,6 +151,8 @@ def main() -> None:
       log(f"target: Chained through jax_pathways ({us['pathways']:.1f} us) <= "
           f"in-process OpByOp ({target:.1f} us): {'met' if met else 'missed'}")
   calls = args.profile_calls // n * n
+  if not calls:  # --profile-calls 0: the timings alone
+    return
   xla_launch = xla_launch_us(*state["jax"][::2], calls)
   profile("chained", chained("pathways"), calls, xla_launch)
   # Op by op, each call is a round trip: where its latency's CPU goes.
