@@ -16,7 +16,7 @@ from jax_pathways import dtypes, validation
 from jax_pathways.controller import moves, op_payloads, remap_plan
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.dispatcher import IslandOp, OpKind, StageDest
-from jax_pathways.controller.handlers.future import done_future
+from jax_pathways.controller.handlers.future import new_done_future
 from jax_pathways.controller.handlers.handler_table import handles
 from jax_pathways.controller.session import Reply, Session, StreamTo
 from jax_pathways.programs import sharding as sharding_lib
@@ -622,8 +622,7 @@ def delete_array(session: Session, req: Any, reply: Reply) -> None:
     array.deleted = True
   # A DELETE is done once it has its place in each island's order.
   moves.release(session.services, arrays)
-  handle = session.server_handles.new()
-  session.futures.put(handle, done_future(), minted=True)
+  handle = new_done_future(session)
   reply.ok(lambda r: setattr(r, "deletion_future_handle", handle))
 
 

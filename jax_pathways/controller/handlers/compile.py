@@ -22,7 +22,7 @@ from absl import logging
 
 from jax_pathways.controller import mpmd_executable
 from jax_pathways.controller.compile_cache import CompiledProgram
-from jax_pathways.controller.handlers.future import done_future
+from jax_pathways.controller.handlers.future import new_done_future
 from jax_pathways.controller.handlers.handler_table import handles
 from jax_pathways.controller.mpmd_executable import MpmdExecutable
 from jax_pathways.controller.profile_executable import ProfileExecutable
@@ -51,8 +51,7 @@ def compile_program(session: Session, req: Any, reply: Reply) -> None:
       return
     handle = session.server_handles.new()
     session.executables.put(handle, result, minted=True)
-    ready = session.server_handles.new()
-    session.futures.put(ready, done_future(), minted=True)
+    ready = new_done_future(session)
 
     def fill(r: Any) -> None:
       r.loaded_executable_handle = handle

@@ -16,12 +16,12 @@ from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.compile_cache import CompiledProgram
 from jax_pathways.controller.mpmd_executable import MpmdExecutable
 from jax_pathways.controller.profile_executable import ProfileExecutable
-from jax_pathways.controller.handlers.future import (done_future,
+from jax_pathways.controller.handlers.future import (new_done_future,
                                                       reply_when_done)
 from jax_pathways.controller.handlers.handler_table import handles
 from jax_pathways.controller.session import Reply, Session
 from jax_pathways.programs import sharding as sharding_lib
-from jax_pathways.status import (StatusError, failed_precondition,
+from jax_pathways.status import (Status, StatusError, failed_precondition,
                                  invalid_argument, unimplemented)
 
 Executable = CompiledProgram | MpmdExecutable | ProfileExecutable
@@ -75,11 +75,8 @@ def metadata(session: Session, req: Any, reply: Reply) -> None:
   reply.ok(fill)
 
 
-def _execute_results(req: Any) -> list[int]:
-  return list(req.result_array_handle)
-
-
-@handles("loaded_executable_execute_request", results=_execute_results)
+@handles("loaded_executable_execute_request",
+         results=lambda r: list(r.result_array_handle))
 def execute(session: Session, req: Any, reply: Reply) -> None:
   # Before ensure_current: a loss or rejoin after it changes the epoch, and
   # the fast path then leaves the next call to this handler again.
@@ -101,25 +98,7 @@ def execute(session: Session, req: Any, reply: Reply) -> None:
   if fill_status and not status_handle:
     status_handle = session.server_handles.new()
 
-  failure = None
-  if isinstance(exe, CompiledProgram):
-    try:  # its island's worker may be a new one (a lost island rejoined)
-      exe.ensure_current(session.services)
-    except StatusError as e:
-      failure = e.status
-  if (failure is None and exe.num_parameters is not None and
-      len(args) != exe.num_parameters):
-    failure = invalid_argument(f"the program takes {exe.num_parameters} "
-                               f"arguments, not {len(args)}").status
-  for i, a in enumerate(args):
-    if failure is not None:
-      break
-    try:
-      a.check_usable()
-      exe.check_argument(i, a)
-    except StatusError as e:
-      failure = e.status
-
+  failure = _failure(session, exe, args)
   shardings = exe.output_shardings
   buffers = session.services.dispatcher.new_buffers(len(outputs))
   status_future: concurrent.futures.Future | None = (
@@ -136,15 +115,12 @@ def execute(session: Session, req: Any, reply: Reply) -> None:
     # launches in flight (CompiledProgram.when_idle).
     fast = (isinstance(exe, (CompiledProgram, MpmdExecutable)) and
             not getattr(exe, "route", 0))
+    put = session.arrays.put_fast if fast else session.arrays.put
+    no_data = isinstance(exe, ProfileExecutable)
     for h, b, (shape, dtype), s, islands in zip(
         handles_, buffers, outputs, shardings, exe.output_islands):
-      if fast:
-        session.arrays.put_fast(h, Array(b, islands, dtype, shape, s),
-                                minted=first_call)
-      else:
-        session.arrays.put(h, Array.failed(_NO_DATA) if isinstance(
-            exe, ProfileExecutable) else Array(b, islands, dtype, shape, s),
-                           minted=first_call)
+      put(h, Array.failed(_NO_DATA) if no_data
+          else Array(b, islands, dtype, shape, s), minted=first_call)
     # Nobody waits for a launch unless the client asked for its status:
     # readiness and errors travel through the output buffers' futures.
     on_done = None
@@ -180,6 +156,24 @@ def execute(session: Session, req: Any, reply: Reply) -> None:
       o.array_handle = h
 
   reply.ok(fill)
+
+
+def _failure(session: Session, exe: Executable, args: list[Array]
+             ) -> Status | None:
+  """Why this call cannot launch (its outputs get the error), or None."""
+  try:
+    if isinstance(exe, CompiledProgram):
+      # Its island's worker may be a new one (a lost island rejoined).
+      exe.ensure_current(session.services)
+    if exe.num_parameters is not None and len(args) != exe.num_parameters:
+      raise invalid_argument(f"the program takes {exe.num_parameters} "
+                             f"arguments, not {len(args)}")
+    for i, a in enumerate(args):
+      a.check_usable()
+      exe.check_argument(i, a)
+  except StatusError as e:
+    return e.status
+  return None
 
 
 def _register_fast(session: Session, handle: int,
@@ -250,8 +244,7 @@ def human_readable_program_text(session: Session, req: Any,
 @handles("loaded_executable_delete_request")
 def delete(session: Session, req: Any, reply: Reply) -> None:
   session.executables.discard(req.loaded_executable_handle)
-  handle = session.server_handles.new()
-  session.futures.put(handle, done_future(), minted=True)
+  handle = new_done_future(session)
   reply.ok(lambda r: setattr(r, "future_handle", handle))
 
 

@@ -15,10 +15,13 @@ from jax_pathways.controller.session import Reply, Session
 from jax_pathways.status import Status
 
 
-def done_future(status: Status = Status()) -> concurrent.futures.Future:
+def new_done_future(session: Session) -> int:
+  """A new server handle naming a future that is already done, OK."""
   f: concurrent.futures.Future = concurrent.futures.Future()
-  f.set_result(status)
-  return f
+  f.set_result(Status())
+  handle = session.server_handles.new()
+  session.futures.put(handle, f, minted=True)
+  return handle
 
 
 def reply_when_done(future: concurrent.futures.Future, reply: Reply) -> None:
