@@ -109,10 +109,10 @@ class CallbackRouter:
     client forget its callables."""
     with self._lock:
       released = self._routes.pop(route, None)
-      stream = (self._streams.get(released.client)
-                if released is not None else None)
-    if released is not None and released.table is not None and (
-        stream is not None):
+      if released is None or released.table is None:
+        return
+      stream = self._streams.get(released.client)
+    if stream is not None:
       self._send(stream, msg.encode({"kind": msg.FORGET,
                                      "table": released.table}))
 

@@ -72,7 +72,6 @@ class GrpcService:
     self._status = status
     self._supervised = supervised
     self._server = server  # _server.GrpcServer
-    self.host_buffers = services.host_buffers
     self._lock = threading.Lock()
     self.sessions: dict[int, Session] = {}  # by stream id
     self._parked: dict[int, Session] = {}  # sessions whose request waits
@@ -159,13 +158,10 @@ class GrpcService:
 
   def _poll_timeout(self) -> float:
     """Until the earliest parked deadline, at most 0.5 s."""
-    timeout = 0.5
     now = time.monotonic()
     deadlines = [s.deadline for s in self._parked.values()
                  if s.deadline is not None] + list(self._refused.values())
-    for deadline in deadlines:
-      timeout = min(timeout, max(0.0, deadline - now))
-    return timeout
+    return min(0.5, max(0.0, min(deadlines, default=now + 0.5) - now))
 
   def _resume(self, woken: bool) -> None:
     """Tries parked sessions again: all of them after a wake (cheap: the
@@ -217,7 +213,7 @@ class GrpcService:
     # Session ids name a session's host buffers: random, so one client
     # cannot guess another's.
     session_id = secrets.randbits(62) | 1
-    self.host_buffers.open_session(session_id)
+    self.services.host_buffers.open_session(session_id)
     server = self._server
     session = Session(session_id, version, self.services, HANDLERS,
                       RESULT_HANDLES,
@@ -319,7 +315,7 @@ class GrpcService:
     for stream, session in closing:
       self._server.finish(stream, 0, "")
       session.close()
-      self.host_buffers.close_session(session.id)
+      self.services.host_buffers.close_session(session.id)
       logging.info("client %d closed its session", session.number)
 
   def _token_ok(self, given: str) -> bool:

@@ -370,12 +370,12 @@ class Session:
     except Waiting:
       raise
     except StatusError as e:
-      self._poison_results(kind, body, e.status)
+      self._poison_results(results, body, e.status)
       reply.error(e.status)
     except Exception as e:  # pylint: disable=broad-except
       logging.exception("client %d: %s failed", self.number, kind)
       status = Status(Code.INTERNAL, f"jax_pathways controller: {kind}: {e!r}")
-      self._poison_results(kind, body, status)
+      self._poison_results(results, body, status)
       reply.error(status)
 
   def replied(self) -> None:
@@ -396,14 +396,14 @@ class Session:
         return
     on_idle()
 
-  def _poison_results(self, kind: str, body: Any, status: Status) -> None:
+  def _poison_results(self, results: Callable[[Any], list[int]] | None,
+                      body: Any, status: Status) -> None:
     """Leaves the error under the client's result handles (IFRT semantics).
     They were checked to be new before the handler ran, so whatever a
     failed handler left under them is its own half-made work: let it go."""
-    handles = self._result_handles.get(kind)
-    if handles is None:
+    if results is None:
       return
-    for h in handles(body):
+    for h in results(body):
       if not 0 < h < validation.SERVER_HANDLES_START:
         continue  # refused as a handle: nothing was made under it
       made = self.arrays.discard(h)
