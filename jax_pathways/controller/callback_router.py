@@ -220,21 +220,21 @@ class CallbackRouter:
       status = getattr(e, "status", None) or Status(Code.INTERNAL, str(e))
       link.send(msg.error_reply(request, status))
 
-  def _route(self, header: dict[str, Any]) -> tuple[int, _Route]:
-    route_id = header.get("route")
-    route = self._routes.get(route_id)  # type: ignore[arg-type]
+  def _route(self, route_id: Any) -> _Route:
+    """Requires _lock. The route a worker names (anything: from the wire)."""
+    route = self._routes.get(route_id)
     if route is None:
       raise invalid_argument(
           f"callback route {route_id!r} is unknown: its program was "
           "released (its executable was deleted, or its client is gone)")
-    return route_id, route  # type: ignore[return-value]
+    return route
 
   def _call(self, link: "_WorkerLink", request: int, header: dict[str, Any],
             blobs: list[memoryview]) -> None:
     call_id = next(self._call_ids)
+    route_id = header.get("route")
     with self._lock:
-      route_id, route = self._route(header)
-      table = route.table
+      table = self._route(route_id).table
     message = msg.encode({"kind": msg.CALL, "id": call_id, "table": table,
                           "index": header.get("index"),
                           "args": header.get("args")}, blobs)
@@ -257,8 +257,9 @@ class CallbackRouter:
     call_id = next(self._call_ids)
     message = msg.encode({"kind": msg.ASK, "id": call_id, "what": what,
                           "question": header.get("question")}, blobs)
+    route_id = header.get("route")
     with self._lock:
-      route_id, route = self._route(header)
+      route = self._route(route_id)
       answer = route.answers.get(memo)
       if answer is None:
         asked = route.asking.get(memo)
@@ -276,7 +277,7 @@ class CallbackRouter:
                 waiter: Waiter, memo: bytes | None) -> int | None:
     """Requires _lock. Records a call or question for the route's client;
     returns the client's stream (None: it waits for one to open)."""
-    _, route = self._route({"route": route_id})  # released meanwhile?
+    route = self._route(route_id)  # released meanwhile?
     stream = self._streams.get(route.client)
     self._pending[call_id] = _Pending(
         route.client, route_id, message, [waiter], memo,

@@ -57,9 +57,8 @@ class CompiledProgram:
 
   def __init__(self, program_id: int, islands: tuple[Island, ...],
                devices: tuple[int, ...], metadata: dict[str, Any],
-               compile_payload: Any = None,
-               global_generation: int | None = None,
-               key: str = "", route: int = 0):
+               compile_payload: Any, global_generation: int | None,
+               key: str, route: int):
     self.program_id = program_id
     # Its compile cache key, and the route of its callbacks (0: none;
     # controller/callback_router.py): a program with a route is its

@@ -21,7 +21,7 @@ from typing import Any
 from absl import logging
 
 from jax_pathways.controller import mpmd_executable
-from jax_pathways.controller.compile_cache import CompiledProgram
+from jax_pathways.controller.handlers.executable import Executable
 from jax_pathways.controller.handlers.future import new_done_future
 from jax_pathways.controller.handlers.handler_table import handles
 from jax_pathways.controller.mpmd_executable import MpmdExecutable
@@ -29,8 +29,6 @@ from jax_pathways.controller.profile_executable import ProfileExecutable
 from jax_pathways.controller.session import Reply, Session
 from jax_pathways.programs import ifrt_ir_program, plugin_program, xla_program
 from jax_pathways.status import Code, Status, StatusError, unimplemented
-
-Loaded = CompiledProgram | MpmdExecutable | ProfileExecutable
 
 
 @handles("compile_request")
@@ -43,7 +41,7 @@ def compile_program(session: Session, req: Any, reply: Reply) -> None:
   services = session.services
   route = 0
 
-  def compiled(status: Status, result: Loaded | None) -> None:
+  def compiled(status: Status, result: Executable | None) -> None:
     if not status.ok:
       if route:
         services.callbacks.release(route)
