@@ -161,7 +161,8 @@ class GrpcService:
     now = time.monotonic()
     deadlines = [s.deadline for s in self._parked.values()
                  if s.deadline is not None] + list(self._refused.values())
-    return min(0.5, max(0.0, min(deadlines, default=now + 0.5) - now))
+    earliest = min(deadlines, default=now + 0.5)
+    return min(0.5, max(0.0, earliest - now))
 
   def _resume(self, woken: bool) -> None:
     """Tries parked sessions again: all of them after a wake (cheap: the
