@@ -399,15 +399,12 @@ def _resources(cpu: str, memory: str, gpus: int = 0) -> dict[str, Any]:
   return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
-def status_command(spec: Spec) -> list[str]:
-  """The controller's probe: it answers `jax-pathways status` (with the
-  token from the container's env)."""
-  return ["jax-pathways", "status", "--address",
-          f"grpc://127.0.0.1:{spec.port}"]
-
-
 def _controller(spec: Spec) -> dict[str, Any]:
-  probe = {"exec": {"command": status_command(spec)}, "timeoutSeconds": 10}
+  # Ready and live: it answers `jax-pathways status` (with the token from
+  # the container's env).
+  probe = {"exec": {"command": ["jax-pathways", "status", "--address",
+                                f"grpc://127.0.0.1:{spec.port}"]},
+           "timeoutSeconds": 10}
   return {
       "name": CONTROLLER, "image": spec.image,
       "command": ["jax-pathways", "controller",
