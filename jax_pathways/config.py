@@ -62,7 +62,7 @@ DEFAULT_FIRST_MESSAGE_TIMEOUT = 10.0
 
 def _int(name: str, default: int, lo: int, hi: int) -> int:
   raw = os.environ.get(name)
-  if raw is None or raw == "":
+  if not raw:
     return default
   try:
     value = int(raw)
@@ -77,7 +77,7 @@ def _int(name: str, default: int, lo: int, hi: int) -> int:
 def _float(name: str, default: float, what: str = "a number of seconds"
            ) -> float:
   raw = os.environ.get(name)
-  if raw is None or raw == "":
+  if not raw:
     return default
   try:
     value = float(raw)
@@ -180,10 +180,9 @@ def parse_bytes(raw: str, what: str) -> int:
   """'4096', '64M', '2G' -> bytes."""
   units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
   text = raw.strip().upper().removesuffix("IB").removesuffix("B")
-  number, unit = text[:-1] if text[-1:] in units else text, (
-      text[-1] if text[-1:] in units else "")
+  unit = text[-1:] if text[-1:] in units else ""
   try:
-    value = int(float(number) * units[unit])
+    value = int(float(text.removesuffix(unit)) * units[unit])
   except ValueError:
     raise invalid_argument(f"{what}={raw!r} is not a size like 64M or "
                            "2G") from None
