@@ -13,7 +13,6 @@ from jax_pathways.wire.session_keys import (ADMIN_CHECK_SLICE, ADMIN_STATUS,
                                              TOKEN_HEADER)
 
 
-
 class AdminError(RuntimeError):
   """The controller could not be asked (down, wrong token, ...)."""
 

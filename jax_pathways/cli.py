@@ -411,8 +411,9 @@ def _main(argv: Sequence[str] | None) -> int:
 
   if args.command == "ray":
     return _ray(parser, args, cfg)
-  if args.command == "controller":
+  if args.command in ("controller", "worker", "connect"):
     logs.setup_logging(cfg.verbosity)
+  if args.command == "controller":
     from jax_pathways.controller import serve as controller_main  # pylint: disable=import-outside-toplevel
     max_in_flight = args.max_in_flight or cfg.max_in_flight
     if not 1 <= max_in_flight <= config.MAX_SAFE_IN_FLIGHT:
@@ -423,17 +424,14 @@ def _main(argv: Sequence[str] | None) -> int:
     _check_worker_timeout(parser, args.worker_timeout)
     worker_timeout = (args.worker_timeout if args.worker_timeout is not None
                       else cfg.worker_timeout)
+    token = controller_main.token(cfg, args.insecure, args.listen,
+                                  args.worker_listen, args.coordinator_listen)
     return controller_main.run(args.islands or cfg.islands, args.listen,
                                args.worker_listen, args.coordinator_listen,
-                               controller_main.token(cfg, args.insecure,
-                                                     args.listen,
-                                                     args.worker_listen,
-                                                     args.coordinator_listen),
-                               max_in_flight, args.parent_pid,
+                               token, max_in_flight, args.parent_pid,
                                args.memory_wait, args.reduction_order,
                                worker_timeout)
   if args.command == "worker":
-    logs.setup_logging(cfg.verbosity)
     from jax_pathways.worker import join as worker_main  # pylint: disable=import-outside-toplevel
     memory = (config.parse_bytes(args.device_memory, "--device-memory")
               if args.device_memory else cfg.device_memory)
@@ -470,7 +468,6 @@ def _main(argv: Sequence[str] | None) -> int:
         args.data_listen, args.connect_timeout, memory, device_cores,
         args.controller_timeout, args.platform, args.compilation_cache_dir))
   if args.command == "connect":
-    logs.setup_logging(cfg.verbosity)
     return _connect(parser, args, cfg)
   return _status(parser, args, cfg)
 
@@ -485,11 +482,11 @@ def _status(parser: argparse.ArgumentParser, args: argparse.Namespace,
     targets = [{"kind": "controller", "address": address,
                 "token": cfg.token}]
   else:
-    targets, seen = [], set()
+    # Once per address: a connect to a local controller lists it again.
+    by_address: dict[str, dict[str, Any]] = {}
     for entry in host_registry.live():
-      if entry["address"] not in seen:  # a connect to a local controller
-        seen.add(entry["address"])
-        targets.append(entry)
+      by_address.setdefault(entry["address"], entry)
+    targets = list(by_address.values())
     if not targets:
       parser.error(f"no cluster of this host is listed in "
                    f"{host_registry.folder()}; give --address or set "
