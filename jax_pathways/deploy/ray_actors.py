@@ -368,9 +368,8 @@ def _teardown(name: str, controller: Any | None,
               group: PlacementGroup | None) -> bool:
   # A group has a bundle per island, each with that island's worker.
   islands = group.bundle_count if group is not None else 0
-  workers = [w for w in (_actor(_worker_name(name, i))
-                         for i in range(islands)) if w is not None]
-  actors = workers + ([controller] if controller is not None else [])
+  found = [_actor(_worker_name(name, i)) for i in range(islands)]
+  actors = [a for a in found + [controller] if a is not None]
   for actor in actors:
     ray.kill(actor, no_restart=True)
   for actor in actors:
