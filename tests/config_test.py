@@ -43,3 +43,17 @@ def test_a_value_is_read_and_a_bad_one_refused_in_words(
   monkeypatch.setenv(name, bad)
   with pytest.raises(StatusError, match=re.escape(words)):
     config.from_env()
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("4096", 4096), ("64M", 64 << 20), ("2G", 2 << 30), ("2GiB", 2 << 30),
+    (" 1.5k ", 1536), ("3T", 3 << 40)])
+def test_sizes(raw, expected):
+  assert config.parse_bytes(raw, "--device-memory") == expected
+
+
+@pytest.mark.parametrize("raw", ["B", "  ", "", "64X", "M", "lots"])
+def test_a_size_that_is_none_says_so(raw):
+  with pytest.raises(StatusError, match=re.escape(
+      f"--device-memory={raw!r} is not a size like 64M or 2G")):
+    config.parse_bytes(raw, "--device-memory")
