@@ -229,9 +229,6 @@ class PjrtBackend:
     # This worker's island and the host gloo listens on (set by main).
     self.island = 0
     self.gloo_host = "127.0.0.1"
-    self.global_client: Any = None
-    self._global_devices: dict[tuple[int, int], Any] = {}
-    self._local_global: tuple[Any, ...] = ()
     # Earlier generations, alive while anything of theirs may run.
     self._retired: list[GlobalGeneration] = []
     self._current: GlobalGeneration | None = None
@@ -250,6 +247,11 @@ class PjrtBackend:
     self.allowed_custom_calls = custom_calls.allowed(
         custom_calls.registered(self.platform))
     self.callback_link: worker_callbacks.Link | None = None
+
+  @property
+  def global_client(self) -> Any:
+    """The current generation's client; None until one is made current."""
+    return None if self._current is None else self._current.client
 
   @property
   def spans_islands(self) -> bool:
@@ -287,8 +289,6 @@ class PjrtBackend:
 
   def _build_global(self, members: Sequence[int], coordinator: str
                     ) -> GlobalGeneration:
-    if not self.spans_islands:
-      raise unimplemented(self._no_spanning())
     # After a loss the islands left build one of their own: its nodes are
     # numbered 0.. in island order.
     members = tuple(sorted(members))
@@ -319,9 +319,6 @@ class PjrtBackend:
     if self._current is not None:
       self._retired.append(self._current)
     self._current = built
-    self.global_client = built.client
-    self._global_devices = built.devices
-    self._local_global = built.local
     # Programs and shardings name devices by (island, index): from now on
     # those of the new client.
     self._cache = {k: p for k, p in self._cache.items()
@@ -406,16 +403,14 @@ class PjrtBackend:
     if isinstance(ref, int):
       return self.devices[ref]
     if not self.spans_islands:
-      raise unimplemented(self._no_spanning())
+      raise unimplemented(
+          f"island {self.island} runs on {self.platform}: programs and "
+          f"arrays that span islands need CPU islands so far (each "
+          f"island's own programs run)")
     if self.current_global() is None:
       raise ValueError("this worker has no global client: the cluster has "
                        "one island")
-    return self._global_devices[tuple(ref)]
-
-  def _no_spanning(self) -> str:
-    return (f"island {self.island} runs on {self.platform}: programs and "
-            f"arrays that span islands need CPU islands so far (each "
-            f"island's own programs run)")
+    return self._current.devices[tuple(ref)]
 
   def sharding(self, spec: dict[str, Any]) -> jax.sharding.Sharding:
     """{'devices': [refs], 'op_sharding': base64 | None} -> Sharding.
@@ -456,9 +451,9 @@ class PjrtBackend:
           "the array belongs to an earlier generation of the islands' "
           "global client, lost with an island's worker")
     if client is self.client:
-      table = dict(zip(self._local_global, self.devices))
+      table = dict(zip(self._current.local, self.devices))
     else:
-      table = dict(zip(self.devices, self._local_global))
+      table = dict(zip(self.devices, self._current.local))
     parts = [jax.device_put(np.asarray(s), table[s.device])
              for s in self.shards(array)]
     devices = tuple(table[d] for d in array.sharding._device_assignment)  # pylint: disable=protected-access
@@ -500,7 +495,7 @@ class PjrtBackend:
     executable, runner = self._compiled(
         program, client, xc.DeviceList(devices), compile_options, replicas,
         client is self.global_client and self.rank_order_reductions,
-        module if binding else None, binding, cacheable=not passes_tokens)
+        module, binding, cacheable=not passes_tokens)
     out_shardings = executable.get_output_shardings()
     handlers = []
     for i, (shape, dtype) in enumerate(outputs):
@@ -571,10 +566,9 @@ class PjrtBackend:
                                  raises=num_devices == 1)
 
   def _compiled(self, program: bytes, client: Any, devices: Any,
-                options: Any, replicas: int, rank_ordered: bool,
-                module: Any = None,
-                binding: worker_callbacks.Binding | None = None,
-                cacheable: bool = True) -> tuple[Any, Any]:
+                options: Any, replicas: int, rank_ordered: bool, module: Any,
+                binding: worker_callbacks.Binding | None,
+                cacheable: bool) -> tuple[Any, Any]:
     """(the program compiled as usual, what runs it: the same, or rank
     ordered), loaded from the compilation cache or compiled (and kept
     unless not `cacheable`). With callbacks (`binding`), `module` is the
@@ -585,7 +579,7 @@ class PjrtBackend:
     loaded = self._load(key, client, devices, options)
     if loaded is not None:
       return loaded
-    source = program if module is None else module
+    source = program if binding is None else module
     if rank_ordered:
       executable, runner = self._compile_rank_ordered(
           source, client, devices, options, replicas, binding)
@@ -781,7 +775,7 @@ class PjrtBackend:
   def _local_positions(self, refs: Sequence[DeviceRef]) -> list[int]:
     """The positions in `refs` of this worker's devices."""
     return [i for i, r in enumerate(refs)
-            if isinstance(r, int) or self.device(r) in self._local_global]
+            if isinstance(r, int) or self.device(r) in self._current.local]
 
   def first_held(self, spec: dict[str, Any], shape: Sequence[int]
                  ) -> dict[int, int]:
