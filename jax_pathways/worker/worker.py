@@ -394,8 +394,7 @@ class Worker:
     spanning = program.client is not self._backend.client
     if spanning:
       if program.client is not self._backend.current_global():
-        raise StatusError(
-            Code.FAILED_PRECONDITION,
+        raise failed_precondition(
             f"program {op.program} was compiled for an earlier generation "
             "of the islands' global client, lost with an island's worker")
       lost = self._spanning_lost
@@ -687,14 +686,13 @@ class Worker:
     def push() -> bytes:
       links = [self._peers.outgoing(d["island"], d["address"], timeout=30.0)
                for d in send_to]
-      failure: StatusError | None = None
+      failure: Status | None = None
       try:
         if isinstance(source, Status):
           raise StatusError(source.code, source.message)
         mine = self._backend.pieces(source, spec, shape)
       except Exception as e:  # pylint: disable=broad-except
-        status = error_status(e)
-        failure = StatusError(status.code, status.message)
+        failure = error_status(e)
         mine = dict.fromkeys(self._backend.first_held(spec, shape))
       for link in links:
         for k, piece in mine.items():
@@ -702,10 +700,10 @@ class Worker:
             data = np.ascontiguousarray(piece).reshape(-1).view(np.uint8)
             self._peers.links.send(link, base + k, 0, "", data)
           else:
-            self._peers.links.send(link, base + k, int(failure.status.code),
-                                   failure.status.message, b"")
+            self._peers.links.send(link, base + k, int(failure.code),
+                                   failure.message, b"")
       if failure is not None:
-        raise failure
+        raise StatusError(failure.code, failure.message)
       return b""
 
     arrays = [source] if isinstance(source, jax.Array) else []
