@@ -55,7 +55,7 @@ from jax_pathways.worker.callback_lanes import Lane, Pending, Task
 from jax_pathways.worker.completions import Completions, error_status
 from jax_pathways.worker.peers import Peers
 from jax_pathways.worker.pjrt_backend import (JOIN_WAIT_S,
-                                              SHARDING_CACHE_SIZE,
+                                              SHARDING_CACHE_SIZE, Execution,
                                               PjrtBackend, Program,
                                               host_view, np_dtype)
 from jax_pathways.worker.tracer import Tracer
@@ -403,17 +403,18 @@ class Worker:
     args = [self._array(b) for b in op.args]
     self._launched[op.seq] = time.monotonic()
     if program.callbacks is not None:  # on its lane
-      self._launch_calling_back(op, program, args, spanning)
-      return
-    outputs, execution = self._backend.execute(program, args)
+      outputs, execution = self._launch_calling_back(program, args, spanning)
+    else:
+      outputs, execution = self._backend.execute(program, args)
     self._store(op, outputs)
     self._completions.add(op.seq, [execution], spanning=spanning)
 
-  def _launch_calling_back(self, op: Any, program: Program,
-                           args: list[jax.Array], spanning: bool) -> None:
-    """A launch of a program with callbacks, on its lane: its results are
-    its own once it has finished and none of its callbacks failed.
-    `spanning`: the program spans islands."""
+  def _launch_calling_back(self, program: Program, args: list[jax.Array],
+                           spanning: bool
+                           ) -> tuple[list[jax.Array], Execution]:
+    """A launch of a program with callbacks, on its lane: its results
+    (and its Execution) are its own once it has finished and none of its
+    callbacks failed. `spanning`: the program spans islands."""
     program.callbacks.failure = None
     outputs, execution = self._backend.execute(program, args)
     self._on_lane.task.issued.set()  # a later spanning launch may go now
@@ -430,8 +431,7 @@ class Worker:
     failure = program.callbacks.take_failure()
     if failure is not None:
       raise StatusError(failure.code, failure.message)
-    self._store(op, outputs)
-    self._completions.add(op.seq, [execution], spanning=spanning)
+    return outputs, execution
 
   def _put(self, op: Any) -> None:
     header, blobs = payloads.decode(op.payload, self._headers)
