@@ -29,6 +29,7 @@ launches one at a time, so a failure belongs to the launch that made it).
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import socket
 import threading
@@ -160,7 +161,7 @@ class Binding:
     # Per host callback index: its results' types ((dtype, shape), or None
     # for a token), from the program.
     self.results: dict[int, list[tuple[np.dtype, tuple[int, ...]] | None]] = {}
-    self.stubs = [_Stub(self, i) for i in range(count)]
+    self.stubs = [functools.partial(self._call, i) for i in range(count)]
     self.keep: list[Any] = []  # forwarders XLA holds by pointer
     self.failure: Status | None = None
 
@@ -173,42 +174,34 @@ class Binding:
     failure, self.failure = self.failure, None
     return failure
 
-
-class _Stub:
-  """What XLA calls for host callback `index`."""
-
-  def __init__(self, binding: Binding, index: int):
-    self._binding = binding
-    self._index = index
-
-  def __call__(self, *args: Any) -> tuple[Any, ...]:
-    b = self._binding
-    if b.failure is not None:  # the launch failed: no more calls of it
-      return b.filler(self._index)
+  def _call(self, index: int, *args: Any) -> tuple[Any, ...]:
+    """What XLA calls for host callback `index` (its stub)."""
+    if self.failure is not None:  # the launch failed: no more calls of it
+      return self.filler(index)
     try:
       specs, blobs = msg.pack_arrays(args)
-      header, out = _request(b.link, {"kind": msg.CALL, "route": b.route,
-                                      "index": self._index, "args": specs},
-                             blobs)
+      header, out = _request(self.link, {"kind": msg.CALL,
+                                         "route": self.route, "index": index,
+                                         "args": specs}, blobs)
       results = msg.unpack_arrays(header.get("results"), out,
                                   "callback results")
-      self._check(results)
+      self._check(index, results)
       return tuple(results)
     except Exception as e:  # pylint: disable=broad-except
       status = (e.status if isinstance(e, StatusError) else
                 Status(Code.INTERNAL, str(e)))
-      if b.raises:  # XLA words it: "CpuCallback error calling callback"
+      if self.raises:  # XLA words it: "CpuCallback error calling callback"
         raise CallbackError(status.message) from None
-      if b.failure is None:
-        b.failure = Status(status.code, f"{_FAILED}{status.message}")
-      return b.filler(self._index)
+      if self.failure is None:
+        self.failure = Status(status.code, f"{_FAILED}{status.message}")
+      return self.filler(index)
 
-  def _check(self, results: list[np.ndarray | None]) -> None:
-    wanted = self._binding.results.get(self._index, [])
+  def _check(self, index: int, results: list[np.ndarray | None]) -> None:
+    wanted = self.results.get(index, [])
     got = [None if r is None else (r.dtype, tuple(r.shape)) for r in results]
     if got != wanted:
       raise CallbackError(
-          f"host callback {self._index} returned {_types(got)}; its program "
+          f"host callback {index} returned {_types(got)}; its program "
           f"takes {_types(wanted)}")
 
 
