@@ -605,9 +605,8 @@ class PjrtBackend:
 
   def _load(self, key: str | None, client: Any, devices: Any, options: Any
             ) -> tuple[Any, Any] | None:
-    """(executable, runner) kept under `key`, or None."""
-    cache = self._compilation_cache
-    blobs = cache.get(key) if cache is not None and key else None
+    """(executable, runner) kept under `key` (None: no cache), or None."""
+    blobs = self._compilation_cache.get(key) if key else None
     if blobs is None:
       return None
     try:
@@ -619,7 +618,7 @@ class PjrtBackend:
     except Exception as e:  # pylint: disable=broad-except
       logging.warning("compilation cache: entry %s not loaded (%s); "
                       "compiling", key, e)
-      cache.drop(key)
+      self._compilation_cache.drop(key)
       return None
     logging.info("%s: loaded from the compilation cache",
                  executable.hlo_modules()[0].name)
@@ -627,14 +626,14 @@ class PjrtBackend:
 
   def _keep(self, key: str | None, client: Any, executable: Any,
             runner: Any) -> None:
-    """Stores (executable, runner) under `key` in the compilation cache."""
-    cache = self._compilation_cache
-    if cache is None or not key:
+    """Stores (executable, runner) under `key` in the compilation cache
+    (None: no cache)."""
+    if not key:
       return
     try:
-      cache.put(key, [client.serialize_executable(e) for e in
-                      ((executable,) if runner is executable
-                       else (executable, runner))])
+      self._compilation_cache.put(key, [
+          client.serialize_executable(e) for e in
+          ((executable,) if runner is executable else (executable, runner))])
     except Exception as e:  # pylint: disable=broad-except
       logging.warning("compilation cache: %s not kept (%s)",
                       executable.hlo_modules()[0].name, e)
