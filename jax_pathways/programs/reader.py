@@ -51,15 +51,13 @@ class ProgramReader:
   """Thread-safe; one per controller. read() blocks its caller (never the
   controller's sessions thread: controller/handlers/compile.py)."""
 
-  def __init__(self, readers: int = READERS,
-               timeout_s: float = READ_TIMEOUT_S):
-    self._timeout_s = timeout_s
+  def __init__(self):
     # Last in, first out: the reader start() made, or the one that read
     # last, serves the next read; a slot whose process never started is
     # taken only when every started one is busy (FIFO started a second
     # reader for the first program, the one start() made still waiting).
     self._idle: queue.LifoQueue[_Process | None] = queue.LifoQueue()
-    for _ in range(readers):
+    for _ in range(READERS):
       self._idle.put(None)  # a slot; its process starts when first used
     self._lock = threading.Lock()
     self._processes: set[_Process] = set()
@@ -94,7 +92,7 @@ class ProgramReader:
     try:
       if process is None or not process.alive():
         process = self._start()
-      reply = process.ask(kind, program, self._timeout_s)
+      reply = process.ask(kind, program)
     except _ReaderFailed as e:
       self._forget(process)
       process = None
@@ -161,15 +159,14 @@ class _Process:
   def alive(self) -> bool:
     return self._proc.poll() is None
 
-  def ask(self, kind: str, program: bytes, timeout_s: float
-          ) -> dict[str, Any]:
-    self._sock.settimeout(timeout_s)
+  def ask(self, kind: str, program: bytes) -> dict[str, Any]:
+    self._sock.settimeout(READ_TIMEOUT_S)
     try:
       frames.write_frame(self._sock, payloads.encode({"kind": kind}, program))
       data = frames.read_frame(self._sock)
     except socket.timeout:
-      raise _ReaderFailed(f"reading it took longer than {timeout_s:g} s") \
-          from None
+      raise _ReaderFailed(
+          f"reading it took longer than {READ_TIMEOUT_S:g} s") from None
     except (OSError, ValueError) as e:
       raise _ReaderFailed(self._why(e)) from None
     if data is None:
