@@ -73,29 +73,23 @@ class Topology:
             f"island {wanted}'s worker runs on {platform or '?'}, the "
             f"cluster's other islands on {', '.join(sorted(others))}: all "
             f"islands of a cluster have one platform (worker --platform)")
+      memory = _bytes(hello, "memory_bytes", "memory")
+      host_memory = _bytes(hello, "host_memory_bytes", "host memory")
+      targets = _targets(hello.get("custom_call_targets"))
+      sdy = hello.get("serialize_with_sdy", True)
+      if not isinstance(sdy, bool):
+        raise ValueError(f"worker reports serialize_with_sdy={sdy!r}")
       island = Island(IslandId(wanted), num, platform,
                       str(hello.get("device_kind", "")),
                       int(hello.get("pid", 0)), str(hello.get("host", "")),
-                      str(hello.get("data_address", "")))
+                      str(hello.get("data_address", "")),
+                      memory_bytes=memory, host_memory_bytes=host_memory,
+                      transfer_address=str(hello.get("transfer_address") or ""),
+                      custom_call_targets=targets, serialize_with_sdy=sdy)
       if before is not None:
         island.generation = before.generation + 1
         island.first_device = before.first_device
         self._rejoining[island.id] = before
-      memory = hello.get("memory_bytes", 0)
-      if not isinstance(memory, int) or memory < 0:
-        raise ValueError(f"worker reports {memory!r} bytes of memory")
-      island.memory_bytes = memory
-      host_memory = hello.get("host_memory_bytes", 0)
-      if not isinstance(host_memory, int) or host_memory < 0:
-        raise ValueError(f"worker reports {host_memory!r} bytes of host "
-                         "memory")
-      island.host_memory_bytes = host_memory
-      island.transfer_address = str(hello.get("transfer_address") or "")
-      island.custom_call_targets = _targets(hello.get("custom_call_targets"))
-      sdy = hello.get("serialize_with_sdy", True)
-      if not isinstance(sdy, bool):
-        raise ValueError(f"worker reports serialize_with_sdy={sdy!r}")
-      island.serialize_with_sdy = sdy
       self._islands[island.id] = island
       self._device_islands = None
       if before is None and len(self._islands) == self.expected_islands:
@@ -217,6 +211,14 @@ class Topology:
 # What a worker may report of its kernels: names, a bounded number.
 _MAX_TARGETS = 4096
 _MAX_TARGET_NAME = 256
+
+
+def _bytes(hello: dict[str, Any], key: str, what: str) -> int:
+  """A hello's byte count `key` (0 if absent); raises ValueError to refuse."""
+  count = hello.get(key, 0)
+  if not isinstance(count, int) or count < 0:
+    raise ValueError(f"worker reports {count!r} bytes of {what}")
+  return count
 
 
 def _targets(reported: Any) -> frozenset[str] | None:
