@@ -17,6 +17,7 @@ and adds its own gradient to it, the same adds in the same order.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -27,13 +28,12 @@ _STAGE = re.compile(rf"^{stages.STAGE_PREFIX}(\w+?)__([{stages.FORWARD}"
 _MICROBATCH = re.compile(rf"^{stages.MICROBATCH_PREFIX}(\d+)__(?:_\d+)?$")
 
 
+@dataclasses.dataclass
 class Lowered:
   """The rewritten module and what was found in it."""
-
-  def __init__(self, module: Any, stage_names: list[str], microbatches: int):
-    self.module = module
-    self.stage_names = stage_names   # in order of first appearance
-    self.microbatches = microbatches
+  module: Any
+  stage_names: list[str]   # in order of first appearance
+  microbatches: int
 
 
 def to_mpmd(module: Any, clone: Any) -> Lowered:

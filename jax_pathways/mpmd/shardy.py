@@ -29,13 +29,13 @@ class Partitioned:
   output_shardings: list[NamedSharding]
 
 
-def options_for(schedule: str, extra: Mapping[str, str | bool] | None
+def options_for(schedule: str, extra: Mapping[str, str | bool]
                 ) -> dict[str, str | bool]:
   """The partitioning options for a (canonical) schedule name."""
   options: dict[str, str | bool] = {"mpmd_pipeline_schedule": schedule}
   if schedule in schedule_lib.SPLIT_BACKWARD:
     options["mpmd_split_bwd_fragments"] = True
-  for key, value in (extra or {}).items():
+  for key, value in extra.items():
     if not isinstance(value, (str, bool)):
       raise TypeError(f"partitioning option {key!r} must be a str or bool")
     options[key] = value
@@ -52,8 +52,8 @@ def assignment_for(stage_meshes: Mapping[str, str], schedule: str
 
 def partition(lowered: Lowered, topology: Topology,
               stage_meshes: Mapping[str, str], schedule: str,
-              extra_options: Mapping[str, str | bool] | None = None,
-              donated: Sequence[int] = ()) -> Partitioned:
+              extra_options: Mapping[str, str | bool],
+              donated: Sequence[int]) -> Partitioned:
   extension = shardy_mpmd.load()
   assert extension is not None
   options = options_for(schedule, extra_options)
