@@ -116,8 +116,6 @@ class _Reader:
 
   def __init__(self, topology: Topology, spmd_across_islands: bool,
                device_ids: list[int], overrides: Any):
-    if not device_ids:
-      raise invalid_argument("IFRT IR compile options name no devices")
     for d in device_ids:
       topology.island_of_device(d)  # a clear error for unknown devices
     self._topology = topology
