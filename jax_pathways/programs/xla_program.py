@@ -45,7 +45,7 @@ class PlacedProgram:
   # Its callbacks into the client's process (custom_calls.check), and the
   # route the controller serves them by (controller/callback_router.py;
   # 0: none).
-  callbacks: custom_calls.Callbacks = custom_calls.Callbacks(None, 0, False)
+  callbacks: custom_calls.Callbacks
   route: int = 0
 
   @property
@@ -167,16 +167,14 @@ def read(program: bytes) -> tuple[bytes, custom_calls.Content]:
 
 def placed(program: bytes, compile_options: Any, topology: Topology,
            spmd_across_islands: bool, what: str,
-           devices: Sequence[int], identity: bytes | None = None,
-           content: custom_calls.Content = custom_calls.Content(),
-           serves_callbacks: bool = False,
+           devices: Sequence[int], content: custom_calls.Content,
+           identity: bytes | None = None, serves_callbacks: bool = False,
            label: str = "The program") -> PlacedProgram:
   """`program` with its xla.CompileOptionsProto, placed on the islands that
-  hold `devices` (physical ids, in the program's logical order). `identity`:
-  the digest the compile cache compares (by default, of `program`'s
-  bytes). `content`:
+  hold `devices` (physical ids, in the program's logical order). `content`:
   its custom calls (custom_calls.read), checked against the islands' (as
-  `label` in errors)."""
+  `label` in errors). `identity`: the digest the compile cache compares (by
+  default, of `program`'s bytes)."""
   replicas = max(1, compile_options.executable_build_options.num_replicas)
   devices = list(devices)
   islands = topology.islands_of(devices, what)
