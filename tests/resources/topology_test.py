@@ -117,3 +117,16 @@ def test_islands_share_one_platform():
                      "cluster's other islands on cpu"):
     t.register(gpu)
   assert t.register(_hello(1)).platform == "cpu"
+
+
+def test_a_refused_worker_for_a_lost_island_leaves_its_place_free():
+  t = Topology(2, lambda: {1})
+  t.register(_hello(0, 2))
+  first = t.register(_hello(1, 2, pid=5))
+  for bad in ({"memory_bytes": -1}, {"host_memory_bytes": "lots"},
+              {"serialize_with_sdy": "yes"}, {"custom_call_targets": 7}):
+    with pytest.raises(ValueError, match="worker reports"):
+      t.register(dict(_hello(1, 2, pid=6), **bad))
+    assert t.island(1) is first and t.joining() == set()
+  again = t.register(_hello(1, 2, pid=7))
+  assert (again.generation, again.worker_pid) == (1, 7)
