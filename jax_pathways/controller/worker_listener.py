@@ -41,9 +41,9 @@ class WorkerListener:
   """Accepts, authenticates and registers island workers."""
 
   def __init__(self, address: str, token: str | None, topology: Topology,
-               dispatcher: Dispatcher, reduction_order: str = "rank",
-               on_rejoin: Callable[[], None] = lambda: None,
-               on_callbacks: Callable[[socket.socket, int], None] | None = None):
+               dispatcher: Dispatcher, reduction_order: str,
+               on_rejoin: Callable[[], None],
+               on_callbacks: Callable[[socket.socket, int], None]):
     """on_rejoin: a new worker took a lost island's place (it is reachable
     through the dispatcher, not yet connected in the topology).
     on_callbacks(sock, island): a worker's callbacks connection."""
@@ -55,6 +55,7 @@ class WorkerListener:
     self._dispatcher = dispatcher
     self._sock = addresses.listen(address)
     self.address = addresses.bound(self._sock)
+
   def start(self) -> None:
     threads.start(self._accept_loop, "jp-workers-in")
 
@@ -139,8 +140,6 @@ class WorkerListener:
 
   def _callbacks_of(self, hello: dict[str, Any]) -> int:
     """The island of a worker's callbacks connection: its current worker's."""
-    if self._on_callbacks is None:
-      raise handshake.HandshakeError("this controller serves no callbacks")
     island = self._island_of(hello, "callbacks")
     if (island.worker_pid, island.worker_host) != (hello.get("pid"),
                                                    hello.get("host")):
