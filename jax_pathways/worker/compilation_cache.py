@@ -22,6 +22,7 @@ cache keeps everything by default too); delete the directory to empty it.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import os
@@ -83,11 +84,9 @@ class CompilationCache:
     (another worker's on this host may be writing now)."""
     cutoff = time.time() - _ABANDONED_AFTER_S
     for path in glob.glob(os.path.join(self.directory, _TMP + "*")):
-      try:
+      with contextlib.suppress(OSError):  # its writer finished meanwhile
         if os.stat(path).st_mtime < cutoff:
           os.unlink(path)
-      except OSError:
-        pass
 
   def key(self, *parts: bytes) -> str:
     """The key of a program compiled on this host from `parts`: its bytes,
@@ -134,10 +133,8 @@ class CompilationCache:
       logging.warning("compilation cache: cannot store %s: %s", key, e)
 
   def drop(self, key: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
       os.unlink(os.path.join(self.directory, key))
-    except OSError:
-      pass
 
 
 def _encode(blobs: Sequence[bytes], key: bytes, stamp: bytes) -> bytes:

@@ -8,6 +8,7 @@ without the GIL.
 """
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 
@@ -108,10 +109,8 @@ class Peers:
       self._losses.setdefault(island, []).append((upto, why))
       connecting = self._connecting.pop(island, set())
     for sock in connecting:
-      try:
+      with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)  # its handshake fails now
-      except OSError:
-        pass
     for link in links:
       if link is not None:
         self.links.close(link, why)  # a stopped peer would hold them
