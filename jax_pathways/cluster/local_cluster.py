@@ -453,9 +453,10 @@ class LocalCluster:
           return json.loads(line)
       if proc.poll() is not None:
         raise self._died(proc, "controller")
+    log = self._logs[proc.pid]
     raise ClusterError(
         f"the controller did not start within {self.start_timeout:.0f} s; "
-        f"its log ({self._logs[proc.pid]}) ends with:\n{_tail(self._logs[proc.pid])}")
+        f"its log ({log}) ends with:\n{_tail(log)}")
 
   def _wait_complete(self, deadline: float) -> None:
     from jax_pathways import admin  # pylint: disable=import-outside-toplevel
