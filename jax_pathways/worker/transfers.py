@@ -95,16 +95,10 @@ class Transfers:
     except (OSError, ValueError) as e:
       logging.warning("transfers: cannot cut %s: %s", address, e)
       return
-    cut = _shut_down_sockets_to(peers)
+    try:
+      cut = addresses.shut_down_connected(peers)
+    except OSError as e:  # not Linux: pulls end when the process does
+      logging.warning("transfers: cannot list this process's sockets: %s", e)
+      cut = 0
     logging.info("transfers: cut %d connection(s) to island %d's worker at "
                  "%s", cut, island, address)
-
-
-def _shut_down_sockets_to(peers: set[tuple[str, int]]) -> int:
-  """Shuts down this process's TCP sockets connected to any of `peers`
-  ((ip, port)); returns how many."""
-  try:
-    return addresses.shut_down_connected(peers)
-  except OSError as e:  # not Linux: pulls end when the process does
-    logging.warning("transfers: cannot list this process's sockets: %s", e)
-    return 0
