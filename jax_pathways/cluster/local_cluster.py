@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import select
 import shutil
 import signal
@@ -42,6 +41,7 @@ from jax_pathways import config
 from jax_pathways import threads
 from jax_pathways.cluster import cores
 from jax_pathways.cluster import restarts
+from jax_pathways.cluster import tokens
 
 _STOP_GRACE_S = 5.0
 _SUPERVISE_POLL_S = 0.1
@@ -149,7 +149,7 @@ class LocalCluster:
     # Workers too, as from other hosts: uploads are sent to them, not read
     # out of the controller's memory (benchmarks of that path).
     self.workers_over_tcp = workers_over_tcp
-    self.token = secrets.token_hex(16)
+    self.token = tokens.new()
     # Sockets live in a directory only this user can enter (mode 0700).
     self.socket_dir = tempfile.mkdtemp(prefix="jax_pathways_")
     self.log_dir = log_dir or self.socket_dir
