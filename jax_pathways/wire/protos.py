@@ -8,6 +8,7 @@ Extraction takes ~0.5 s and is cached per jaxlib build under
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -34,6 +35,7 @@ _ROOTS = (
     "tsl/profiler/protobuf/xplane.proto",  # traces written for jax.profiler
 )
 
+
 def _load_descriptor_set() -> descriptor_pb2.FileDescriptorSet:
   path = descriptors.library_path()
   st = os.stat(path)
@@ -41,12 +43,10 @@ def _load_descriptor_set() -> descriptor_pb2.FileDescriptorSet:
   cache_dir = os.path.join(os.path.expanduser("~"), ".cache", "jax_pathways")
   cache = os.path.join(cache_dir, f"ifrt-descriptors-{key.hexdigest()[:16]}.pb")
   fds = descriptor_pb2.FileDescriptorSet()
-  try:
+  with contextlib.suppress(Exception):  # not cached yet, or unreadable
     with open(cache, "rb") as f:
       fds.ParseFromString(f.read())
     return fds
-  except (OSError, Exception):  # pylint: disable=broad-except
-    pass
   with open(path, "rb") as f:
     fds = descriptors.extract(f.read())
   logging.info("extracted %d protobuf descriptors from %s", len(fds.file), path)
