@@ -49,7 +49,7 @@ def xspace(trace: Trace, island: int, hostname: str) -> bytes:
   space = protos.msg("tensorflow.profiler.XSpace")()
   space.hostnames.append(hostname)
   _device_plane(space.planes.add(id=island, name=f"{PLANE_PREFIX}{island}"),
-                trace, island, trace.start_ns)
+                trace, island)
   env = space.planes.add(id=island, name=TASK_ENVIRONMENT)
   _stat_names(env, ("profile_start_time", "profile_stop_time"))
   env.stats.add(metadata_id=1, uint64_value=trace.start_ns)
@@ -57,9 +57,10 @@ def xspace(trace: Trace, island: int, hostname: str) -> bytes:
   return space.SerializeToString()
 
 
-def _device_plane(plane: Any, trace: Trace, island: int,
-                  start_ns: int) -> None:
+def _device_plane(plane: Any, trace: Trace, island: int) -> None:
+  """`island`'s ops, timed from trace.start_ns."""
   _stat_names(plane, _OP_STATS)
+  start_ns = trace.start_ns
   event_ids: dict[str, int] = {}
   lines: dict[str, Any] = {}
   for op in sorted((op for op in trace.ops if op.island == island),
