@@ -69,9 +69,8 @@ class Dispatcher:
   # them, as benchmarks/naive_fifo.py does, must say False).
   in_order = True
 
-  def __init__(self, max_in_flight: int,
-               memory_wait_s: float = MEMORY_WAIT_S,
-               worker_timeout_s: float = WORKER_TIMEOUT_S):
+  def __init__(self, max_in_flight: int, memory_wait_s: float,
+               worker_timeout_s: float):
     self.max_in_flight = max_in_flight
     self.memory_wait_s = memory_wait_s
     self.worker_timeout_s = worker_timeout_s
@@ -112,7 +111,7 @@ class Dispatcher:
     return self._core.epoch
 
   def add_island(self, island: int, sock: socket.socket, name: str,
-                 memory_bytes: int = 0) -> None:
+                 memory_bytes: int) -> None:
     self._core.add_island(island, sock.detach(), name, memory_bytes)
 
   def submit(self, gang: Sequence[IslandOp], on_done: OnDone | None = None,
