@@ -70,9 +70,8 @@ def _serve(controller: Any, parent_pid: int | None) -> None:
 
 def run(islands: int, listen: str, worker_listen: str,
         coordinator_listen: str, token: str | None, max_in_flight: int,
-        parent_pid: int | None, memory_wait_s: float | None = None,
-        reduction_order: str = "rank",
-        worker_timeout_s: float | None = None) -> int:
+        parent_pid: int | None, memory_wait_s: float | None,
+        reduction_order: str, worker_timeout_s: float | None) -> int:
   # pylint: disable=import-outside-toplevel
   from jax_pathways.cluster import host_registry
   from jax_pathways.controller.controller import Controller
@@ -84,7 +83,7 @@ def run(islands: int, listen: str, worker_listen: str,
                     "worker_address": controller.worker_address,
                     "pid": os.getpid()}), flush=True)
   listed = host_registry.add("controller", controller.address, token,
-                        log_dir=os.getcwd())
+                             log_dir=os.getcwd())
   try:
     _serve(controller, parent_pid)
   finally:
