@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
-#include <new>
 #include <optional>
 
 #include "common/bytes.h"
@@ -48,13 +47,10 @@ enum class CallKind {
 // Whether `method` is one of `names` (a name ending in '/': any method of
 // that service).
 bool Names(const std::vector<std::string>& names, const std::string& method) {
-  for (const std::string& n : names) {
-    if (!n.empty() && n.back() == '/' ? method.rfind(n, 0) == 0
-                                      : method == n) {
-      return true;
-    }
-  }
-  return false;
+  return std::any_of(names.begin(), names.end(), [&](const std::string& n) {
+    return !n.empty() && n.back() == '/' ? method.rfind(n, 0) == 0
+                                         : method == n;
+  });
 }
 
 CallKind KindOf(const std::string& method,
@@ -147,6 +143,13 @@ class Call {
   void ExpectFirstMessage();
   void WriteNext();
   void RequestFinish(const Status& status, bool drop_writes);
+  // Ends the call: with `message`, then OK, if `status` is OK; else with
+  // `status` alone.
+  void FinishWith(const Status& status, std::string message);
+  // Runs `start` (which starts one async op, holding a tag) unless the
+  // queue is shut down, counting the op in pending_; returns whether it ran.
+  template <typename F>
+  bool StartOp(F start);
   void StartFinish();
   void Push(FrontendEvent::Kind kind, std::string data);
   // Offers `request`, then what is held behind it, to the fast path, outside
@@ -228,6 +231,13 @@ class Call {
   std::optional<std::deque<Bytes>> download_;
   bool download_started_ = false;
 };
+
+template <typename F>
+bool Call::StartOp(F start) {
+  if (!server_->StartOp(start)) return false;
+  ++pending_;
+  return true;
+}
 
 void Call::OnEvent(TagKind kind, bool ok) {
   bool remove = false;
@@ -349,10 +359,9 @@ void Call::Offer(std::string request) {
         // The wake may have come already (resume_now_).
         auto deadline = std::chrono::system_clock::now();
         if (!resume_now_) deadline += kUploadWait;
-        if (server_->StartOp([&] {
+        if (StartOp([&] {
               resume_alarm_.Set(server_->cq_.get(), deadline, tag(kResume));
             })) {
-          ++pending_;
           resume_armed_ = true;
           return;
         }
@@ -456,15 +465,12 @@ void Call::OnNew(bool ok) {
 }
 
 void Call::ExpectFirstMessage() {
-  if (server_->StartOp([&] {
-        alarm_.Set(server_->cq_.get(),
-                   std::chrono::system_clock::now() +
-                       server_->first_message_timeout_,
-                   tag(kAlarm));
-      })) {
-    alarm_set_ = true;
-    ++pending_;
-  }
+  alarm_set_ = StartOp([&] {
+    alarm_.Set(server_->cq_.get(),
+               std::chrono::system_clock::now() +
+                   server_->first_message_timeout_,
+               tag(kAlarm));
+  });
 }
 
 void Call::OnRead(bool ok) {
@@ -518,17 +524,16 @@ void Call::OnRead(bool ok) {
     case CallKind::kStore:
       if (!ok) {
         FinishUpload();
-        return;
+      } else if (AppendUpload()) {
+        StartRead();
       }
-      if (!AppendUpload()) return;
-      StartRead();
       return;
     case CallKind::kLookup:
-      if (!ok) {
+      if (ok) {
+        ServeLookup(Flatten(read_buf_));
+      } else {
         RequestFinish(InvalidArgument("lookup without a request"), true);
-        return;
       }
-      ServeLookup(Flatten(read_buf_));
       return;
     case CallKind::kDelete: {
       xla::ifrt::proxy::GrpcHostBufferDeleteRequest request;
@@ -536,15 +541,9 @@ void Call::OnRead(bool ok) {
         RequestFinish(InvalidArgument("malformed HostBufferDelete"), true);
         return;
       }
-      Status s = server_->host_buffers_.Delete(request.session_id(),
-                                               request.handle());
-      if (!s.ok()) {
-        RequestFinish(s, true);
-        return;
-      }
-      writes_.push_back("");
-      RequestFinish(Status::Ok(), false);
-      WriteNext();
+      FinishWith(server_->host_buffers_.Delete(request.session_id(),
+                                               request.handle()),
+                 "");
       return;
     }
     case CallKind::kRefused:
@@ -638,14 +637,9 @@ void Call::FinishUpload() {
   // A stream that started after the last chunk came gets it all now.
   server_->host_buffers_.Arrived(session_, handle_, upload_, &pieces_sent_,
                                  &bytes_sent_);
-  Status s = server_->host_buffers_.Store(session_, handle_, std::move(upload_));
-  if (!s.ok()) {
-    RequestFinish(s, true);
-    return;
-  }
-  writes_.push_back("");  // an empty GrpcHostBufferStoreResponse
-  RequestFinish(Status::Ok(), false);
-  WriteNext();
+  FinishWith(
+      server_->host_buffers_.Store(session_, handle_, std::move(upload_)),
+      "");  // an empty GrpcHostBufferStoreResponse
 }
 
 void Call::ServeLookup(const std::string& request) {
@@ -667,9 +661,7 @@ void Call::ServeLookup(const std::string& request) {
 
 void Call::StartRead() {
   if (finish_requested_ || done_) return;
-  if (server_->StartOp([&] { stream_.Read(&read_buf_, tag(kRead)); })) {
-    ++pending_;
-  }
+  StartOp([&] { stream_.Read(&read_buf_, tag(kRead)); });
 }
 
 void Call::WriteNext() {
@@ -707,10 +699,8 @@ void Call::WriteNext() {
   // More queued behind it: gRPC may hold this one and send them together.
   grpc::WriteOptions options;
   if (!writes_.empty()) options.set_buffer_hint();
-  if (server_->StartOp(
-          [&] { stream_.Write(write_buf_, options, tag(kWrite)); })) {
+  if (StartOp([&] { stream_.Write(write_buf_, options, tag(kWrite)); })) {
     writing_ = true;
-    ++pending_;
   }
 }
 
@@ -725,12 +715,16 @@ void Call::RequestFinish(const Status& status, bool drop_writes) {
   if (!writing_ && writes_.empty() && !download_) StartFinish();
 }
 
+void Call::FinishWith(const Status& status, std::string message) {
+  if (status.ok()) writes_.push_back(std::move(message));
+  RequestFinish(status, !status.ok());
+  WriteNext();
+}
+
 void Call::StartFinish() {
   if (finish_started_ || done_ || !writes_.empty() || download_) return;
   finish_started_ = true;
-  if (server_->StartOp([&] { stream_.Finish(finish_status_, tag(kFinish)); })) {
-    ++pending_;
-  }
+  StartOp([&] { stream_.Finish(finish_status_, tag(kFinish)); });
 }
 
 void Call::Push(FrontendEvent::Kind kind, std::string data) {
@@ -775,9 +769,7 @@ void Call::Finish(const Status& status) {
 void Call::Reply(const Status& status, std::string data) {
   std::lock_guard<std::mutex> lock(mu_);
   if (kind_ != CallKind::kUnary || finish_requested_) return;
-  if (status.ok()) writes_.push_back(std::move(data));
-  RequestFinish(status, !status.ok());
-  WriteNext();
+  FinishWith(status, std::move(data));
 }
 
 // ---------------------------------------------------------------- GrpcServer
@@ -865,12 +857,9 @@ std::shared_ptr<Call> GrpcServer::Find(uint64_t id) {
 }
 
 void GrpcServer::Remove(uint64_t id) {
-  std::shared_ptr<Call> doomed;  // destroyed after the lock is released
+  decltype(calls_)::node_type doomed;  // destroyed after the lock is released
   std::lock_guard<std::mutex> lock(calls_mu_);
-  auto it = calls_.find(id);
-  if (it == calls_.end()) return;
-  doomed = std::move(it->second);
-  calls_.erase(it);
+  doomed = calls_.extract(id);
 }
 
 std::vector<FrontendEvent> GrpcServer::Poll(double timeout_s,
@@ -956,11 +945,10 @@ void GrpcServer::Cork() {
 }
 
 void GrpcServer::Uncork() {
-  std::vector<std::shared_ptr<Call>>* calls = corked_calls;
-  corked_calls = nullptr;
+  std::unique_ptr<std::vector<std::shared_ptr<Call>>> calls(
+      std::exchange(corked_calls, nullptr));
   if (calls == nullptr) return;
   for (const std::shared_ptr<Call>& call : *calls) call->Flush();
-  delete calls;
 }
 
 void GrpcServer::Admit(uint64_t id) {
