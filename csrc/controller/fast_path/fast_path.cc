@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <string>
 #include <unordered_set>
 
@@ -60,9 +61,7 @@ std::vector<ArrayRecord> FastPath::Close(uint64_t stream) {
   if (it == sessions_.end()) return out;
   std::unordered_set<BufferId> seen;
   for (auto& [handle, record] : it->second.arrays) {
-    if (seen.insert(record.buffer).second) {
-      out.push_back(std::move(record));
-    }
+    if (seen.insert(record.buffer).second) out.push_back(std::move(record));
   }
   sessions_.erase(it);
   return out;
@@ -549,8 +548,8 @@ bool FastPath::Upload(Session& s, const IfrtRequest& r, Gangs* gangs,
       // first: the frontend offers the request again when it is stored.
       // Else (or if that one is still missing: the wait ended without it)
       // Python waits for them (and streams them), or words the error.
-      uint64_t total = 0;
-      for (size_t n : plan.upload_bytes) total += n;
+      uint64_t total = std::accumulate(plan.upload_bytes.begin(),
+                                       plan.upload_bytes.end(), uint64_t{0});
       if (sink_.take != nullptr && missing < r.uploads.size() &&
           total <= wait_max_bytes_ &&
           (s.waited_op != r.op_id || missing < s.waited_upload)) {

@@ -1,6 +1,5 @@
 #include "controller/server/host_buffers.h"
 
-
 namespace jax_pathways {
 namespace {
 
@@ -171,7 +170,6 @@ void HostBuffers::Arrived(uint64_t session, uint64_t handle,
                           const HostBuffer& upload, size_t* pieces_sent,
                           uint64_t* bytes_sent) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (streams_.empty()) return;
   auto it = streams_.find({session, handle});
   if (it == streams_.end() || *pieces_sent >= upload.size()) return;
   // The pieces' references, kept until the stream is done with them.
