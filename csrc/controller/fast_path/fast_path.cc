@@ -401,9 +401,8 @@ bool FastPath::Destruct(Session& s, const IfrtRequest& r, Gangs* gangs,
       by_island[island].push_back(a->second.buffer);
     }
     forget->push_back(a->second.buffer);
-    ArrayRecord gone = std::move(a->second);
+    Deleted(s, a->second);
     s.arrays.erase(a);
-    Deleted(s, gone);
   }
   for (auto& [island, buffers] : by_island) {
     IslandOp op;

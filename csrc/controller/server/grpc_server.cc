@@ -343,10 +343,9 @@ void Call::Offer(std::string request) {
         }
         waiting_ = std::move(request);
       }
-      GrpcServer* server = server_;
-      uint64_t id = id_;
-      bool watching = server->host_buffers_.WatchStore(
-          wait_session, wait_handle, [=] {
+      // Not `this`: the Call may be gone by the time the upload is stored.
+      bool watching = server_->host_buffers_.WatchStore(
+          wait_session, wait_handle, [server = server_, id = id_] {
             if (std::shared_ptr<Call> call = server->Find(id)) call->Resume();
           });
       std::lock_guard<std::mutex> lock(mu_);
