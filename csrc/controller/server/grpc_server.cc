@@ -10,6 +10,7 @@
 #include <cstring>
 #include <deque>
 #include <optional>
+#include <string_view>
 
 #include "common/bytes.h"
 #include "common/thread_name.h"
@@ -18,7 +19,7 @@
 namespace jax_pathways {
 namespace {
 
-constexpr char kService[] = "/xla.ifrt.proxy.GrpcIfrtService/";
+constexpr std::string_view kService = "/xla.ifrt.proxy.GrpcIfrtService/";
 constexpr char kStoreMetadata[] =
     "ifrt-proxy-grpc-host-buffer-store-metadata-bin";
 constexpr size_t kChunk = 1 << 20;  // as the reference server streams
@@ -56,9 +57,8 @@ bool Names(const std::vector<std::string>& names, const std::string& method) {
 CallKind KindOf(const std::string& method,
                 const std::vector<std::string>& python_unary,
                 const std::vector<std::string>& python_streams) {
-  std::string svc(kService);
-  if (method.rfind(svc, 0) == 0) {
-    std::string name = method.substr(svc.size());
+  if (method.rfind(kService, 0) == 0) {
+    std::string name = method.substr(kService.size());
     if (name == "IfrtSession") return CallKind::kSession;
     if (name == "HostBufferStore") return CallKind::kStore;
     if (name == "HostBufferLookup") return CallKind::kLookup;
