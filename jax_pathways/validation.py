@@ -8,14 +8,9 @@ raises INVALID_ARGUMENT naming the field, the value and the rule.
 from __future__ import annotations
 
 import math
-from typing import (TYPE_CHECKING, AbstractSet, Any, Container, Iterable,
-                    Sequence)
+from typing import Any, Container, Iterable, Sequence
 
 from jax_pathways.status import invalid_argument
-
-if TYPE_CHECKING:
-  from jax_pathways.controller.arrays import Array
-  from jax_pathways.programs.sharding import Sharding
 
 # The largest array, in bytes, a request may describe: larger sizes are
 # nonsense on any host and would overflow the int64 sizes XLA computes with.
@@ -164,29 +159,3 @@ def check_distinct(ids: Sequence[int], field: str) -> None:
     raise invalid_argument(f"{field}: device ids {list(ids)} name a device "
                            "more than once")
 
-
-def check_argument(i: int, array: Array, devices: AbstractSet[int],
-                   parameter: tuple[tuple[int, ...], str] | None,
-                   sharding: Sharding | None) -> None:
-  """Argument `i` of an Execute is what the program takes: on its devices,
-  of its shape and dtype, in shards of the shape its `sharding` makes
-  (each where known). PJRT trusts what it is given."""
-  if array.sharding is None or frozenset(array.sharding.devices) != devices:
-    got = [] if array.sharding is None else sorted(array.sharding.devices)
-    raise invalid_argument(
-        f"Execute: argument {i} is on devices {got} but the program runs on "
-        f"devices {sorted(devices)}; put it there with jax.device_put first")
-  if parameter is None:
-    return
-  shape, dtype = parameter
-  if (array.shape, array.dtype) != (shape, dtype):
-    raise invalid_argument(
-        f"Execute: argument {i} is {array.dtype}{list(array.shape)} but the "
-        f"program takes {dtype}{list(shape)}")
-  if sharding is None:
-    return
-  got, want = array.sharding.shard_shape(shape), sharding.shard_shape(shape)
-  if got != want:
-    raise invalid_argument(
-        f"Execute: argument {i} comes in shards of {list(got)} but the "
-        f"program takes shards of {list(want)}; reshard it first")

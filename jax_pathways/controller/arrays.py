@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import AbstractSet
 
 from jax_pathways import dtypes
 
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.resources.island import Island
 from jax_pathways.resources.topology import Topology
-from jax_pathways.status import Status, StatusError, failed_precondition
+from jax_pathways.status import (Status, StatusError, failed_precondition,
+                                 invalid_argument)
 
 
 @dataclasses.dataclass(eq=False)
@@ -98,6 +100,34 @@ class Array:
       raise StatusError(self.error.code, self.error.message)
     if self.deleted or self.shared.donated:
       raise failed_precondition("Array has been deleted.")
+
+  def check_fits(self, i: int, devices: AbstractSet[int],
+                 parameter: tuple[tuple[int, ...], str] | None,
+                 sharding: Sharding | None) -> None:
+    """This array is what argument `i` of an Execute takes: on the
+    program's `devices`, of its `parameter`'s shape and dtype, in shards of
+    the shape its `sharding` makes (each where known). PJRT trusts what it
+    is given."""
+    if self.sharding is None or frozenset(self.sharding.devices) != devices:
+      got = [] if self.sharding is None else sorted(self.sharding.devices)
+      raise invalid_argument(
+          f"Execute: argument {i} is on devices {got} but the program runs "
+          f"on devices {sorted(devices)}; put it there with jax.device_put "
+          "first")
+    if parameter is None:
+      return
+    shape, dtype = parameter
+    if (self.shape, self.dtype) != (shape, dtype):
+      raise invalid_argument(
+          f"Execute: argument {i} is {self.dtype}{list(self.shape)} but the "
+          f"program takes {dtype}{list(shape)}")
+    if sharding is None:
+      return
+    got, want = self.sharding.shard_shape(shape), sharding.shard_shape(shape)
+    if got != want:
+      raise invalid_argument(
+          f"Execute: argument {i} comes in shards of {list(got)} but the "
+          f"program takes shards of {list(want)}; reshard it first")
 
 
 def device_bytes(dtype: str, shape: tuple[int, ...], sharding: Sharding

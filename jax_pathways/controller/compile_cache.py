@@ -32,7 +32,6 @@ import json
 import threading
 from typing import Any, Callable, Sequence
 
-from jax_pathways import validation
 from jax_pathways.controller.arrays import Array, island_bytes
 from jax_pathways.controller.coordination import GlobalClient
 from jax_pathways.controller.dispatcher import (Dispatcher, IslandOp, OnDone,
@@ -148,8 +147,8 @@ class CompiledProgram:
           f"argument {i} lives on islands {[x.id for x in array.islands]} "
           f"but the program runs on islands {[x.id for x in self.islands]}; "
           "move it with jax.device_put first")
-    validation.check_argument(i, array, self._device_set, self.parameters[i],
-                              self._argument_shardings[i])
+    array.check_fits(i, self._device_set, self.parameters[i],
+                     self._argument_shardings[i])
 
   def launch(self, context: LaunchContext, args: Sequence[Array],
              results: Sequence[int], on_done: OnDone | None) -> None:

@@ -14,7 +14,6 @@ import base64
 import threading
 from typing import Any, Callable, Sequence
 
-from jax_pathways import validation
 from jax_pathways.controller import moves
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.compile_cache import CompileCache, CompiledProgram
@@ -177,8 +176,8 @@ class MpmdExecutable:
           f"on devices {list(expected.devices)}; put it there with "
           "jax.device_put first")
     value = self.program.values[self.program.inputs[i]]
-    validation.check_argument(i, array, frozenset(expected.devices),
-                              (value.shape, value.dtype), expected)
+    array.check_fits(i, frozenset(expected.devices),
+                     (value.shape, value.dtype), expected)
 
   def launch(self, context: LaunchContext, args: Sequence[Array],
              results: Sequence[int], on_done: OnDone | None) -> None:
