@@ -158,4 +158,3 @@ def check_distinct(ids: Sequence[int], field: str) -> None:
   if len(set(ids)) != len(ids):
     raise invalid_argument(f"{field}: device ids {list(ids)} name a device "
                            "more than once")
-

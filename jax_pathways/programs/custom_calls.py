@@ -127,10 +127,10 @@ def _custom_call(ir: Any, op: Any) -> CustomCall:
   target = ir.StringAttr(attributes["call_target_name"]).value
   config = _attribute(attributes, "backend_config", ir.StringAttr)
   typed = _attribute(attributes, "mhlo.backend_config", ir.DictAttr)
-  index = typed["index"] if typed is not None and "index" in typed else None
+  index = None if typed is None else _attribute(typed, "index",
+                                                 ir.IntegerAttr)
   return CustomCall(target, b"" if config is None else config.value_bytes,
-                    int(index.value) if isinstance(index, ir.IntegerAttr)
-                    else None)
+                    None if index is None else int(index.value))
 
 
 def _attribute(attributes: Any, name: str, kind: type) -> Any:

@@ -292,8 +292,9 @@ def _donated_arguments(main: Any) -> tuple[int, ...]:
 def _string(attributes: Any, name: str, default: str) -> str:
   """The string attribute `name`, else `default`."""
   from jaxlib.mlir import ir  # pylint: disable=import-outside-toplevel
-  return ir.StringAttr(attributes[name]).value if name in attributes else (
-      default)
+  if name not in attributes:
+    return default
+  return ir.StringAttr(attributes[name]).value
 
 
 def _is_control(value: Any) -> bool:

@@ -164,10 +164,11 @@ def to_proto(sharding: Sharding, out: Any) -> None:
 def from_op_sharding(devices: Sequence[int], op_sharding_b64: str | None,
                      memory_kind: str | None) -> Sharding:
   """From the (base64) OpSharding a worker reports for a program output."""
-  raw = None if op_sharding_b64 is None else base64.b64decode(op_sharding_b64)
-  if raw is not None and (
-      protos.msg("xla.OpSharding").FromString(raw).type == _REPLICATED):
-    raw = None
+  raw = None
+  if op_sharding_b64 is not None:
+    raw = base64.b64decode(op_sharding_b64)
+    if protos.msg("xla.OpSharding").FromString(raw).type == _REPLICATED:
+      raw = None
   return Sharding(tuple(devices), raw, memory_kind)
 
 

@@ -123,4 +123,3 @@ def connect(sock: socket.socket, token: str | None, hello: dict[str, Any],
     return welcome
   except (OSError, struct.error) as e:
     raise HandshakeError(f"handshake failed: {e}") from None
-

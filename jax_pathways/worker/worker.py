@@ -725,4 +725,3 @@ def _lost_move(why: str) -> StatusError:
   """A move whose sender's worker is lost (`why`: the loss's words), as the
   broken link it is (DATA_LOSS)."""
   return StatusError(Code.DATA_LOSS, f"{_core.BROKEN_LINK} ({why})")
-
