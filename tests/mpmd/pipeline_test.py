@@ -116,7 +116,11 @@ def test_schedule_is_data_and_what_the_islands_run(mlp, proxy_devices):
     # They are pulled: the op loop goes on, and the fragment is enqueued
     # before its data has arrived (worker/transfers.py).
     assert {ops[k].name for k in receives} == {"pull"}
-  assert all(0 < u < 1 for u in t.utilization().values())
+  # Island 1 idles at least while island 0's last backward runs (it needs
+  # island 1's last gradient). Island 0 runs the first and the last launch;
+  # on a loaded machine its launches can overlap end to end (1.0).
+  utilization = t.utilization()
+  assert 0 < utilization[1] < 1 and 0 < utilization[0] <= 1, utilization
 
 
 @pytest.mark.parametrize("schedule,stages", [("ZeroBubbleH1", 2),
