@@ -55,6 +55,8 @@ from jax._src.lib import _jax
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import hlo
 
+from jax_pathways.wire import protos
+
 # The combines whose result depends on the order of the operands.
 _COMBINES = {"stablehlo.add": hlo.AddOp, "stablehlo.multiply": hlo.MulOp}
 _REDUCTIONS = ("stablehlo.all_reduce", "stablehlo.reduce_scatter")
@@ -119,7 +121,9 @@ def order_reductions(context: ir.Context, dumped: bytes, replicas: int = 1,
   donors, which the rewritten program would otherwise lose."""
   if replicas != 1:  # collective ids would not all be partition ids
     return "", 0
-  text = _jax.mlir.hlo_to_stablehlo(_hlo_module(dumped))
+  hlo_module = _hlo_module(dumped)
+  _check_device_orders(hlo_module)
+  text = _jax.mlir.hlo_to_stablehlo(hlo_module.SerializeToString())
   with context, ir.Location.unknown():
     module = ir.Module.parse(text)
     meshes = _meshes(module)
@@ -150,18 +154,37 @@ def _copy(options: Any) -> Any:
   return type(options).ParseFromString(options.SerializeAsString())
 
 
-def _hlo_module(hlo_proto: bytes) -> bytes:
-  """The HloModuleProto (field 1) of a dumped HloProto."""
-  if not hlo_proto or hlo_proto[0] != 0x0A:
-    raise NotRewritten("the dumped module is not an HloProto")
-  size, shift, i = 0, 0, 1
-  while True:
-    byte = hlo_proto[i]
-    size |= (byte & 0x7F) << shift
-    shift += 7
-    i += 1
-    if byte < 0x80:
-      return hlo_proto[i:i + size]
+def _hlo_module(hlo_proto: bytes) -> Any:
+  """The HloModuleProto of a dumped HloProto."""
+  try:
+    dumped = protos.msg("xla.HloProto").FromString(hlo_proto)
+  except Exception as e:  # pylint: disable=broad-except
+    raise NotRewritten(f"the dumped module is not an HloProto: {e}") from None
+  if not dumped.HasField("hlo_module"):
+    raise NotRewritten("the dumped HloProto holds no module")
+  return dumped.hlo_module
+
+
+def _check_device_orders(module: Any) -> None:
+  """Raises NotRewritten if a collective's groups are axes of a mesh whose
+  devices are not in iota order (a [2, 4] mesh's "model" axis over a
+  (data, model) device grid, say): jaxlib 0.10.2's HLO-to-StableHLO
+  translation keeps such a mesh's axes but drops its device order, so the
+  program compiled from the translation would combine other devices'
+  values: other sums, other gathers, silently. Such a program keeps gloo's
+  order instead."""
+  for computation in module.computations:
+    for instruction in computation.instructions:
+      if not instruction.HasField("mesh_axes_replica_group_list"):
+        continue
+      mesh = instruction.mesh_axes_replica_group_list.mesh
+      perm = list(mesh.iota_transform.transpose_perm)
+      ids = list(mesh.device_ids)
+      if perm != sorted(perm) or ids != list(range(len(ids))):
+        raise NotRewritten(
+            f"{instruction.opcode} {instruction.name!r} groups devices of "
+            f"a mesh not in iota order, which the StableHLO translation "
+            f"loses")
 
 
 def _reductions(op: Any) -> list[Any]:

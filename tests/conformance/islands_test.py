@@ -3,6 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import io_callback
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 pytestmark = pytest.mark.integration
@@ -170,4 +171,53 @@ def test_arrays_move_between_island_and_spanning_layouts(run_both):
     d = jax.device_put(c, devices[2])                         # island 0
     e = jax.device_put(b, NamedSharding(mesh, P()))           # replicated
     return b, c, d, e, [np.asarray(s.data) for s in b.addressable_shards]
+  run_both(program)
+
+
+def test_a_step_over_a_data_model_mesh_with_two_callbacks(run_both, capfd):
+  """The mesh jax.make_mesh((2, 4)) gives over both islands (a row per
+  island), weights sharded over 'model': the partitioner groups 'model' as
+  axes of a mesh in transposed device order, which the rank-order rewrite
+  read as another order (wrong sums and gathers, a NaN after two steps);
+  with two callbacks beside it, as a training step has them."""
+  def program(devices):
+    mesh = Mesh(np.array(devices).reshape(2, 4), ("data", "model"))
+    w = jax.device_put(np.ones((16, 8), np.float32) / 16,
+                       NamedSharding(mesh, P(None, "model")))
+    x = jax.device_put(np.arange(128, dtype=np.float32).reshape(8, 16) / 128,
+                       NamedSharding(mesh, P("data")))
+
+    @jax.jit
+    def step(w, x):
+      loss, g = jax.value_and_grad(lambda w: jnp.mean((x @ w) ** 2))(w)
+      jax.debug.print("loss {l}", l=loss)
+      g = io_callback(lambda a, b: a * 2,
+                      jax.ShapeDtypeStruct(g.shape, g.dtype), g, x)
+      loss = jax.pure_callback(lambda a, b: a + b,
+                               jax.ShapeDtypeStruct((), loss.dtype), loss, loss)
+      return w - 0.1 * g, loss, g.sum()
+
+    out = []
+    for _ in range(3):
+      w, loss, total = step(w, x)
+      out.append((loss, total))
+    jax.effects_barrier()
+    return w, out
+
+  run_both(program)
+  printed = [l for l in capfd.readouterr().out.splitlines()
+             if l.startswith("loss")]
+  assert len(printed) == 6 and printed[:3] == printed[3:]
+
+
+def test_sums_and_gathers_over_the_model_axis_of_a_row_per_island_mesh(
+    run_both):
+  """The same mesh with no callbacks: a sum over 'model' and a gather to
+  replicated read other devices' shards before (8000.0 for 0..127)."""
+  def program(devices):
+    mesh = Mesh(np.array(devices).reshape(2, 4), ("data", "model"))
+    g = jax.device_put(np.arange(128, dtype=np.float32).reshape(16, 8),
+                       NamedSharding(mesh, P(None, "model")))
+    return jax.jit(lambda v: (v.sum(), jax.lax.with_sharding_constraint(
+        v * 2, NamedSharding(mesh, P()))))(g)
   run_both(program)

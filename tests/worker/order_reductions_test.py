@@ -5,6 +5,7 @@ islands, tests/conformance/islands_test.py)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax._src import compiler
 from jax._src.interpreters import mlir
 from jax._src.lib import xla_client as xc
@@ -117,3 +118,22 @@ def test_softmax_gradient_keeps_its_bits(cpu_devices):
   for want, got in zip(_run(original, [w, x]), _run(runner, [w, x])):
     for w_, g in zip(want, got):
       assert w_.tobytes() == g.tobytes()
+
+
+def test_groups_over_a_transposed_mesh_are_not_rewritten(cpu_devices):
+  """A (data, model) mesh's "model" axis groups devices 0-3 and 4-7, which
+  HLO writes as axes of a mesh in transposed device order; the StableHLO
+  translation drops that order, and the program compiled from it summed and
+  gathered over devices 0, 2, 4, 6 (8000.0 for this sum of 0..127, not
+  8128.0). Such a program is not rewritten: it keeps gloo's order."""
+  mesh = jax.make_mesh((2, 4), ("data", "model"), devices=cpu_devices)
+  g = jax.device_put(np.arange(128, dtype=np.float32).reshape(16, 8),
+                     NamedSharding(mesh, P(None, "model")))
+
+  def fn(v):
+    return v.sum(), jax.lax.with_sharding_constraint(
+        v * 2, NamedSharding(mesh, P()))
+
+  with pytest.raises(order_reductions.NotRewritten,
+                     match="mesh not in iota order"):
+    _compile_both(fn, cpu_devices, g)
