@@ -122,14 +122,14 @@ def order_reductions(context: ir.Context, dumped: bytes, replicas: int = 1,
   if replicas != 1:  # collective ids would not all be partition ids
     return "", 0
   hlo_module = _hlo_module(dumped)
-  _check_device_orders(hlo_module)
   text = _jax.mlir.hlo_to_stablehlo(hlo_module.SerializeToString())
   with context, ir.Location.unknown():
     module = ir.Module.parse(text)
     meshes = _meshes(module)
     rewritten = sum(_rewrite(op, meshes)
                     for op in _reductions(module.operation))
-    if rewritten:
+    if rewritten:  # else the program runs as first compiled: nothing to check
+      _check_device_orders(hlo_module)
       _mark_manual(module, aliases or {})
       module.operation.verify()
     return str(module), rewritten
