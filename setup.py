@@ -206,6 +206,9 @@ setup(
         "grpcio",
         "protobuf",
         "pyyaml",
+        # Workers write and read saved arrays with it (storage/), in the
+        # layout orbax writes with it.
+        "tensorstore",
     ],
     extras_require={
         "examples": ["optax"],

@@ -31,6 +31,8 @@ class OpKind(enum.IntEnum):
   TRACE = 10
   PEER_LOST = 11
   JOIN_GLOBAL = 12
+  SAVE = 13
+  LOAD = 14
 
 class Op:
   """An op as a worker receives it."""

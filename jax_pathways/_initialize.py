@@ -58,7 +58,8 @@ def initialize(address: str | None = None, *, islands: int | None = None,
                worker_timeout: float | None = None,
                restart_workers: bool | None = None,
                platform: str | None = None,
-               controller_timeout: float | None = None) -> str:
+               controller_timeout: float | None = None,
+               storage_root: str | None = None) -> str:
   """Makes JAX in this process run on jax_pathways; returns the address.
 
   Args:
@@ -98,6 +99,12 @@ def initialize(address: str | None = None, *, islands: int | None = None,
       runs on the i-th `devices_per_island` GPUs this process may use (the
       platform's *_VISIBLE_DEVICES variable; the worker needs JAX's plugin
       for it).
+    storage_root: embedded cluster: the directory under which the islands'
+      workers save and restore arrays for persistence requests (orbax's
+      Pathways handler, pathwaysutils; docs/storage.md). Default
+      $JAX_PATHWAYS_STORAGE_ROOT, else the filesystem root: the embedded
+      cluster's workers are this user's processes on this host and reach
+      what this process reaches.
     controller_timeout: seconds the controller may leave this process's
       pings (one a second) unanswered before its JAX calls fail with
       UNAVAILABLE instead of waiting on (default 60; 0: wait forever;
@@ -171,20 +178,22 @@ def initialize(address: str | None = None, *, islands: int | None = None,
                             else cfg.worker_timeout),
           restart_workers=restart_workers is not False,
           platform=platform or cfg.platform,
-          compilation_cache_dir=_compilation_cache_dir())
+          compilation_cache_dir=_compilation_cache_dir(),
+          storage_root=storage_root or cfg.storage_root or "/")
       cluster.start()
       _cluster = cluster
       address, token = cluster.address, cluster.token
     elif (islands is not None or devices_per_island is not None or
           reduction_order is not None or pin_islands is not None or
           worker_timeout is not None or restart_workers is not None or
-          platform is not None):
+          platform is not None or storage_root is not None):
       raise ValueError("islands=, devices_per_island=, reduction_order=, "
-                       "pin_islands=, worker_timeout=, restart_workers= and "
-                       "platform= shape an embedded cluster; a running "
-                       "controller has its own (jax-pathways controller "
-                       "--reduction-order --worker-timeout, jax-pathways "
-                       "worker --device-cores --platform)")
+                       "pin_islands=, worker_timeout=, restart_workers=, "
+                       "platform= and storage_root= shape an embedded "
+                       "cluster; a running controller has its own "
+                       "(jax-pathways controller --reduction-order "
+                       "--worker-timeout, jax-pathways worker --device-cores "
+                       "--platform --storage-root)")
     _address = _normalize(address)
     _token = token or cfg.token
     plugin.configure(_token, wanted, controller_timeout,

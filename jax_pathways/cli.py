@@ -176,6 +176,11 @@ def make_parser() -> argparse.ArgumentParser:
                  help="keep compiled programs in this directory (this "
                  "user's alone), for the worker that takes this one's place "
                  "and the next run (default: none)")
+  w.add_argument("--storage-root", default=None,
+                 help="the directory (or gs:// or s3:// prefix) under which "
+                 "clients' persistence requests save and restore arrays "
+                 f"(default ${config.STORAGE_ROOT}; unset: they are "
+                 "refused); see docs/storage.md")
   w.add_argument("--simulate", type=int, default=None, metavar="N",
                  help="join as N simulated islands of --devices CPU devices "
                  "each, which acknowledge ops without computing (to measure "
@@ -466,7 +471,8 @@ def _main(argv: Sequence[str] | None) -> int:
     worker_main.leave(worker_main.run(
         args.controller, args.island, args.devices, cfg.token,
         args.data_listen, args.connect_timeout, memory, device_cores,
-        args.controller_timeout, args.platform, args.compilation_cache_dir))
+        args.controller_timeout, args.platform, args.compilation_cache_dir,
+        args.storage_root or cfg.storage_root))
   if args.command == "connect":
     return _connect(parser, args, cfg)
   return _status(parser, args, cfg)

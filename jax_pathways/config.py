@@ -26,6 +26,8 @@ PIN_ISLANDS = "JAX_PATHWAYS_PIN_ISLANDS"  # embedded cluster: 1 = cores per isla
 # embedded cluster: seconds of silence after which the controller loses a
 # worker (its --worker-timeout)
 WORKER_TIMEOUT = "JAX_PATHWAYS_WORKER_TIMEOUT"
+# Workers: where saved arrays may be written and read (storage/paths.py).
+STORAGE_ROOT = "JAX_PATHWAYS_STORAGE_ROOT"
 PLATFORM = "JAX_PATHWAYS_PLATFORM"  # embedded cluster: the islands' platform
 # clients: seconds the controller may leave this process's pings unanswered
 # before its JAX calls fail (client/controller_watch.py); 0: wait forever
@@ -110,6 +112,7 @@ class Config:
   controller_timeout: float  # 0: never give up on a silent controller
   max_request_mib: int
   first_message_timeout: float
+  storage_root: str | None
 
 
 def from_env() -> Config:
@@ -145,6 +148,7 @@ def from_env() -> Config:
       max_request_mib=_int(MAX_REQUEST_MIB, DEFAULT_MAX_REQUEST_MIB, 1, 2047),
       first_message_timeout=_float(FIRST_MESSAGE_TIMEOUT,
                                    DEFAULT_FIRST_MESSAGE_TIMEOUT),
+      storage_root=os.environ.get(STORAGE_ROOT) or None,
   )
 
 

@@ -54,6 +54,13 @@ class StatusError(Exception):
     self.status = Status(int(code), message)
 
 
+def brief(value: object) -> str:
+  """`value` as an error message quotes it: its repr, cut to 80 characters
+  (a hostile request's values can be of any size)."""
+  text = repr(value)
+  return text if len(text) <= 80 else text[:77] + "..."
+
+
 def invalid_argument(message: str) -> StatusError:
   return StatusError(Code.INVALID_ARGUMENT, message)
 

@@ -27,10 +27,12 @@ void RegisterOp(py::module_& m) {
       .value("TRACE", OpKind::kTrace)
       .value("PEER_LOST", OpKind::kPeerLost)
       .value("JOIN_GLOBAL", OpKind::kJoinGlobal)
+      .value("SAVE", OpKind::kSave)
+      .value("LOAD", OpKind::kLoad)
       .finalize();
   // Op.kind hands out these members, by value: converting the C++ value
   // would call the enum class at every read. Decoding refuses other values.
-  std::vector<py::object> kinds(static_cast<size_t>(OpKind::kJoinGlobal) + 1);
+  std::vector<py::object> kinds(static_cast<size_t>(kLastOpKind) + 1);
   for (const py::handle member : m.attr("OpKind")) {
     kinds.at(member.cast<size_t>()) = py::reinterpret_borrow<py::object>(member);
   }

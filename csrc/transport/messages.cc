@@ -26,7 +26,7 @@ Status DecodeOp(const Bytes& body, Op* op) {
   }
   op->payload = body.Slice(payload.data() - body.data(), payload.size());
   if (kind < static_cast<uint32_t>(OpKind::kCompile) ||
-      kind > static_cast<uint32_t>(OpKind::kJoinGlobal)) {
+      kind > static_cast<uint32_t>(kLastOpKind)) {
     return DataLoss("unknown op kind " + std::to_string(kind));
   }
   op->kind = static_cast<OpKind>(kind);

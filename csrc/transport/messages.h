@@ -56,7 +56,15 @@ enum class OpKind : uint32_t {
   // service, generation and island count), after a lost island rejoined;
   // answered once built (or failed).
   kJoinGlobal = 12,
+  // The data plane (jax_pathways/storage/): write this island's shards of
+  // `args` to storage (payload: where, as what); answered once durable.
+  kSave = 13,
+  // Read this island's shards of `results` from storage (payload: where,
+  // their shapes and shardings).
+  kLoad = 14,
 };
+// The highest kind a frame may carry.
+inline constexpr OpKind kLastOpKind = OpKind::kLoad;
 
 // Heads are padded so payloads start 64-byte aligned in a received frame.
 

@@ -125,7 +125,8 @@ class LocalCluster:
                tcp: bool = False, worker_timeout_s: float | None = None,
                restart_workers: bool = True, workers_over_tcp: bool = False,
                platform: str = "cpu", compilation_cache_dir: str | None = None,
-               controller_timeout_s: float | None = None):
+               controller_timeout_s: float | None = None,
+               storage_root: str | None = None):
     if device_cores is not None and len(device_cores) != islands:
       raise ValueError(f"device_cores names {len(device_cores)} islands' "
                        f"cores for {islands} islands")
@@ -136,6 +137,7 @@ class LocalCluster:
                        f"{platform} islands' devices are their own")
     self.platform = platform
     self.compilation_cache_dir = compilation_cache_dir
+    self.storage_root = storage_root
     # The workers' --controller-timeout (None: their default).
     self.controller_timeout_s = controller_timeout_s
     self.islands = islands
@@ -241,6 +243,7 @@ class LocalCluster:
                        else cores.format_list(self.device_cores[i])),
             *_optional("--compilation-cache-dir",
                        self.compilation_cache_dir),
+            *_optional("--storage-root", self.storage_root),
             *_optional("--controller-timeout", self.controller_timeout_s)])
         self.workers.append(self._spawn_worker(i))
       self._wait_complete(deadline)

@@ -48,12 +48,15 @@ def run(controller: str, island: int | None, devices: int | None,
         token: str | None, data_listen: str, connect_timeout: float,
         device_memory: int = 0, device_cores: list[int] | None = None,
         controller_timeout: float = 10.0, platform: str | None = None,
-        compilation_cache_dir: str | None = None) -> int:
+        compilation_cache_dir: str | None = None,
+        storage_root: str | None = None) -> int:
   """Joins `controller` and serves until told to stop; returns an exit code.
   `devices`, `platform`: see island_client.island_client.
   `device_cores`: the CPU cores the devices compute on (cluster/cores.py).
   `compilation_cache_dir`: where compiled programs are kept across workers
-  (worker/compilation_cache.py); None: nowhere."""
+  (worker/compilation_cache.py); None: nowhere.
+  `storage_root`: where persistence requests may save and restore arrays
+  (storage/paths.py); None: nowhere."""
   configure_jax(platform)
   # pylint: disable=import-outside-toplevel
   from jax_pathways import _core
@@ -124,7 +127,7 @@ def run(controller: str, island: int | None, devices: int | None,
   # From here on the worker heartbeats and watches the controller's.
   executor = _core.Executor(sock.detach(), controller, controller_timeout)
   try:
-    ended = Worker(executor, backend, peers, transfers).run()
+    ended = Worker(executor, backend, peers, transfers, storage_root).run()
   finally:
     executor.shutdown()
     peers.close()

@@ -18,6 +18,11 @@ Payload headers per op kind (built by the controller's handlers):
            or {"mode": "remap", "outputs": [{"shape", "sharding",
            "pieces": [[arg, local shard position]]}]}, one per result
   TRACE    {"action": "start" | "stop"}; stop's event: the recorded timings
+  SAVE     {"arrays": [{"location", "name", "timeout_s"}]}, one per arg:
+           write this island's first replicas of the args' shards
+  LOAD     {"arrays": [{"location", "name", "timeout_s", "shape", "dtype",
+           "sharding"}]}, one per result: read this island's shards.
+           Both run on the storage lane (below), answered once done
   JOIN_GLOBAL {"coordinator", "generation", "members"}: build the global
            client of the islands `members` (every island's worker is up,
            an island was lost, or a lost island's place was taken); answered
@@ -49,6 +54,7 @@ from jax_pathways import _core
 from jax_pathways import threads
 from jax_pathways.status import (Code, Status, StatusError, failed_precondition,
                                  invalid_argument)
+from jax_pathways.storage import zarr_arrays
 from jax_pathways.wire import payloads
 from jax_pathways.worker import shards
 from jax_pathways.worker.callback_lanes import Lane, Pending, Task
@@ -82,6 +88,10 @@ OPS_PER_WAKE = 64
 QUICK_FETCH_BYTES = 64 << 10
 # Ops that read arrays, which wait on a lane for a lane's results.
 _READERS = frozenset({OpKind.LAUNCH, OpKind.FETCH, OpKind.COPY, OpKind.SEND})
+# Ops that wait on storage: on a lane of their own (its route), so the op
+# loop, and every other client's work on the island, goes on meanwhile.
+_STORAGE = frozenset({OpKind.SAVE, OpKind.LOAD})
+STORAGE_LANE = -1
 # How often a lane waiting for a launch spanning islands looks whether an
 # island was lost (the launch then never finishes).
 SPANNING_POLL_S = 0.01
@@ -91,8 +101,12 @@ class Worker:
   """The op loop of one island worker."""
 
   def __init__(self, executor: Any, backend: PjrtBackend, peers: Peers,
-               transfers: Transfers | None = None):
+               transfers: Transfers | None = None,
+               storage_root: str | None = None):
+    """`storage_root`: where SAVE and LOAD may reach (storage/paths.py);
+    None: nowhere."""
     self._executor = executor
+    self._storage_root = storage_root
     self._backend = backend
     self._peers = peers
     self._transfers = transfers
@@ -135,6 +149,8 @@ class Worker:
         OpKind.RECEIVE: functools.partial(self._exchange, receive=True),
         OpKind.TRACE: self._trace,
         OpKind.JOIN_GLOBAL: self._join_global,
+        OpKind.SAVE: self._save,
+        OpKind.LOAD: self._load,
     }
 
   def run(self) -> str | None:
@@ -166,7 +182,7 @@ class Worker:
     if op.kind == OpKind.PEER_LOST:
       self._peer_lost(op)
       return
-    if op.kind in _READERS and self._to_lane(op):
+    if (op.kind in _READERS or op.kind in _STORAGE) and self._to_lane(op):
       return
     record = (self._tracer.issuing(op.seq, op.kind.name.lower(),
                                    self._name(op), op.args, op.results)
@@ -198,6 +214,8 @@ class Worker:
                else None)
     route = program.callbacks.route if (
         program is not None and program.callbacks is not None) else 0
+    if op.kind in _STORAGE:
+      route = STORAGE_LANE
     if not route and not self._lanes:
       return False  # no lane ever: nothing is pending (the usual case)
     after: list[Any] = []
@@ -224,7 +242,8 @@ class Worker:
     if route:
       lane = self._lanes.get(route)
       if lane is None:
-        lane = self._lanes[route] = Lane(f"jp-lane-{route}")
+        lane = self._lanes[route] = Lane(
+            "jp-storage" if route == STORAGE_LANE else f"jp-lane-{route}")
     else:
       lane = after[0].lane
     snapshot = {b: self._buffers.get(b) for b in op.args}
@@ -507,6 +526,37 @@ class Worker:
       raise invalid_argument(f"unknown copy mode {mode!r}")
     self._store(op, outputs)
     self._add(op.seq, outputs)
+
+  def _save(self, op: Any) -> None:
+    """On the storage lane: writes the args' shards, then reports."""
+    header, _ = payloads.decode(op.payload)
+    items = header["arrays"]
+    if len(items) != len(op.args):
+      raise invalid_argument(f"{len(items)} arrays described for "
+                             f"{len(op.args)} args")
+    for item, b in zip(items, op.args):
+      zarr_arrays.save(self._array(b), item["location"], item["name"],
+                       self._storage_root, float(item["timeout_s"]))
+    self._completions.add(op.seq, [])
+
+  def _load(self, op: Any) -> None:
+    """On the storage lane: reads this island's shards of the results."""
+    header, _ = payloads.decode(op.payload)
+    items = header["arrays"]
+    if len(items) != len(op.results):
+      raise invalid_argument(f"{len(items)} arrays described for "
+                             f"{len(op.results)} results")
+    outputs = []
+    for item in items:
+      sharding = self._backend.sharding(item["sharding"])
+      mine = self._backend.mine(sharding)
+      pieces = zarr_arrays.load(item["location"], item["name"],
+                                item["shape"], item["dtype"], sharding, mine,
+                                self._storage_root, float(item["timeout_s"]))
+      outputs.append(self._backend.from_pieces(item["shape"], sharding,
+                                               pieces, mine))
+    self._store(op, outputs)
+    self._completions.add(op.seq, outputs)
 
   def _trace(self, op: Any) -> None:
     header, _ = payloads.decode(op.payload)

@@ -43,6 +43,8 @@ def test_pathwaysutils_requests_are_read():
 
 @pytest.mark.parametrize("body, code, match", [
     ({"bulkWriteRequest": {}}, Code.UNIMPLEMENTED, "bulkWriteRequest"),
+    ({"profileRequest": {}, "persistenceReadRequest": {}},
+     Code.UNIMPLEMENTED, "is not served"),
     ([1, 2], Code.UNIMPLEMENTED, "of JSON type list is not served"),
     ("\xff{", Code.UNIMPLEMENTED, "is not JSON"),
     ({"profileRequest": {"traceLocation": "/a", "dump": 1}},
@@ -62,7 +64,8 @@ def test_pathwaysutils_requests_are_read():
      Code.INVALID_ARGUMENT, "traceSessionName"),
     ({"profileRequest": {"traceLocation": "/a", "xprofTraceOptions": []}},
      Code.INVALID_ARGUMENT, "xprofTraceOptions must be an object"),
-    ("{" * 70000, Code.INVALID_ARGUMENT, "at most"),
+    ("[" * 100000, Code.UNIMPLEMENTED, "is not JSON"),  # too deep
+    (" " * (65 << 20), Code.INVALID_ARGUMENT, "at most"),
 ])
 def test_anything_else_is_refused_by_name(body, code, match):
   _refused(body, code, match)

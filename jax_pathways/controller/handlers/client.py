@@ -30,7 +30,9 @@ def init(session: Session, req: Any, reply: Reply) -> None:
     r.platform_version = session.services.platform_version
     r.platform_id = 0
     r.process_index = 0  # one client drives every device
-    r.runtime_type = "jax_pathways"
+    # The client shows it as "proxy/pathways", as with Pathways on Cloud:
+    # orbax then takes its Pathways paths (docs/storage.md).
+    r.runtime_type = "pathways"
     # The proxy client cannot serialize executables; JAX must not try to
     # use its persistent compilation cache with them.
     _attribute(r.client_attributes, "supports_executable_serialization", False)

@@ -2,7 +2,8 @@
 
 An XlaProgram becomes one program on the islands of its devices; an
 IfrtIRProgram (MPMD) one program per fragment, each on its mesh's islands;
-pathwaysutils' profiling PluginProgram a ProfileExecutable, nothing compiled.
+pathwaysutils' PluginPrograms a ProfileExecutable (profiling) or a
+PersistenceExecutable (saving and restoring arrays), nothing compiled.
 
 The program is read by a reader process (programs/reader.py): the handler
 hands it over and returns, and one of the controller's compile threads
@@ -25,10 +26,15 @@ from jax_pathways.controller.handlers.executable import Executable
 from jax_pathways.controller.handlers.future import new_done_future
 from jax_pathways.controller.handlers.handler_table import handles
 from jax_pathways.controller.mpmd_executable import MpmdExecutable
+from jax_pathways.controller.persistence_executable import (
+    PersistenceExecutable)
 from jax_pathways.controller.profile_executable import ProfileExecutable
 from jax_pathways.controller.session import Reply, Session
 from jax_pathways.programs import ifrt_ir_program, plugin_program, xla_program
+from jax_pathways.resources.topology import Topology
+from jax_pathways.resources.virtual_slice import VirtualSlice
 from jax_pathways.status import Code, Status, StatusError, unimplemented
+from jax_pathways.storage.requests import PersistenceRequest
 
 
 @handles("compile_request")
@@ -72,18 +78,15 @@ def compile_program(session: Session, req: Any, reply: Reply) -> None:
 
     reply.ok(fill)
 
-  if req.program.type_name == plugin_program.PLUGIN_PROGRAM:
-    request = plugin_program.parse(req.program, req.compile_options)
-    devices = session.slice.physical_ids
-    islands = services.topology.islands_of(devices, "the client's slice")
-    compiled(Status(), ProfileExecutable(request, session.number, devices,
-                                          [i.id for i in islands]))
-    return
   devices = session.slice  # here: placing it may make the session wait
 
   def place_and_compile() -> None:
     nonlocal route
     try:
+      if req.program.type_name == plugin_program.PLUGIN_PROGRAM:
+        compiled(Status(), _plugin_executable(session.number, req, devices,
+                                              services.topology))
+        return
       if req.program.type_name == ifrt_ir_program.IFRT_IR_PROGRAM:
         mpmd_executable.compile_program(
             ifrt_ir_program.place(
@@ -116,3 +119,15 @@ def compile_program(session: Session, req: Any, reply: Reply) -> None:
     place_and_compile()
   else:
     services.compiles.submit(place_and_compile)
+
+
+def _plugin_executable(client: int, req: Any, devices: VirtualSlice,
+                       topology: Topology
+                       ) -> ProfileExecutable | PersistenceExecutable:
+  """What a PluginProgram asks for, as an executable: nothing compiled."""
+  request = plugin_program.parse(req.program, req.compile_options)
+  if isinstance(request, PersistenceRequest):
+    return PersistenceExecutable(request, devices, topology)
+  islands = topology.islands_of(devices.physical_ids, "the client's slice")
+  return ProfileExecutable(request, client, devices.physical_ids,
+                           [i.id for i in islands])

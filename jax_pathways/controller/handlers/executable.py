@@ -15,6 +15,8 @@ from jax_pathways import dtypes
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.compile_cache import CompiledProgram
 from jax_pathways.controller.mpmd_executable import MpmdExecutable
+from jax_pathways.controller.persistence_executable import (
+    PersistenceExecutable)
 from jax_pathways.controller.profile_executable import ProfileExecutable
 from jax_pathways.controller.handlers.future import (new_done_future,
                                                       reply_when_done)
@@ -24,7 +26,8 @@ from jax_pathways.programs import sharding as sharding_lib
 from jax_pathways.status import (Status, StatusError, failed_precondition,
                                  invalid_argument, unimplemented)
 
-Executable = CompiledProgram | MpmdExecutable | ProfileExecutable
+Executable = (CompiledProgram | MpmdExecutable | ProfileExecutable |
+              PersistenceExecutable)
 
 # Protocol version from which the execution status is fetched with
 # LoadedExecutableFetchExecuteResult instead of CheckFuture.
