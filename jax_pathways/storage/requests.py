@@ -29,6 +29,8 @@ import dataclasses
 import math
 from typing import Any
 
+from google.protobuf.message import DecodeError
+
 from jax_pathways.programs.sharding import Sharding, from_op_sharding
 from jax_pathways.status import brief, invalid_argument
 from jax_pathways.storage import paths
@@ -135,7 +137,7 @@ def _array(item: Any, write: bool, what: str) -> StoredArray:
   try:
     sharding = from_op_sharding(
         ids, item["b64_hlo_sharding_string"], None)
-  except (TypeError, ValueError, binascii.Error) as e:
+  except (TypeError, ValueError, binascii.Error, DecodeError) as e:
     raise invalid_argument(f"{what}: b64_hlo_sharding_string is not a "
                            f"base64 xla.OpSharding: {e}") from None
   sharding.check(len(dims), what)

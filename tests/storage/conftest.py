@@ -1,0 +1,5 @@
+"""The storage tests' helpers import as top-level modules."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
