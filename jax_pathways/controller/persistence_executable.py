@@ -52,13 +52,15 @@ class PersistenceExecutable:
         [] if self.write else [(a.shape, a.dtype) for a in self._arrays])
     self.output_shardings = [] if self.write else self._shardings
     self.output_islands = [] if self.write else self._islands
-    n = len(self.outputs)
     self.devices = tuple(sorted({d for s in self._shardings
                                  for d in s.devices}))
     self.metadata: dict[str, Any] = {
         "name": "pathways_persistence_" + ("write" if self.write else "read"),
         "parameter_shardings": None, "output_shardings": None,
-        "parameter_layouts": [], "output_layouts": [[]] * n,
+        # Row-major, as a worker's from_pieces makes them.
+        "parameter_layouts": [],
+        "output_layouts": [list(range(len(shape)))[::-1]
+                           for shape, _ in self.outputs],
         "output_memory_kinds": [], "donated_input_indices": [],
         "memory_stats": {}, "cost_analysis": {}, "hlo_text": ""}
 
