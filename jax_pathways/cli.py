@@ -259,6 +259,11 @@ def _add_ray(r: argparse.ArgumentParser) -> None:
                      "limit; default %(default)s)")
   start.add_argument("--worker-timeout", type=float, default=None,
                      help="the controller's --worker-timeout")
+  start.add_argument("--storage-root", default=None,
+                     help="the workers' storage root: a directory every "
+                     "node mounts at the same path (a shared volume), or "
+                     "a gs:// or s3:// prefix (docs/storage.md; default "
+                     f"${config.STORAGE_ROOT}, else none)")
   start.add_argument("--side-by-side", action="store_true",
                      help="let islands share a node (a one-node Ray "
                      "cluster); default: one island per node, and too few "
@@ -305,7 +310,8 @@ def _ray(parser: argparse.ArgumentParser, args: argparse.Namespace,
         controller_resources={"CPU": args.controller_cpus}, port=args.port,
         token=token, max_restarts=args.max_restarts,
         worker_timeout_s=args.worker_timeout, ray_address=args.ray_address,
-        timeout_s=cfg.start_timeout, side_by_side=args.side_by_side)
+        timeout_s=cfg.start_timeout, side_by_side=args.side_by_side,
+        storage_root=args.storage_root or cfg.storage_root)
   except (ValueError, on_ray.ClusterError) as e:
     print(f"jax-pathways ray: {e}", file=sys.stderr)
     return 1
@@ -363,6 +369,14 @@ def _add_k8s(k: argparse.ArgumentParser) -> None:
                  help="a PersistentVolumeClaim for the workers' "
                  "compilation cache (default: an emptyDir per pod, kept "
                  "across restarts in place)")
+  k.add_argument("--storage-pvc", default=None,
+                 help="a ReadWriteMany PersistentVolumeClaim every worker "
+                 f"mounts at {k8s.STORAGE_DIR}, their storage root: where "
+                 "checkpoints are saved and restored (docs/storage.md; "
+                 "default: none, persistence requests refused)")
+  k.add_argument("--storage-root", default=None,
+                 help="instead of --storage-pvc: a gs:// or s3:// prefix, "
+                 "the workers' storage root")
   k.add_argument("--worker-restarts", type=int,
                  default=default["worker_restarts"],
                  help="restarts of one island's worker before the whole "

@@ -55,6 +55,7 @@ import yaml
 
 from jax_pathways import config
 from jax_pathways.cluster import tokens
+from jax_pathways.storage import paths
 from jax_pathways.worker import join as worker_main
 
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
@@ -67,6 +68,9 @@ MEMORY_GIB_PER_GPU = 32
 # Where the pods may write, their root filesystem being read-only.
 TMP = "/tmp"
 CACHE_DIR = "/var/cache/jax-pathways"
+# Where a storage claim is mounted on every worker: the workers' storage
+# root (docs/storage.md).
+STORAGE_DIR = "/var/lib/jax-pathways/storage"
 # JobSet labels every pod with its Job's index in its replicated job.
 JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 # Environment variables the commands refer to as $(NAME) (kubelet expands
@@ -108,6 +112,11 @@ class Spec:
   # A PersistentVolumeClaim for the workers' compilation cache; None: an
   # emptyDir, which lives as long as the pod (restarts in place keep it).
   cache_pvc: str | None = None
+  # Where the workers save and restore arrays (docs/storage.md): a
+  # ReadWriteMany PersistentVolumeClaim every worker mounts at STORAGE_DIR,
+  # or a gs:// or s3:// prefix; neither: persistence requests are refused.
+  storage_pvc: str | None = None
+  storage_root: str | None = None
 
   def __post_init__(self) -> None:
     # Defaults that depend on --gpus (a frozen dataclass: set once, here).
@@ -167,6 +176,23 @@ class Spec:
         self.cache_pvc):
       raise ValueError(f"--cache-pvc={self.cache_pvc!r} is not a claim's "
                        "name")
+    if self.storage_pvc is not None and not _DNS_LABEL.fullmatch(
+        self.storage_pvc):
+      raise ValueError(f"--storage-pvc={self.storage_pvc!r} is not a "
+                       "claim's name")
+    if self.storage_root is not None and (
+        self.storage_pvc is not None or
+        not self.storage_root.startswith(paths.URL_SCHEMES) or
+        any(c.isspace() for c in self.storage_root)):
+      raise ValueError(
+          f"--storage-root={self.storage_root!r} must be a "
+          f"{' or '.join(paths.URL_SCHEMES)} prefix, and not given with "
+          "--storage-pvc (which mounts the workers' root)")
+
+  @property
+  def worker_storage_root(self) -> str | None:
+    """The workers' --storage-root."""
+    return STORAGE_DIR if self.storage_pvc else self.storage_root
 
   @property
   def worker_port(self) -> int:
@@ -376,6 +402,9 @@ def _worker_volumes(spec: Spec) -> list[dict[str, Any]]:
   volumes = [_TMP_VOLUME, dict(cache, name="cache")]
   if spec.gpus:  # NCCL's shared memory; the container's /dev/shm is 64 MiB
     volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+  if spec.storage_pvc:
+    volumes.append({"name": "storage", "persistentVolumeClaim": {
+        "claimName": spec.storage_pvc}})
   return volumes
 
 
@@ -443,13 +472,17 @@ def _worker(spec: Spec) -> dict[str, Any]:
                   # Other workers are told this address: the pod's.
                   "--data-listen", f"$({POD_IP}):{spec.data_port}",
                   # A worker restarted in its pod loads what it compiled.
-                  "--compilation-cache-dir", CACHE_DIR],
+                  "--compilation-cache-dir", CACHE_DIR,
+                  *(("--storage-root", spec.worker_storage_root)
+                    if spec.worker_storage_root else ())],
       "env": [_token_env(spec), _field_env(POD_IP, "status.podIP"),
               _field_env(JOB_INDEX, f"metadata.labels['{JOB_INDEX_LABEL}']"),
               {"name": "HOME", "value": TMP}],
       "securityContext": _CONTAINER_SECURITY,
       "volumeMounts": _mounts(("tmp", TMP), ("cache", CACHE_DIR),
                               *((("dshm", "/dev/shm"),) if spec.gpus
+                                else ()),
+                              *((("storage", STORAGE_DIR),) if spec.storage_pvc
                                 else ())),
       "ports": [{"name": "data", "containerPort": spec.data_port}],
       "resources": _resources(spec.cpu, spec.memory, spec.gpus),

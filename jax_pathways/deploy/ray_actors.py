@@ -176,22 +176,25 @@ class _Worker:
   """Island `island`'s worker, running in this actor's process."""
 
   def __init__(self, name: str, controller: str, island: int, devices: int,
-               token: str, controller_timeout_s: float):
+               token: str, controller_timeout_s: float,
+               storage_root: str | None):
     ip = _prepare_process()
     # The actor's methods stay free to answer while the worker serves.
     threads.start(self._serve, "jp-ray-worker", name, controller, island,
-                  devices, token, ip, controller_timeout_s)
+                  devices, token, ip, controller_timeout_s, storage_root)
 
   @staticmethod
   def _serve(name: str, controller: str, island: int, devices: int,
-             token: str, ip: str, controller_timeout_s: float) -> None:
+             token: str, ip: str, controller_timeout_s: float,
+             storage_root: str | None) -> None:
     from jax_pathways.worker import join  # pylint: disable=import-outside-toplevel
     if _actor(name) is None:
       _leave(0)  # restarted after its controller's actor died
     try:
       code = join.run(controller, island, devices, token, f"{ip}:0",
                       connect_timeout=60.0,
-                      controller_timeout=controller_timeout_s)
+                      controller_timeout=controller_timeout_s,
+                      storage_root=storage_root)
     except BaseException:  # pylint: disable=broad-except
       logging.exception("worker of island %d failed", island)
       code = 1
@@ -243,7 +246,8 @@ def start(islands: int = 2,
           controller_timeout_s: float = config.DEFAULT_CONTROLLER_TIMEOUT,
           ray_address: str | None = None,
           timeout_s: float = config.DEFAULT_START_TIMEOUT,
-          side_by_side: bool = False) -> Cluster:
+          side_by_side: bool = False,
+          storage_root: str | None = None) -> Cluster:
   """Starts a cluster on Ray; returns once every island's worker has joined.
 
   Args:
@@ -265,6 +269,9 @@ def start(islands: int = 2,
     side_by_side: let islands share a node (a laptop's one-node Ray
       cluster; bundles packed where they fit). Default: one island per
       node, and fewer nodes than islands is an error at once.
+    storage_root: where the workers save and restore arrays for
+      persistence requests (docs/storage.md): a directory every node mounts
+      at the same path, or a gs:// or s3:// prefix; None: refused.
   """
   resources = dict({"CPU": 1} if resources_per_island is None
                    else resources_per_island)
@@ -314,7 +321,7 @@ def start(islands: int = 2,
               group, placement_group_bundle_index=i),
           **_actor_options(resources)).remote(
               name, info["worker_address"], i, devices_per_island, token,
-              controller_timeout_s)
+              controller_timeout_s, storage_root)
     while not ray.get(controller.complete.remote()):
       if time.monotonic() > deadline:
         raise ClusterError(

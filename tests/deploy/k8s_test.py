@@ -463,7 +463,35 @@ def test_workers_keep_compiled_programs_and_gpus_get_their_sizes():
     assert (shm in worker["volumeMounts"]) == bool(spec.gpus)
 
 
+def test_workers_share_a_storage_root_when_given_one():
+  def worker(spec):
+    pod = _replicated(_by_kind(k8s.manifests(spec, TOKEN))["JobSet"])[
+        k8s.WORKER]["template"]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    argv = container["command"]
+    root = (argv[argv.index("--storage-root") + 1]
+            if "--storage-root" in argv else None)
+    return pod, container, root
+
+  pod, container, root = worker(k8s.Spec(image="img:1", storage_pvc="ckpts"))
+  assert root == k8s.STORAGE_DIR
+  assert {"name": "storage", "persistentVolumeClaim": {
+      "claimName": "ckpts"}} in pod["volumes"]
+  assert {"name": "storage", "mountPath": k8s.STORAGE_DIR} in (
+      container["volumeMounts"])
+  assert not _restricted_violations(pod)
+  pod, container, root = worker(k8s.Spec(image="img:1",
+                                         storage_root="gs://bucket/ckpts"))
+  assert root == "gs://bucket/ckpts"
+  assert "storage" not in {v["name"] for v in pod["volumes"]}
+  assert worker(k8s.Spec(image="img:1"))[2] is None
+
+
 @pytest.mark.parametrize("flags,message", [
+    (["--storage-pvc", "Bad_Name"], "--storage-pvc='Bad_Name'"),
+    (["--storage-root", "/local"], "must be a gs:// or s3:// prefix"),
+    (["--storage-root", "gs://b/x", "--storage-pvc", "ckpts"],
+     "not given with --storage-pvc"),
     (["--name", "Train"], "--name='Train'"),
     (["--name", "x" * 43], "'" + "x" * 43 + "-controller-0-0-abcde' within 63"),
     (["--islands", "0"], "--islands=0"),
