@@ -9,8 +9,11 @@
 
     result = elastic.run(setup, state, steps=1000, commit_every=10)
 
-Every `commit_every` steps the state is copied into this process's memory
-(commits.py). When a step fails because an island was lost (DATA_LOSS: its
+Every `commit_every` steps the state is committed (commits.py): saved by the
+islands' workers into `commit_dir` (by default, on the embedded cluster, a
+directory of its own under the workers' storage root), costing this
+process nothing; without one (a remote cluster and no `commit_dir`), copied
+into this process's memory. When a step fails because an island was lost (DATA_LOSS: its
 worker died or stopped answering), the loop waits up to `rejoin_timeout` for
 the island to be back (a new worker took its place), otherwise goes on with
 the islands that are up; either way it calls `setup` again with the devices
@@ -23,12 +26,15 @@ Once lost islands are back the loop grows again at the next commit.
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import tempfile
 import time
 from typing import Any, Callable, Sequence
 
 import jax
 from absl import logging
 
+from jax_pathways import _initialize
 from jax_pathways.elastic import commits
 from jax_pathways.elastic import islands as islands_lib
 
@@ -97,7 +103,8 @@ def run(setup: Callable[[Sequence[jax.Device]], Plan], state: Any,
         min_islands: int = 1, give_up_after: float = 300.0,
         max_losses: int | None = None, grow: bool = True,
         on_step: Callable[[int, Any], None] | None = None,
-        on_event: Callable[[Event], None] | None = None) -> Result:
+        on_event: Callable[[Event], None] | None = None,
+        commit_dir: str | None = None) -> Result:
   """Runs steps `start_step` .. `steps` - 1 of `state` on `islands` (all
   by default), surviving losses.
 
@@ -117,6 +124,11 @@ def run(setup: Callable[[Sequence[jax.Device]], Plan], state: Any,
     on_step: called with (steps done, metrics) after every step; it may
       read the metrics (a loss read there is handled as any other).
     on_event: called with each Event once the loop has resumed.
+    commit_dir: where the islands' workers save commits (a directory under
+      their storage root, which every worker sees; two slots in it are
+      written in turn). Default: on the embedded cluster, a directory of
+      its own under its storage root, removed at the end; on a remote
+      cluster, none: commits are copied into this process's memory.
   """
   if commit_every < 1 or min_islands < 1:
     raise ValueError(f"commit_every={commit_every} and min_islands="
@@ -126,8 +138,33 @@ def run(setup: Callable[[Sequence[jax.Device]], Plan], state: Any,
   if len(wanted) < min_islands:
     raise ValueError(f"min_islands={min_islands} but only islands {wanted} "
                      "are asked for")
+  made = None
+  if commit_dir is None and _initialize.local_cluster() is not None:
+    root = _initialize.local_cluster().storage_root
+    made = commit_dir = tempfile.mkdtemp(
+        prefix="jax_pathways_commits_",
+        dir=None if root in (None, "/") else root)
+  try:
+    return _run(setup, state, steps, start_step, commit_every, wanted,
+                rejoin_timeout, min_islands, give_up_after, max_losses, grow,
+                on_step, on_event,
+                commits.Slots(commit_dir) if commit_dir else None)
+  finally:
+    if made is not None:
+      shutil.rmtree(made, ignore_errors=True)
+
+
+def _run(setup: Callable[[Sequence[jax.Device]], Plan], state: Any,
+         steps: int, start_step: int, commit_every: int,
+         wanted: tuple[int, ...], rejoin_timeout: float, min_islands: int,
+         give_up_after: float, max_losses: int | None, grow: bool,
+         on_step: Callable[[int, Any], None] | None,
+         on_event: Callable[[Event], None] | None,
+         slots: commits.Slots | None) -> Result:
+  """run(), its arguments checked, committing to `slots` (None: to this
+  process's memory)."""
   using = wanted
-  commit = commits.take(state, start_step)
+  commit = commits.take(state, start_step, slots)
   events: list[Event] = []
   losses = 0
   pending: Event | None = None  # a change not yet resumed from
@@ -154,7 +191,7 @@ def run(setup: Callable[[Sequence[jax.Device]], Plan], state: Any,
         if on_step is not None:
           on_step(step, metrics)
         if step % commit_every == 0 or step == steps:
-          commit = commits.take(state, step)
+          commit = commits.take(state, step, slots)
           if grow and using != wanted:
             back = islands_lib.up()
             if len(back.intersection(wanted)) > len(using):

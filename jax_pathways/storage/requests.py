@@ -18,14 +18,17 @@ whose JSON is one of
 A write executable takes the arrays as arguments and returns nothing; a
 read's outputs are the arrays, of the shapes, dtypes and shardings given.
 Each array is stored at `<location>/<name>`. The field names are theirs:
-their code is the spec. This module only checks the request's shape; the
-workers confine its paths to their storage root (storage/paths.py).
+their code is the spec. This module reads them (parse, on the controller)
+and writes them (bulk, for jax_pathways' own client: elastic commits);
+it only checks a request's shape; the workers confine its paths to their
+storage root (storage/paths.py).
 """
 from __future__ import annotations
 
 import base64
 import binascii
 import dataclasses
+import json
 import math
 from typing import Any
 
@@ -50,6 +53,7 @@ _PRIMITIVE_TYPES = {
     "U64": "uint64", "F16": "float16", "BF16": "bfloat16", "F32": "float32",
     "F64": "float64", "C64": "complex64", "C128": "complex128",
 }
+_PRIMITIVE_NAMES = {v: k for k, v in _PRIMITIVE_TYPES.items()}
 _ARRAY_KEYS = {"b64_location", "b64_name", "b64_hlo_sharding_string", "shape",
                "devices", "timeout"}
 
@@ -97,6 +101,33 @@ def parse(kind: str, body: Any) -> PersistenceRequest:
       raise invalid_argument(f"{kind} names {a.path!r} twice")
     seen.add(a.path)
   return PersistenceRequest(write, arrays)
+
+
+def bulk(write: bool, location: str, arrays: list[dict[str, Any]],
+         timeout_s: float) -> str:
+  """A bulk request's JSON: `arrays` = [{"name", "shape", "dtype" (reads),
+  "op_sharding" (serialized xla.OpSharding), "device_ids"}]."""
+  whole, nanos = divmod(timeout_s, 1)
+  entries = []
+  for a in arrays:
+    entry: dict[str, Any] = {
+        "b64_location": _b64(location), "b64_name": _b64(a["name"]),
+        "b64_hlo_sharding_string": base64.b64encode(
+            a["op_sharding"]).decode(),
+        "shape": list(a["shape"]),
+        "devices": {"device_ids": list(a["device_ids"])},
+        "timeout": {"seconds": int(whole), "nanos": int(nanos * 1e9)}}
+    if not write:
+      entry["shape"] = {"xla_primitive_type_str": _PRIMITIVE_NAMES[a["dtype"]],
+                        "dimensions": list(a["shape"])}
+    entries.append(entry)
+  if write:
+    return json.dumps({BULK_WRITE: {"write_requests": entries}})
+  return json.dumps({BULK_READ: {"read_requests": entries}})
+
+
+def _b64(text: str) -> str:
+  return base64.b64encode(text.encode()).decode()
 
 
 def _array(item: Any, write: bool, what: str) -> StoredArray:

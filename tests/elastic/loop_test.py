@@ -95,6 +95,29 @@ def test_embedded_cluster_islands_rejoin_bit_identical():
                               worker_timeout=WORKER_TIMEOUT)))
 
 
+def test_a_state_beyond_the_clients_memory_commits_and_recovers():
+  """512 MiB of the state is made on the devices; the client's address
+  space is then capped 256 MiB above what it has (it tries to allocate
+  512 MiB, and fails): its commits are saved by the workers under their
+  storage root, and a killed worker's island comes back from the last one,
+  bit-identical. A CLI cluster: the embedded one's workers would be the
+  capped process's children, and inherit its cap."""
+  commit_every = 4
+  with restarting_cluster.started(2, 2, WORKER_TIMEOUT) as cluster:
+    result = _train({"address": cluster.address,
+                     "token": restarting_cluster.TOKEN, "steps": 12,
+                     "commit_every": commit_every, "rejoin_timeout": 60.0,
+                     "commit_dir": os.path.join(cluster.storage, "commits"),
+                     "reference": True, "faults": [[6, "kill", 1]],
+                     "ballast_mib": 512, "cap_headroom_mib": 256})
+    assert cluster.restarts == 1
+  assert result["could_hold_state"] is False
+  [event] = result["events"]
+  _check_lost(event, 1, commit_every)
+  assert result["ballast_kept"] is True
+  assert result["params"] == result["reference"]
+
+
 def test_embedded_cluster_goes_on_with_fewer_islands():
   _check_shrunk(_train(dict(SHRINK, islands=3, devices=2,
                             worker_timeout=WORKER_TIMEOUT,

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -38,7 +39,10 @@ class CliCluster:
     self.devices = devices
     self.worker_timeout = worker_timeout
     self.logs = tempfile.mkdtemp(prefix="jp-elastic-")
-    self.env = dict(os.environ, JAX_PATHWAYS_TOKEN=TOKEN)
+    # The workers' storage root: where commits may go (commit_dir).
+    self.storage = tempfile.mkdtemp(prefix="jp-elastic-storage-")
+    self.env = dict(os.environ, JAX_PATHWAYS_TOKEN=TOKEN,
+                    JAX_PATHWAYS_STORAGE_ROOT=self.storage)
     for key in ("JAX_PLATFORMS", "XLA_FLAGS", "JAX_NUM_CPU_DEVICES"):
       self.env.pop(key, None)
     self.procs: list[subprocess.Popen] = []
@@ -121,3 +125,4 @@ def started(islands: int, devices: int, worker_timeout: float,
     yield cluster
   finally:
     cluster.stop()
+    shutil.rmtree(cluster.storage, ignore_errors=True)

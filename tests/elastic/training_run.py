@@ -3,7 +3,7 @@
 argv[1]: JSON settings:
   address, token:     a running controller; absent: an embedded cluster of
                       `islands` x `devices` (worker_timeout, restart_workers)
-  steps, commit_every, rejoin_timeout, min_islands
+  steps, commit_every, rejoin_timeout, min_islands, commit_dir
   faults:             [[after step, "kill" | "stop" | "hammer", island],
                       ...]: the island's current worker gets SIGKILL /
                       SIGSTOP; "hammer" (embedded cluster) SIGKILLs each
@@ -14,6 +14,11 @@ argv[1]: JSON settings:
   restart_delays:     embedded cluster: cluster/restarts.py's RESTART_DELAYS_S
   reference:          also run the same steps without faults on the final
                       islands and report its parameters
+  ballast_mib:        the state also holds this many MiB made on the
+                      devices (sharded over them; the steps pass it on):
+                      with cap_headroom_mib, this process's address space
+                      is then capped at what it has plus that many MiB,
+                      less than the state (it tries to allocate its size)
   cpu_reference:      N: also run them on N devices of plain JAX on CPU
 
 Prints one JSON line: the final parameters (hex), the loss of every step
@@ -82,16 +87,28 @@ def setup(devices):
 
   @jax.jit
   def train(state, x, y):
-    params, opt_state = state
+    params, opt_state, *ballast = state
     loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
     updates, opt_state = optimizer.update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state), loss
+    return (optax.apply_updates(params, updates), opt_state, *ballast), loss
 
   def step(state, i):
     x, y = batch(i)
     return train(state, jax.device_put(x, rows), jax.device_put(y, rows))
 
+  if BALLAST:
+    return elastic.Plan((replicated, replicated, rows), step)
   return elastic.Plan(replicated, step)
+
+
+BALLAST = settings.get("ballast_mib", 0) << 18  # float32s
+
+
+def ballast_values():
+  """On the devices of every island, never in this process."""
+  rows = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), P("data"))
+  return jax.jit(lambda: jnp.arange(BALLAST, dtype=jnp.float32) % 251,
+                 out_shardings=rows)()
 
 
 def initial_state():
@@ -99,7 +116,23 @@ def initial_state():
   params = {"w1": rng.standard_normal((8, 16)).astype(np.float32) * 0.5,
             "b1": np.zeros(16, np.float32),
             "w2": rng.standard_normal((16, 1)).astype(np.float32) * 0.5}
-  return params, jax.tree.map(np.asarray, optimizer.init(params))
+  state = (params, jax.tree.map(np.asarray, optimizer.init(params)))
+  return (*state, ballast_values()) if BALLAST else state
+
+
+def cap_address_space(headroom_mib: int) -> bool:
+  """Caps this process's address space at what it has plus `headroom_mib`;
+  whether it could still allocate the ballast's size after."""
+  import resource
+  with open("/proc/self/status", encoding="ascii") as f:
+    vm = int(next(l for l in f if l.startswith("VmSize:")).split()[1]) << 10
+  resource.setrlimit(resource.RLIMIT_AS, (
+      vm + (headroom_mib << 20), resource.getrlimit(resource.RLIMIT_AS)[1]))
+  try:
+    np.ones(BALLAST * 4, np.uint8)
+    return True
+  except MemoryError:
+    return False
 
 
 address, token = jax_pathways.connection()
@@ -161,20 +194,29 @@ def on_event(e: elastic.Event) -> None:
                  "placed_at": e.placed_at, "resumed_at": e.resumed_at})
 
 
-result = elastic.run(setup, initial_state(), settings["steps"],
+start = initial_state()
+could_hold = (cap_address_space(settings["cap_headroom_mib"])
+              if "cap_headroom_mib" in settings else None)
+result = elastic.run(setup, start, settings["steps"],
                      commit_every=settings["commit_every"],
                      rejoin_timeout=settings["rejoin_timeout"],
                      min_islands=settings.get("min_islands", 1),
                      grow=settings.get("grow", True),
-                     on_step=on_step, on_event=on_event)
+                     on_step=on_step, on_event=on_event,
+                     commit_dir=settings.get("commit_dir"))
 out = {"params": jax.tree.map(lambda a: np.asarray(a).tobytes().hex(),
                               result.state[0]),
        "islands": list(result.islands), "losses": losses, "events": events,
        "hurt": hurt}
+if BALLAST:
+  out["could_hold_state"] = could_hold
+  out["ballast_kept"] = bool(jax.jit(jnp.array_equal)(result.state[2],
+                                                      ballast_values()))
 if settings.get("reference"):
   again = elastic.run(setup, initial_state(), settings["steps"],
                       islands=result.islands,
-                      commit_every=settings["commit_every"])
+                      commit_every=settings["commit_every"],
+                      commit_dir=settings.get("commit_dir"))
   assert not again.events, again.events
   out["reference"] = jax.tree.map(lambda a: np.asarray(a).tobytes().hex(),
                                   again.state[0])

@@ -115,3 +115,22 @@ def test_bulk_requests_are_bounded_and_named_once(mesh):
   read["shape"] = {"xla_primitive_type_str": "F99", "dimensions": [4, 8]}
   with pytest.raises(StatusError, match="'F99' is not one of"):
     requests.parse(requests.READ, read)
+
+
+def test_what_jax_pathways_writes_reads_back_as_pathwaysutils_would(mesh):
+  """requests.bulk (jax_pathways' own client: elastic commits) writes what
+  pathwaysutils writes, field for field."""
+  x = jax.device_put(np.zeros((16, 8), np.float32),
+                     NamedSharding(mesh, P("data", "model")))
+  ours = requests.bulk(True, "/ck/1", [{
+      "name": "w", "shape": x.shape, "dtype": None,
+      "op_sharding": x.sharding._to_xla_hlo_sharding(2).to_proto()  # pylint: disable=protected-access
+                     .SerializeToString(),
+      "device_ids": [d.id for d in mesh.devices.flat]}], 90.5)
+  assert json.loads(ours) == json.loads(helper.get_bulk_write_request(
+      "/ck/1", ["w"], [x], TIMEOUT))
+  read = _parse(requests.bulk(False, "/ck/1", [{
+      "name": "w", "shape": (16, 8), "dtype": "bfloat16",
+      "op_sharding": b"", "device_ids": [0, 1]}], 5.0))
+  assert (read.arrays[0].dtype, read.arrays[0].sharding) == (
+      "bfloat16", Sharding((0, 1)))
