@@ -324,6 +324,7 @@ def shutdown() -> None:
   # still there.
   import jax  # pylint: disable=import-outside-toplevel
   from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
+  _wait_for_ordered_effects()
   _delete_arrays(xla_bridge)
   # The client ends its session here unless the program still holds arrays
   # (then at exit, see plugin._quiet_session_end); it logs that end as a
@@ -341,6 +342,19 @@ def shutdown() -> None:
       cluster.stop()
       if dropping is not None and held:
         dropping.wait_until_dropped(_SESSION_END_WAIT_S)
+
+
+def _wait_for_ordered_effects() -> None:
+  """What JAX does at exit (dispatch.wait_for_tokens), now: ordered effects
+  (`jax.debug.print(..., ordered=True)`) finish, and JAX lets go of their
+  tokens, which would be deleted arrays by then (its exit hook raised on
+  them)."""
+  from jax._src import dispatch  # pylint: disable=import-outside-toplevel
+  try:
+    dispatch.runtime_tokens.block_until_ready()
+  except Exception as e:  # pylint: disable=broad-except
+    logging.warning("jax_pathways.shutdown: an ordered effect failed: %s", e)
+  dispatch.runtime_tokens.clear()
 
 
 def _delete_arrays(xla_bridge) -> None:
