@@ -21,6 +21,9 @@ def _tree_state() -> str | None:
   return out.stdout if out.returncode == 0 else None
 
 
+_SLOW_START = "waiting for the workers to join the controller"
+
+
 def _run(name, *args, quiet=True):
   """Its stdout; `quiet`: a healthy run, nothing at WARNING or above."""
   env = dict(os.environ)
@@ -34,7 +37,11 @@ def _run(name, *args, quiet=True):
   assert out.returncode == 0, out.stderr[-3000:]
   assert _tree_state() == before, "the example changed the working tree"
   if quiet:
-    assert not processes.LOUD.search(out.stderr), out.stderr[-3000:]
+    # A slow start on a loaded machine says so (the workers took a while
+    # to join): the machine's, not the example's, noise.
+    loud = [line for line in out.stderr.splitlines()
+            if processes.LOUD.match(line) and _SLOW_START not in line]
+    assert not loud, out.stderr[-3000:]
   # What jaxlib's client logs by itself (stderr_filter.py) reads as a crash.
   for noise in ("Stack trace", "insecure client credentials"):
     assert noise not in out.stderr, out.stderr[-3000:]
