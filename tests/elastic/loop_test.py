@@ -25,12 +25,14 @@ RUN = os.path.join(os.path.dirname(__file__), "training_run.py")
 WORKER_TIMEOUT = 2.0  # seconds of silence before a worker is lost
 
 
-def _train(settings: dict, timeout: float = 240.0) -> dict:
-  """Runs training_run.py; its result. Every pid it hurt is gone after."""
+def _train(settings: dict, timeout: float = 240.0,
+           env: dict | None = None) -> dict:
+  """Runs training_run.py (with `env` added to this process's); its
+  result. Every pid it hurt is gone after."""
   proc = subprocess.Popen(
       [sys.executable, RUN, json.dumps(settings)], stdout=subprocess.PIPE,
       stderr=subprocess.PIPE, text=True, start_new_session=True,
-      cwd=tempfile.gettempdir())
+      cwd=tempfile.gettempdir(), env=dict(os.environ, **(env or {})))
   try:
     out, err = proc.communicate(timeout=timeout)
   finally:
@@ -64,6 +66,10 @@ def _check_lost(event: dict, island: int, commit_every: int) -> None:
       commit_every + 16), event  # 16: launches in flight before the error
 
 
+# A capped address space counts reservations: glibc gives each new thread
+# an arena of 64 MiB (reserved, mostly untouched) unless told to share two.
+CAPPED_ENV = {"MALLOC_ARENA_MAX": "2"}
+
 REJOIN = {"steps": 30, "commit_every": 5, "rejoin_timeout": 60.0,
           "faults": [[8, "kill", 1], [19, "stop", 0]], "reference": True}
 
@@ -96,9 +102,9 @@ def test_embedded_cluster_islands_rejoin_bit_identical():
 
 
 def test_a_state_beyond_the_clients_memory_commits_and_recovers():
-  """512 MiB of the state is made on the devices; the client's address
-  space is then capped 256 MiB above what it has (it tries to allocate
-  512 MiB, and fails): its commits are saved by the workers under their
+  """640 MiB of the state is made on the devices; the client's address
+  space is then capped 448 MiB above what it has (it tries to allocate
+  640 MiB, and fails; the rest is room for its threads' stacks): its commits are saved by the workers under their
   storage root, and a killed worker's island comes back from the last one,
   bit-identical. A CLI cluster: the embedded one's workers would be the
   capped process's children, and inherit its cap."""
@@ -109,7 +115,8 @@ def test_a_state_beyond_the_clients_memory_commits_and_recovers():
                      "commit_every": commit_every, "rejoin_timeout": 60.0,
                      "commit_dir": os.path.join(cluster.storage, "commits"),
                      "reference": True, "faults": [[6, "kill", 1]],
-                     "ballast_mib": 512, "cap_headroom_mib": 256})
+                     "ballast_mib": 640, "cap_headroom_mib": 448},
+                    env=CAPPED_ENV)
     assert cluster.restarts == 1
   assert result["could_hold_state"] is False
   [event] = result["events"]
