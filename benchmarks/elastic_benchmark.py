@@ -25,6 +25,12 @@ Per fault:
 
 For scale, each time is also given in steps of plain in-process JAX on as
 many CPU devices, measured in the same run.
+
+With --state-mib N the state also holds N MiB made on the devices (sharded
+over them; the steps pass it on), and each fault's run also reports what a
+commit of it costs: `commit_s` (the median of three commits of the final
+state, through the islands' workers) and `client_rss_mib` (the user's
+process's peak RSS growth over the whole run, VmHWM reset before it).
 """
 from __future__ import annotations
 
@@ -35,7 +41,9 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -50,9 +58,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jax_pathways  # noqa: E402
 from jax_pathways import admin, elastic  # noqa: E402
+from jax_pathways.elastic import commits  # noqa: E402
 
 STEPS, COMMIT_EVERY, FAULT_AT = 60, 10, 25
 WIDTH = 256
+BALLAST = 0  # float32s of the state made on the devices (--state-mib)
 
 
 def batch(step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -69,26 +79,49 @@ def setup(devices):
   def train(params, x, y):
     def loss_fn(p):
       return jnp.mean((jnp.tanh(x @ p["w1"]) @ p["w2"] - y) ** 2)
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    return jax.tree.map(lambda p, g: p - 0.05 * g, params, grads), loss
+    weights = {k: params[k] for k in ("w1", "w2")}
+    loss, grads = jax.value_and_grad(loss_fn)(weights)
+    return dict(params, **jax.tree.map(lambda p, g: p - 0.05 * g, weights,
+                                       grads)), loss
 
   def step(params, i):
     x, y = batch(i)
     return train(params, jax.device_put(x, rows), jax.device_put(y, rows))
 
+  if BALLAST:
+    return elastic.Plan({"w1": NamedSharding(mesh, P()),
+                         "w2": NamedSharding(mesh, P()), "ballast": rows},
+                        step)
   return elastic.Plan(NamedSharding(mesh, P()), step)
 
 
-def initial_state() -> dict[str, np.ndarray]:
+def initial_state(ballast: bool = True) -> dict[str, Any]:
   rng = np.random.default_rng(0)
-  return {"w1": rng.standard_normal((WIDTH, WIDTH)).astype(np.float32) * 0.05,
-          "w2": rng.standard_normal((WIDTH, 1)).astype(np.float32) * 0.05}
+  state = {
+      "w1": rng.standard_normal((WIDTH, WIDTH)).astype(np.float32) * 0.05,
+      "w2": rng.standard_normal((WIDTH, 1)).astype(np.float32) * 0.05}
+  if BALLAST and ballast:  # made where it lives, never in this process
+    rows = NamedSharding(Mesh(np.array(jax.devices()), ("data",)),
+                         P("data"))
+    state["ballast"] = jax.jit(
+        lambda: jnp.arange(BALLAST, dtype=jnp.float32) % 251,
+        out_shardings=rows)()
+  return state
+
+
+def _status_bytes(field: str) -> int:
+  with open("/proc/self/status", encoding="ascii") as f:
+    line = next(l for l in f if l.startswith(field + ":"))
+  return int(line.split()[1]) << 10
 
 
 def plain_step_s(cpu_devices) -> float:
   """Seconds per step of the same training in process, same device count."""
   plan = setup(cpu_devices)
-  state = jax.device_put(initial_state(), plan.state_sharding)
+  weights = plan.state_sharding
+  if isinstance(weights, dict):  # the ballast is the islands' alone
+    weights = {k: weights[k] for k in ("w1", "w2")}
+  state = jax.device_put(initial_state(ballast=False), weights)
   for i in range(3):  # compile, warm up
     state, loss = plan.step(state, i)
   jax.block_until_ready(state)
@@ -109,9 +142,14 @@ def one_fault(kind: str, worker_timeout: float) -> dict[str, float]:
       fault["at"] = time.monotonic()
       os.kill(pid, signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
 
-  result = elastic.run(setup, initial_state(), STEPS,
+  start = initial_state()
+  with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+    f.write("5")  # VmHWM starts again from the RSS now
+  rss = _status_bytes("VmRSS")
+  result = elastic.run(setup, start, STEPS,
                        commit_every=COMMIT_EVERY, rejoin_timeout=60.0,
                        on_step=on_step)
+  grown = _status_bytes("VmHWM") - rss
   reference = elastic.run(setup, initial_state(), STEPS,
                           commit_every=COMMIT_EVERY)
   same = all(np.array_equal(a, b) for a, b in zip(
@@ -120,7 +158,17 @@ def one_fault(kind: str, worker_timeout: float) -> dict[str, float]:
   (e,) = [e for e in result.events if e.kind == "lost"]
   # A hang can only be seen once the heartbeat deadline has passed.
   deadline = fault["at"] + (worker_timeout if kind == "hang" else 0.0)
-  return {"detect_s": e.detected_at - deadline,
+  extra = {}
+  if BALLAST:
+    with tempfile.TemporaryDirectory() as where:
+      slots, times = commits.Slots(where), []
+      for _ in range(3):
+        begin = time.perf_counter()
+        commits.take(result.state, STEPS, slots)
+        times.append(time.perf_counter() - begin)
+    extra = {"commit_s": statistics.median(times),
+             "client_rss_mib": grown / (1 << 20)}
+  return {**extra, "detect_s": e.detected_at - deadline,
           "restart_s": e.islands_at - e.detected_at,
           "restore_s": e.placed_at - e.islands_at,
           "recompile_s": e.resumed_at - e.placed_at,
@@ -134,8 +182,8 @@ def in_child(kind: str, worker_timeout: float) -> dict[str, float]:
   """one_fault() in a child process with a cluster of its own."""
   out = subprocess.run(
       [sys.executable, __file__, "--one", kind, "--worker-timeout",
-       str(worker_timeout)], capture_output=True, text=True, timeout=300,
-      check=False)
+       str(worker_timeout), "--state-mib", str(BALLAST >> 18)],
+      capture_output=True, text=True, timeout=600, check=False)
   if out.returncode != 0:
     raise RuntimeError(f"the {kind} run failed:\n{out.stderr[-3000:]}")
   return json.loads(out.stdout.strip().splitlines()[-1])
@@ -151,7 +199,14 @@ def main() -> None:
                       "there, and a new worker loads them")
   parser.add_argument("--one", choices=("kill", "hang"),
                       help="(internal) one fault, its times as JSON")
+  parser.add_argument("--state-mib", type=int, default=0,
+                      help="the state also holds this many MiB made on the "
+                      "devices (commit costs reported)")
+  parser.add_argument("--faults", nargs="+", default=["kill", "hang"],
+                      choices=("kill", "hang"))
   args = parser.parse_args()
+  global BALLAST
+  BALLAST = args.state_mib << 18
   if args.compilation_cache:  # read by the children's JAX (in_child)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = args.compilation_cache
   _, cpu_devices = harness.setup(islands=2, devices_per_island=4,
@@ -162,11 +217,12 @@ def main() -> None:
   step_s = plain_step_s(cpu_devices)
   log(f"plain JAX: {step_s * 1e3:.2f} ms per step on {len(cpu_devices)} "
       "CPU devices")
-  for kind in ("kill", "hang"):
+  for kind in args.faults:
     runs = [in_child(kind, args.worker_timeout)
             for _ in range(args.repeats)]
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     emit("B8", kind, worker_timeout_s=args.worker_timeout,
+         state_mib=args.state_mib,
          compilation_cache=bool(args.compilation_cache),
          plain_step_ms=round(step_s * 1e3, 3),
          resumed_in_plain_steps=round(med["resumed_s"] / step_s, 1),
@@ -179,7 +235,10 @@ def main() -> None:
         f"{med['resumed_s']:.2f} s after the fault "
         f"({med['resumed_s'] / step_s:.0f} plain-JAX steps); committed "
         f"steps lost {med['steps_lost']:.0f}, redone {med['redone']:.0f}; "
-        f"on {med['islands']:.0f} islands")
+        f"on {med['islands']:.0f} islands" + (
+            f"; a commit {med['commit_s']:.2f} s, the client's peak RSS "
+            f"+{med['client_rss_mib']:.0f} MiB" if "commit_s" in med
+            else ""))
 
 
 if __name__ == "__main__":

@@ -527,27 +527,26 @@ class Worker:
     self._store(op, outputs)
     self._add(op.seq, outputs)
 
+  @staticmethod
+  def _described(op: Any, buffers: list[int]) -> list[dict[str, Any]]:
+    """What a SAVE or LOAD op's header says of each of its `buffers`."""
+    items = payloads.decode(op.payload)[0]["arrays"]
+    if len(items) != len(buffers):
+      raise invalid_argument(f"{len(items)} arrays described for "
+                             f"{len(buffers)} buffers")
+    return items
+
   def _save(self, op: Any) -> None:
     """On the storage lane: writes the args' shards, then reports."""
-    header, _ = payloads.decode(op.payload)
-    items = header["arrays"]
-    if len(items) != len(op.args):
-      raise invalid_argument(f"{len(items)} arrays described for "
-                             f"{len(op.args)} args")
-    for item, b in zip(items, op.args):
+    for item, b in zip(self._described(op, op.args), op.args):
       zarr_arrays.save(self._array(b), item["location"], item["name"],
                        self._storage_root, float(item["timeout_s"]))
     self._completions.add(op.seq, [])
 
   def _load(self, op: Any) -> None:
     """On the storage lane: reads this island's shards of the results."""
-    header, _ = payloads.decode(op.payload)
-    items = header["arrays"]
-    if len(items) != len(op.results):
-      raise invalid_argument(f"{len(items)} arrays described for "
-                             f"{len(op.results)} results")
     outputs = []
-    for item in items:
+    for item in self._described(op, op.results):
       sharding = self._backend.sharding(item["sharding"])
       mine = self._backend.mine(sharding)
       pieces = zarr_arrays.load(item["location"], item["name"],
