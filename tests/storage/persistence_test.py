@@ -180,3 +180,47 @@ def test_a_client_capped_below_its_state_saves_and_restores_it(
   assert json.loads(out.stdout.splitlines()[-1]) == {
       "equal": True, "could_hold_state": False,
       "restored_sharding_same": True}
+
+
+@pytest.fixture(scope="module")
+def confined_cluster(tmp_path_factory):
+  """A cluster of its own whose workers may store under `root` only."""
+  from jax_pathways.cluster.local_cluster import LocalCluster  # pylint: disable=import-outside-toplevel
+  root = tmp_path_factory.mktemp("root")
+  cluster = LocalCluster(2, 2, 16, storage_root=str(root))
+  cluster.start()
+  pids = cluster.pids
+  try:
+    yield cluster, root
+  finally:
+    cluster.stop()
+    for pid in pids:
+      assert not processes.alive(pid), f"process {pid} outlived the cluster"
+
+
+def test_workers_store_under_their_root_only(confined_cluster, tmp_path):
+  cluster, root = confined_cluster
+  outside = tmp_path / "outside"
+  outside.mkdir()
+  pids = cluster.pids
+  env = dict(os.environ)
+  env.pop("JAX_PLATFORMS", None)
+  env.update(JAX_PATHWAYS_ADDRESS=cluster.address,
+             JAX_PATHWAYS_TOKEN=cluster.token)
+  script = os.path.join(os.path.dirname(__file__), "confined_client.py")
+  out = subprocess.run([sys.executable, script, str(root), str(outside)],
+                       env=env, cwd="/", capture_output=True, text=True,
+                       timeout=240, check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  got = json.loads(out.stdout.splitlines()[-1])
+  assert got.pop("inside") == got.pop("read_inside") == "ok"
+  assert got.pop("still_serves") is True
+  for case in ("outside", "read_outside"):
+    assert "PERMISSION_DENIED" in got[case], got
+    assert f"'{outside}/x' is outside the storage root '{root}'" in got[case]
+  assert "PERMISSION_DENIED" in got["through_link"], got
+  assert f"-> {outside}/x" in got["through_link"], got
+  assert "INVALID_ARGUMENT" in got["dotdot"], got
+  assert "not a plain path" in got["dotdot"], got
+  assert not os.listdir(outside)  # nothing got out
+  assert cluster.pids == pids and all(processes.alive(p) for p in pids)
