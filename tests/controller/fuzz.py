@@ -5,6 +5,8 @@ A Fuzzer is seeded; every frame it makes is reproducible from (seed, index).
 """
 from __future__ import annotations
 
+import base64
+import json
 import random
 from typing import Any, Callable, Iterator
 
@@ -176,6 +178,44 @@ class Fuzzer:
     real = _artifact(_main(""))
     return self.mutate(real, rate=1.0)
 
+  def plugin_program(self) -> bytes:
+    """A persistence request meant to hurt (storage/requests.py): paths
+    out of any root, huge or negative shapes, forged shardings and device
+    ids, wrong kinds, bad JSON, deep nesting."""
+    rng = self.rng
+
+    def b64(text: str) -> str:
+      return base64.b64encode(text.encode()).decode()
+
+    entry = {
+        "b64_location": b64(rng.choice(["/tmp/fuzz", "relative", "/",
+                                        "gs://bucket/x", "/a/../../etc"])),
+        "b64_name": b64(rng.choice(["w", "../../etc/passwd", "/etc/shadow",
+                                    "a\0b", "", "x" * 5000])),
+        "b64_hlo_sharding_string": base64.b64encode(
+            self._bytes()).decode(),
+        "shape": [rng.choice(_INTS + [-1]) for _ in range(rng.randrange(4))],
+        "devices": {"device_ids": [rng.choice(_INTS[:10] + [-3, 1 << 40])
+                                   for _ in range(rng.randrange(9))]},
+        "timeout": {"seconds": rng.choice([0, 1, -1, 1e300]), "nanos": 5}}
+    if rng.random() < 0.5:
+      entry["shape"] = {"xla_primitive_type_str": rng.choice(
+          ["F32", "BF16", "S4", "F99", 7]), "dimensions": entry["shape"]}
+    kind = rng.choice(["persistenceWriteRequest", "persistenceReadRequest",
+                       "bulk_persistence_write_request",
+                       "bulk_persistence_read_request"])
+    body: Any = entry
+    if kind.startswith("bulk"):
+      field = "write_requests" if "write" in kind else "read_requests"
+      body = {field: [entry] * rng.randrange(0, 4)}
+    text = json.dumps({kind: body})
+    which = rng.randrange(4)
+    if which == 0:
+      text = "[" * rng.randrange(1, 200_000)  # nested past any limit
+    elif which == 1:
+      return self.mutate(text.encode(), rate=1.0)
+    return b"__serialized_plugin_program " + text.encode()
+
   # ----------------------------------------------------------- frames
   def request(self, op_id: int) -> tuple[bytes, bool]:
     """One IfrtRequest of a random kind, and whether it was mutated (then
@@ -187,9 +227,15 @@ class Fuzzer:
     body = getattr(req, kind)
     body.SetInParent()
     self.fill(body)
-    if kind == "compile_request" and self.rng.random() < 0.7:
-      body.program.type_name = "xla::ifrt::XlaProgram"
-      body.program.data = self.program()
+    if kind == "compile_request":
+      which = self.rng.random()
+      if which < 0.6:
+        body.program.type_name = "xla::ifrt::XlaProgram"
+        body.program.data = self.program()
+      elif which < 0.8:
+        body.program.type_name = "xla::ifrt::PluginProgram"
+        body.program.data = self.plugin_program()
+        body.compile_options.type_name = "xla::ifrt::PluginCompileOptions"
     data = req.SerializeToString()
     # Rarely: an unparsable request ends the session, and the rest of its
     # frames would reach nothing.
