@@ -16,6 +16,10 @@ def test_devices_name_their_island(proxy_devices):
   assert "island 1" in proxy_devices[5].worker
   assert proxy_devices[0].platform == "cpu"
   assert jax.device_count() == 8 and jax.process_count() == 1
+  # What colocated_python (orbax's and MaxText's dispatchers) runs beside
+  # a device: the device itself, not the CPU device of its rank.
+  from jax.experimental.colocated_python import colocated_cpu_devices  # pylint: disable=import-outside-toplevel
+  assert colocated_cpu_devices(proxy_devices[5:7]) == proxy_devices[5:7]
 
 
 def test_programs_on_both_islands_interleaved(run_both):

@@ -63,6 +63,10 @@ def init(session: Session, req: Any, reply: Reply) -> None:
       _attribute(d.attributes, "island_local_index", local)
       _attribute(d.attributes, "physical_device", physical)
       _attribute(d.attributes, "worker", island.name)
+      # colocated_python's colocated_cpu_devices pairs each device with the
+      # CPU device of the same id: the islands' devices are their own
+      # (without it, JAX pairs devices with CPU devices in id order).
+      _attribute(d.attributes, "colocation_id", device)
       r.primary_device_ids.append(device)
       r.addressable_device_ids.append(device)
       m = r.memories.add()
