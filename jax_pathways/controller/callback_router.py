@@ -22,10 +22,15 @@ Compile-time questions (what XLA's partitioner asks of custom_partitioning
 and inspect_array_sharding) are asked once per route and question: the
 answer is kept with the route, so the other islands of a program spanning
 islands, and a recompile after a worker's loss, are answered without the
-client. A route is released with its executable (or its session).
+client. A route is released with its executable (or its session). A
+partition answer is a program the asking worker's XLA inlines: it reaches
+the workers only once `vet_answer` has read it as client programs are read
+(in a reader process, off the sessions thread) and found nothing a worker
+must not run; else the workers get the error.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
@@ -75,17 +80,25 @@ class _Pending:
   memo: bytes | None          # the question's key (compile time)
   deadline: float             # until the client's stream opens
   sent: bool = False
+  what: str | None = None     # a compile-time question's kind
+  vetting: bool = False       # its answer is being read (vet_answer)
 
 
 class CallbackRouter:
   """Thread-safe; one per controller."""
 
   def __init__(self, send: Callable[[int, bytes], bool],
-               finish: Callable[[int, int, str], None]):
+               finish: Callable[[int, int, str], None],
+               vet_answer: Callable[[bytes, int], None],
+               background: concurrent.futures.Executor):
     """send(stream, data) writes to a client's stream (False: it is gone);
-    finish(stream, code, message) ends one."""
+    finish(stream, code, message) ends one; vet_answer(module, island)
+    raises StatusError unless a partition answer's module may go to
+    `island`'s worker, on a `background` thread (it waits for a reader)."""
     self._send = send
     self._finish = finish
+    self._vet_answer = vet_answer
+    self._background = background
     self._lock = threading.Lock()
     self._routes: dict[int, _Route] = {}
     self._route_ids = itertools.count(1)
@@ -154,18 +167,52 @@ class CallbackRouter:
       self._finish(stream, int(Code.INVALID_ARGUMENT),
                    f"malformed callback reply: {e}")
       return
+    call_id = header["id"]
     with self._lock:
-      pending = self._pending.get(header["id"])
-      if pending is None or pending.client != client:
+      pending = self._pending.get(call_id)
+      if pending is None or pending.client != client or pending.vetting:
         return  # its waiters went away, or it was answered for them
-      del self._pending[header["id"]]
+      # Kept pending while read: workers asking meanwhile wait with it.
+      pending.vetting = (pending.what == msg.PARTITION and
+                         "error" not in header)
+      island = pending.waiters[0][0].island
+    answer = ({k: v for k, v in header.items() if k not in ("kind", "id")},
+              blobs)
+    if pending.vetting:
+      # Its own bytes, not the message's: read later, elsewhere.
+      self._background.submit(self._vetted, call_id, island,
+                              (answer[0], [bytes(b) for b in blobs]))
+      return
+    self._answered(call_id, answer)
+
+  def _vetted(self, call_id: int, island: int,
+              answer: tuple[dict[str, Any], list[Any]]) -> None:
+    """A partition answer goes to the workers once its module is vetted;
+    else they get why not."""
+    module = answer[0].get("module")
+    try:
+      if type(module) is not int or not 0 <= module < len(answer[1]):  # pylint: disable=unidiomatic-typecheck
+        raise invalid_argument("the client's partition answer has no module")
+      self._vet_answer(answer[1][module], island)
+    except Exception as e:  # pylint: disable=broad-except
+      status = getattr(e, "status", None) or Status(Code.INTERNAL, str(e))
+      answer = ({"error": {"code": int(status.code),
+                           "message": status.message}}, [])
+    self._answered(call_id, answer)
+
+  def _answered(self, call_id: int,
+                answer: tuple[dict[str, Any], list[Any]]) -> None:
+    """Replies to the waiters of call `call_id` (if it still has them); a
+    compile-time answer is kept."""
+    with self._lock:
+      pending = self._pending.pop(call_id, None)
+      if pending is None:
+        return  # failed meanwhile (its client left)
       route = self._routes.get(pending.route)
-      answer = ({k: v for k, v in header.items() if k not in ("kind", "id")},
-                blobs)
       if route is not None and pending.memo is not None:
         route.asking.pop(pending.memo, None)
-        if "error" not in header:  # kept: its own bytes, not the message's
-          answer = (answer[0], [bytes(b) for b in blobs])
+        if "error" not in answer[0]:  # kept: its own bytes
+          answer = (answer[0], [bytes(b) for b in answer[1]])
           route.answers[pending.memo] = answer
     for link, request in pending.waiters:
       link.reply(request, answer)
@@ -267,21 +314,22 @@ class CallbackRouter:
           self._pending[asked].waiters.append((link, request))
           return
         stream = self._register(call_id, route_id, message, (link, request),
-                                memo)
+                                memo, what)
     if answer is not None:
       link.reply(request, answer)
       return
     self._deliver(stream, message)
 
   def _register(self, call_id: int, route_id: int, message: bytes,
-                waiter: Waiter, memo: bytes | None) -> int | None:
+                waiter: Waiter, memo: bytes | None,
+                what: str | None = None) -> int | None:
     """Requires _lock. Records a call or question for the route's client;
     returns the client's stream (None: it waits for one to open)."""
     route = self._route(route_id)  # released meanwhile?
     stream = self._streams.get(route.client)
     self._pending[call_id] = _Pending(
         route.client, route_id, message, [waiter], memo,
-        time.monotonic() + CLIENT_WAIT_S, sent=stream is not None)
+        time.monotonic() + CLIENT_WAIT_S, sent=stream is not None, what=what)
     if memo is not None:
       route.asking[memo] = call_id
     return stream

@@ -25,6 +25,7 @@ from jax_pathways.controller.grpc_service import GrpcService
 from jax_pathways.controller.handlers.array import STREAM_MIN_BYTES
 from jax_pathways.controller.session import Services
 from jax_pathways.controller.worker_listener import WorkerListener
+from jax_pathways.programs import xla_program
 from jax_pathways.programs.reader import READERS, ProgramReader
 from jax_pathways.resources.resource_manager import ResourceManager
 from jax_pathways.resources.topology import Topology
@@ -83,7 +84,14 @@ class Controller:
     server = _server.GrpcServer()
     self.host_buffers = server.host_buffers
     self.compile_cache = CompileCache(self.dispatcher, self.global_client)
-    self.callbacks = CallbackRouter(server.send, server.finish)
+    programs = ProgramReader()
+    compiles = concurrent.futures.ThreadPoolExecutor(
+        COMPILE_THREADS, thread_name_prefix="jp-compile")
+    self.callbacks = CallbackRouter(
+        server.send, server.finish,
+        lambda module, island: xla_program.check_partition_answer(
+            module, self.topology.island(island), programs.read_xla),
+        compiles)
     self.services = Services(
         topology=self.topology, dispatcher=self.dispatcher,
         host_buffers=self.host_buffers, compile_cache=self.compile_cache,
@@ -91,9 +99,8 @@ class Controller:
         platform_version=f"jax_pathways {jax_pathways.__version__}",
         global_client=self.global_client,
         callbacks=self.callbacks,
-        programs=ProgramReader(),
-        compiles=concurrent.futures.ThreadPoolExecutor(
-            COMPILE_THREADS, thread_name_prefix="jp-compile"),
+        programs=programs,
+        compiles=compiles,
         spmd_across_islands=self.global_client is not None,
         fast_path=(_core.FastPath(self.dispatcher.core, STREAM_MIN_BYTES,
                                   SERVER_HANDLES_START)

@@ -165,6 +165,19 @@ def read(program: bytes) -> tuple[bytes, custom_calls.Content]:
     return hashlib.sha256(identity).digest(), custom_calls.read(module)
 
 
+def check_partition_answer(
+    module: bytes, island: Island,
+    read: Callable[[bytes], tuple[bytes, custom_calls.Content]]) -> None:
+  """Raises INVALID_ARGUMENT unless a custom_partitioning answer (the
+  per-device program XLA inlines on `island`'s worker) may go there: read
+  as client programs are (`read`: a reader process), it calls only what
+  the island runs, no callbacks, and holds no value beyond its memory."""
+  _, content = read(module)
+  custom_calls.check(content, Topology.custom_call_targets([island]),
+                     "The partitioned program", serves_callbacks=False,
+                     memory_bytes=island.most_memory)
+
+
 def placed(program: bytes, compile_options: Any, topology: Topology,
            spmd_across_islands: bool, what: str,
            devices: Sequence[int], content: custom_calls.Content,

@@ -272,3 +272,64 @@ def test_inspect_array_sharding_is_called_once_per_compile(run_both):
 
   run_both(program)
   assert seen == ["P('d',)"] * 2
+
+
+def _nested_module(depth: int) -> bytes:
+  """A partitioned program `depth` regions deep (MLIR reads one stack frame
+  per level: deep enough, it overflows any thread that reads it)."""
+  body, tail = [], []
+  for i in range(depth, 0, -1):
+    body.append(f"%p{i} = stablehlo.constant dense<0> : tensor<i32>")
+    body.append(f'%r{i} = "stablehlo.case"(%p{i}) ({{')
+  for i in range(1, depth + 1):
+    tail.append("}) : (tensor<i32>) -> tensor<f32>")
+    if i < depth:
+      tail.append(f"stablehlo.return %r{i} : tensor<f32>")
+  return ("module @m {\n func.func public @main(%arg0: tensor<4xf32>) -> "
+          "tensor<4xf32> {\n" + "\n".join(body) +
+          "\n%v = stablehlo.constant dense<1.0> : tensor<f32>\n"
+          "stablehlo.return %v : tensor<f32>\n" + "\n".join(tail) +
+          "\nreturn %arg0 : tensor<4xf32>\n }\n}").encode()
+
+
+_SPLAT = (b"module @m {\n func.func public @main(%arg0: tensor<4xf32>) -> "
+          b"tensor<4xf32> {\n %c = stablehlo.constant dense<1.0> : "
+          b"tensor<4194304x4194304xf32>\n return %arg0 : tensor<4xf32>\n }\n}")
+
+
+@pytest.mark.parametrize("module, refused", [
+    (_nested_module(20_000), "could not be read"),
+    (_SPLAT, "has a value of 70368744177664 bytes"),
+])
+def test_a_hostile_partition_answer_reaches_no_worker(pathways, proxy_devices,
+                                                      monkeypatch, module,
+                                                      refused):
+  """A client's partitioner answers with a program 20,000 regions deep
+  (which killed the worker reading it), or one with a 64 TiB value: it is
+  read in a reader process first and refused there, the workers live on."""
+  from jax._src import custom_partitioning as cp  # pylint: disable=import-outside-toplevel
+  real = cp._custom_partitioning_partition  # pylint: disable=protected-access
+
+  def hostile(*args):
+    _, arg_shardings, result_sharding = real(*args)
+    return module, arg_shardings, result_sharding
+
+  monkeypatch.setattr(cp, "_custom_partitioning_partition", hostile)
+
+  @custom_partitioning
+  def f(x):
+    return x + 1
+
+  f.def_partition(
+      infer_sharding_from_operands=lambda mesh, a, r: a[0].sharding,
+      partition=lambda mesh, a, r: (mesh, lambda x: x + 1, a[0].sharding,
+                                    (a[0].sharding,)),
+      sharding_rule="i -> i")
+  pids = pathways.pids
+  x = _put(proxy_devices, "both_islands", jnp.arange(16, dtype=jnp.float32))
+  with pytest.raises(Exception, match=refused):
+    jax.jit(f)(x)
+  assert pathways.pids == pids
+  monkeypatch.undo()
+  np.testing.assert_array_equal(np.asarray(jax.jit(lambda v: v * 3)(x)),
+                                np.arange(16) * 3)

@@ -4,6 +4,7 @@ is asked once however many workers ask it; a client that goes away, or
 never comes, fails what it owes at once or at its deadline."""
 from __future__ import annotations
 
+import concurrent.futures
 import socket
 import threading
 import time
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from jax_pathways.controller import callback_router
-from jax_pathways.status import Code
+from jax_pathways.status import Code, invalid_argument
 from jax_pathways.wire import callback_messages as msg
 
 WAIT_S = 10.0  # only catches hangs
@@ -64,18 +65,33 @@ class Worker:
     return msg.decode(msg.read_frame(self.sock))
 
 
+def _vet(module: bytes, island: int) -> None:
+  """Stands for the reader processes: refuses what says it is evil."""
+  VETTED.append((bytes(module), island))
+  if b"evil" in module:
+    raise invalid_argument("The partitioned program calls custom call "
+                           "target 'evil'")
+
+
+VETTED: list = []
+
+
 @pytest.fixture
 def router():
   clients = Clients()
-  r = callback_router.CallbackRouter(clients.send, clients.finish)
+  background = concurrent.futures.ThreadPoolExecutor(2)
+  VETTED.clear()
+  r = callback_router.CallbackRouter(clients.send, clients.finish, _vet,
+                                     background)
   r.clients = clients
   yield r
   r.stop()
+  background.shutdown()
 
 
-def _answer(router, stream: int, call_id: int, **reply) -> None:
+def _answer(router, stream: int, call_id: int, blobs=(), **reply) -> None:
   router.from_client(stream, msg.encode({"kind": msg.REPLY, "id": call_id,
-                                         **reply}))
+                                         **reply}, list(blobs)))
 
 
 def test_a_call_reaches_its_client_and_the_reply_its_worker(router):
@@ -112,9 +128,11 @@ def test_a_question_is_asked_once(router):
   for w in workers:
     w.ask(question, [b"sharding"])
   header, _ = router.clients.next(5)
-  _answer(router, 5, header["id"], module=0, shardings=[1])
-  for w in workers:  # both answered by the one reply
+  _answer(router, 5, header["id"], [b"module text"], module=0, shardings=[1])
+  for w in workers:  # both answered by the one reply, vetted once
     assert w.reply()[0]["shardings"] == [1]
+  # Read once, for the island that asked first.
+  assert [m for m, _ in VETTED] == [b"module text"]
   # Later (a recompile on a new worker): answered without the client.
   late = Worker(router, island=1)
   late.ask(question, [b"sharding"])
@@ -124,6 +142,27 @@ def test_a_question_is_asked_once(router):
   router.release(route)
   late.ask(question, [b"sharding"])
   assert "released" in late.reply()[0]["error"]["message"]
+
+
+def test_a_partition_answer_reaches_no_worker_unvetted(router):
+  """The module of a partition answer is read (in a reader process) before
+  any worker gets it: one the reading refuses reaches the workers as the
+  error, and is not kept (the next compile asks again)."""
+  router.open_client(5, "erin")
+  route = router.new_route("erin", table=None, session=1)
+  w = Worker(router, island=1)
+  question = {"kind": msg.ASK, "route": route, "what": msg.PARTITION,
+              "question": {"key": "9"}}
+  for n, (blobs, module) in enumerate([([b"evil module"], 0), ([], 0),
+                                       ([b"x"], 7)], start=1):
+    w.ask(question, [b"sharding"])
+    header, _ = router.clients.next(5, n)
+    _answer(router, 5, header["id"], blobs, module=module, shardings=[1])
+    error = w.reply()[0]["error"]
+    assert error["code"] == Code.INVALID_ARGUMENT
+    assert ("custom call target 'evil'" if n == 1 else "has no module") in (
+        error["message"])
+  assert VETTED == [(b"evil module", 1)]
 
 
 def test_a_client_that_leaves_fails_what_it_owed(router):
