@@ -10,6 +10,7 @@ LONGEST_FIRST = (
     "elastic/loop_test.py",                # 194
     "conformance/jax_suite_test.py",       # 190
     "elastic/pathwaysutils_test.py",       # 162
+    "elastic/capped_client_test.py",       # 98 (loaded), 26 alone
     "deploy/ray_test.py",                  # 86
     "sanitizers/address_test.py",          # 81, with its build
     "examples_test.py",                    # 74

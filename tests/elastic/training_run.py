@@ -13,7 +13,8 @@ argv[1]: JSON settings:
                       (restart_worker) and waits until it is up
   restart_delays:     embedded cluster: cluster/restarts.py's RESTART_DELAYS_S
   reference:          also run the same steps without faults on the final
-                      islands and report its parameters
+                      islands and report its parameters (committing every
+                      reference_commit_every steps)
   ballast_mib:        the state also holds this many MiB made on the
                       devices (sharded over them; the steps pass it on):
                       with cap_headroom_mib, this process's address space
@@ -213,9 +214,12 @@ if BALLAST:
   out["ballast_kept"] = bool(jax.jit(jnp.array_equal)(result.state[2],
                                                       ballast_values()))
 if settings.get("reference"):
+  # Commits change no bits: the reference commits only as often as asked
+  # (reference_commit_every, default commit_every).
   again = elastic.run(setup, initial_state(), settings["steps"],
                       islands=result.islands,
-                      commit_every=settings["commit_every"],
+                      commit_every=settings.get("reference_commit_every",
+                                                settings["commit_every"]),
                       commit_dir=settings.get("commit_dir"))
   assert not again.events, again.events
   out["reference"] = jax.tree.map(lambda a: np.asarray(a).tobytes().hex(),

@@ -173,7 +173,10 @@ def test_a_client_capped_below_its_state_saves_and_restores_it(
              # the cap, mostly untouched.
              MALLOC_ARENA_MAX="2")
   script = os.path.join(os.path.dirname(__file__), "limited_client.py")
-  out = subprocess.run([sys.executable, script, str(tmp_path), "768", "384"],
+  # Threads' stacks of 2 MiB (`ulimit -s`; 8 by default): the cap counts
+  # what they reserve, and the proxy client starts threads as it needs.
+  out = subprocess.run(["bash", "-c", 'ulimit -s 2048 && exec "$@"', "bash",
+                        sys.executable, script, str(tmp_path), "768", "384"],
                        env=env, cwd="/", capture_output=True, text=True,
                        timeout=280, check=False)
   assert out.returncode == 0, out.stderr[-3000:]
