@@ -24,6 +24,7 @@
 #ifndef JAX_PATHWAYS_CSRC_TRANSPORT_CHANNEL_H_
 #define JAX_PATHWAYS_CSRC_TRANSPORT_CHANNEL_H_
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -131,6 +132,11 @@ class Channel {
   void Shutdown();
   // Whether the peer is on this host (a Unix socket).
   bool IsLocal() const;
+  // When Receive() last got bytes, those of a frame still arriving too: a
+  // peer sending a frame that takes seconds (an upload, a fetch) is alive
+  // while it arrives, though no whole frame, not even a heartbeat queued
+  // behind it, has come. Thread-safe; the epoch before any byte.
+  std::chrono::steady_clock::time_point LastReceived() const;
 
  private:
   struct Batch;  // frames being sent, with their iovecs and owner
@@ -157,6 +163,8 @@ class Channel {
   uint64_t queued_ = 0;    // tickets handed out (batches ever queued)
   uint64_t finished_ = 0;  // batches written, in ticket order
   std::thread writer_;     // started when a batch is first queued
+  // LastReceived(), in steady_clock ticks; written by the reader alone.
+  std::atomic<std::chrono::steady_clock::rep> last_received_{0};
   // Receive()'s: bytes read past the frame it returned, at
   // [read_start_, read_end_) of read_buffer_ (allocated at first use).
   std::unique_ptr<char[]> read_buffer_;

@@ -50,7 +50,14 @@ ssize_t Recv(int fd, char* p, size_t n) {
   }
 }
 
-Status ReadFull(int fd, char* p, size_t n) {
+// Records that bytes arrived now (Channel::LastReceived).
+void Arrived(std::atomic<std::chrono::steady_clock::rep>* at) {
+  at->store(std::chrono::steady_clock::now().time_since_epoch().count(),
+            std::memory_order_relaxed);
+}
+
+Status ReadFull(int fd, char* p, size_t n,
+                std::atomic<std::chrono::steady_clock::rep>* arrived) {
   while (n > 0) {
     ssize_t got = Recv(fd, p, n);
     if (got == 0) return Unavailable("connection closed by peer");
@@ -58,6 +65,7 @@ Status ReadFull(int fd, char* p, size_t n) {
       if (errno == EINTR) continue;
       return Errno("recv", errno);
     }
+    Arrived(arrived);
     p += got;
     n -= static_cast<size_t>(got);
   }
@@ -263,6 +271,7 @@ Status Channel::Receive(FrameKind* kind, Bytes* body,
       if (errno == EINTR) continue;
       return Errno("recv", errno);
     }
+    Arrived(&last_received_);
     read_end_ += static_cast<size_t>(got);
   }
   Header h;
@@ -300,7 +309,7 @@ Status Channel::ReadInto(char* w, size_t n) {
   size_t have = std::min<size_t>(read_end_ - read_start_, n);
   std::memcpy(w, read_buffer_.get() + read_start_, have);
   read_start_ += have;
-  return ReadFull(fd_, w + have, n - have);
+  return ReadFull(fd_, w + have, n - have, &last_received_);
 }
 
 void Channel::Shutdown() {
@@ -314,6 +323,12 @@ void Channel::Shutdown() {
   }
   // The shut-down socket fails the writer's blocked sendmsg at once.
   if (writer.joinable()) writer.join();
+}
+
+std::chrono::steady_clock::time_point Channel::LastReceived() const {
+  return std::chrono::steady_clock::time_point(
+      std::chrono::steady_clock::duration(
+          last_received_.load(std::memory_order_relaxed)));
 }
 
 bool Channel::IsLocal() const {

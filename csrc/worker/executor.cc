@@ -79,8 +79,10 @@ void Executor::HeartbeatLoop() {
     if (stopping_ || !closed_.ok() || controller_timeout_.count() <= 0) {
       continue;
     }
+    // Bytes of a frame still arriving count: a long upload is no silence.
     std::chrono::duration<double> silent =
-        std::chrono::steady_clock::now() - last_heard_;
+        std::chrono::steady_clock::now() -
+        std::max(last_heard_, channel_->LastReceived());
     if (silent <= controller_timeout_) continue;
     char seconds[32];
     snprintf(seconds, sizeof(seconds), "%.1f", silent.count());

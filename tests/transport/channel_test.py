@@ -259,3 +259,54 @@ def test_a_local_transfer_of_a_terabyte_is_refused():
   finally:
     receiver.shutdown()
     raw.close()
+
+
+def _trickle(sock, check, chunks=24, chunk=256 << 10, every_s=0.25):
+  """One heartbeat frame whose body arrives a chunk at a time, every_s
+  apart (its last byte 6 s after its header: three times the timeouts
+  below), calling check() after each chunk."""
+  sock.sendall(struct.pack("<IIQ", MAGIC, HEARTBEAT, chunks * chunk))
+  for _ in range(chunks):
+    sock.sendall(b"\0" * chunk)
+    check()
+    time.sleep(every_s)
+
+
+def test_a_worker_hears_its_controller_while_a_long_frame_arrives():
+  """Issue 52: a worker declared its controller lost ("sent nothing, not
+  even a heartbeat") while a large upload's one frame was still arriving
+  on a busy machine. Bytes of a frame count; silence after it still
+  does."""
+  controller, b = socket.socketpair()
+  ex = _core.Executor(b.detach(), "the test's controller", 2.0)
+  try:
+    _trickle(controller, lambda: _check_heard(ex))
+    _wait_for(lambda: ex.lost())
+    assert "sent nothing, not even a heartbeat" in ex.lost()
+  finally:
+    ex.shutdown()
+    controller.close()
+
+
+def _check_heard(ex):
+  assert not ex.lost(), ex.lost()
+
+
+def test_a_controller_hears_its_worker_while_a_long_frame_arrives():
+  """The same the other way: a worker's long frame (a large fetch's
+  event) keeps its island alive while it arrives."""
+  d, worker = _unread_island()
+
+  def alive():
+    d.expire_silent_islands(2.0)
+    [island] = d.stats()
+    assert island["alive"], island["error"]
+
+  try:
+    _trickle(worker, alive)
+    _wait_for(lambda: (d.expire_silent_islands(2.0) or
+                       not d.stats()[0]["alive"]))
+    assert "sent nothing, not even a heartbeat" in d.stats()[0]["error"]
+  finally:
+    worker.close()
+    d.shutdown()

@@ -25,8 +25,12 @@ void Dispatcher::ExpireSilentIslands(double timeout_s) {
     auto now = std::chrono::steady_clock::now();
     for (auto& [id, island] : islands_) {
       if (!island->alive) continue;
+      // Bytes of a frame still arriving count: a long fetch is no silence.
       double silent =
-          std::chrono::duration<double>(now - island->last_heard).count();
+          std::chrono::duration<double>(
+              now - std::max(island->last_heard,
+                             island->channel->LastReceived()))
+              .count();
       if (silent <= timeout_s) continue;
       char seconds[32];
       snprintf(seconds, sizeof(seconds), "%.1f", silent);
