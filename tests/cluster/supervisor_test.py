@@ -96,7 +96,9 @@ def test_a_stopped_worker_declared_lost_is_killed_and_replaced(caplog):
     with caplog.at_level(logging.WARNING):
       processes.freeze(old.pid)
       stopped_at = time.monotonic()
-      deadline = stopped_at + worker_timeout + 10
+      # Generous: only catches a hang (a replacement's start imports JAX,
+      # which took over 10 s in a loaded fresh-clone CI run).
+      deadline = stopped_at + worker_timeout + 60
       while True:
         island = {i["island"]: i for i in admin.status(
             cluster.address, cluster.token, timeout=5)["islands"]}[1]
