@@ -13,11 +13,12 @@ Every `commit_every` steps the state is committed (commits.py): saved by the
 islands' workers into `commit_dir` (by default, on the embedded cluster, a
 directory of its own under the workers' storage root), costing this
 process nothing; without one (a remote cluster and no `commit_dir`), copied
-into this process's memory. When a step fails because an island was lost (DATA_LOSS: its
-worker died or stopped answering), the loop waits up to `rejoin_timeout` for
-the island to be back (a new worker took its place), otherwise goes on with
-the islands that are up; either way it calls `setup` again with the devices
-it now has, places the last commit there (resharded if the mesh shrank) and
+into this process's memory. When a step fails because an island was lost
+(DATA_LOSS: its worker died or stopped answering), the loop waits up to
+`rejoin_timeout` for the island to be back (a new worker took its place),
+otherwise goes on with the islands that are up; either way it calls
+`setup` again with the devices it now has, places the last commit there
+(resharded if the mesh shrank) and
 resumes from the committed step. Steps after the commit are run again, from
 the same state and step index, so nothing committed is lost and a step the
 user's code makes deterministic gives the same bits as a run without loss.
@@ -139,8 +140,9 @@ def run(setup: Callable[[Sequence[jax.Device]], Plan], state: Any,
     raise ValueError(f"min_islands={min_islands} but only islands {wanted} "
                      "are asked for")
   made = None
-  if commit_dir is None and _initialize.local_cluster() is not None:
-    root = _initialize.local_cluster().storage_root
+  cluster = _initialize.local_cluster()
+  if commit_dir is None and cluster is not None:
+    root = cluster.storage_root
     made = commit_dir = tempfile.mkdtemp(
         prefix="jax_pathways_commits_",
         dir=None if root in (None, "/") else root)

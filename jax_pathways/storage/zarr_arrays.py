@@ -60,10 +60,10 @@ def load(location: str, name: str, shape: Sequence[int], dtype: str,
   `sharding`) hold, in their order."""
   path = f"{location.rstrip('/')}/{name}"
   kvstore = paths.confine(root, path)
-  if isinstance(kvstore, dict) and os.path.exists(
-      os.path.join(paths.confine(root, location)["path"], _OCDBT_MANIFEST)):
-    kvstore = {"driver": "ocdbt",
-               "base": paths.confine(root, location), "path": name + "/"}
+  if isinstance(kvstore, dict):  # a directory: perhaps an OCDBT database
+    base = paths.confine(root, location)
+    if os.path.exists(os.path.join(base["path"], _OCDBT_MANIFEST)):
+      kvstore = {"driver": "ocdbt", "base": base, "path": name + "/"}
   spec = {"driver": "zarr", "kvstore": kvstore,
           "fill_missing_data_reads": False,
           "recheck_cached_data": False, "recheck_cached_metadata": False}
