@@ -209,6 +209,9 @@ setup(
         # Workers write and read saved arrays with it (storage/), in the
         # layout orbax writes with it.
         "tensorstore",
+        # colocated_python pickles functions with it (client) and its
+        # colocated processes unpickle them (colocated/).
+        "cloudpickle",
     ],
     extras_require={
         "examples": ["optax"],

@@ -33,6 +33,7 @@ class OpKind(enum.IntEnum):
   JOIN_GLOBAL = 12
   SAVE = 13
   LOAD = 14
+  COLOCATED = 15
 
 class Op:
   """An op as a worker receives it."""

@@ -179,7 +179,9 @@ def initialize(address: str | None = None, *, islands: int | None = None,
           restart_workers=restart_workers is not False,
           platform=platform or cfg.platform,
           compilation_cache_dir=_compilation_cache_dir(),
-          storage_root=storage_root or cfg.storage_root or "/")
+          storage_root=storage_root or cfg.storage_root or "/",
+          # Its workers are this user's own processes.
+          colocated_python=True)
       cluster.start()
       _cluster = cluster
       address, token = cluster.address, cluster.token

@@ -181,6 +181,11 @@ def make_parser() -> argparse.ArgumentParser:
                  "clients' persistence requests save and restore arrays "
                  f"(default ${config.STORAGE_ROOT}; unset: they are "
                  "refused); see docs/storage.md")
+  w.add_argument("--colocated-python", action="store_true",
+                 help="let clients run jax.experimental.colocated_python "
+                 "functions on this host, each client in a process of its "
+                 "own (their code runs as this worker's user; see "
+                 "docs/colocated_python.md)")
   w.add_argument("--simulate", type=int, default=None, metavar="N",
                  help="join as N simulated islands of --devices CPU devices "
                  "each, which acknowledge ops without computing (to measure "
@@ -486,7 +491,7 @@ def _main(argv: Sequence[str] | None) -> int:
         args.controller, args.island, args.devices, cfg.token,
         args.data_listen, args.connect_timeout, memory, device_cores,
         args.controller_timeout, args.platform, args.compilation_cache_dir,
-        args.storage_root or cfg.storage_root))
+        args.storage_root or cfg.storage_root, args.colocated_python))
   if args.command == "connect":
     return _connect(parser, args, cfg)
   return _status(parser, args, cfg)

@@ -29,6 +29,7 @@ void RegisterOp(py::module_& m) {
       .value("JOIN_GLOBAL", OpKind::kJoinGlobal)
       .value("SAVE", OpKind::kSave)
       .value("LOAD", OpKind::kLoad)
+      .value("COLOCATED", OpKind::kColocated)
       .finalize();
   // Op.kind hands out these members, by value: converting the C++ value
   // would call the enum class at every read. Decoding refuses other values.

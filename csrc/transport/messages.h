@@ -23,7 +23,7 @@ using BufferId = uint64_t;
 using IslandId = int32_t;
 
 // Version of the controller <-> worker wire format; bumped on any change.
-inline constexpr uint32_t kWireVersion = 14;
+inline constexpr uint32_t kWireVersion = 15;
 
 // Uploads a worker holds staged at once (FrameKind::kStage, kStageData),
 // and the bytes of those sent to a worker on another host (which holds
@@ -62,9 +62,12 @@ enum class OpKind : uint32_t {
   // Read this island's shards of `results` from storage (payload: where,
   // their shapes and shardings).
   kLoad = 14,
+  // Run a client's colocated_python function beside this island (payload:
+  // its pickle, the shards it reads and makes; jax_pathways/colocated/).
+  kColocated = 15,
 };
 // The highest kind a frame may carry.
-inline constexpr OpKind kLastOpKind = OpKind::kLoad;
+inline constexpr OpKind kLastOpKind = OpKind::kColocated;
 
 // Heads are padded so payloads start 64-byte aligned in a received frame.
 

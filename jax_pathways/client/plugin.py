@@ -26,8 +26,10 @@ from jax_pathways.client import host_callbacks
 from jax_pathways.client import make_mesh
 from jax_pathways.client import stderr_filter
 from jax_pathways.cluster import addresses
+from jax_pathways.colocated import packages
 from jax_pathways.wire.session_keys import (CALLBACKS_KEY, DEVICES_KEY,
-                                             ISLAND_KEY, TOKEN_KEY)
+                                            ISLAND_KEY, PACKAGES_KEY,
+                                            TOKEN_KEY)
 
 BACKEND_NAME = "proxy"
 CONNECT_TIMEOUT_S = 60
@@ -149,6 +151,7 @@ def _make_client() -> Any:
   # This process serves its programs' callbacks (client/host_callbacks.py).
   client_id = host_callbacks.new_client_id()
   data[CALLBACKS_KEY] = client_id.encode()
+  data[PACKAGES_KEY] = packages.describe().encode()
   options.initialization_data = data
   target = _target()
   if _before_connect is not None:

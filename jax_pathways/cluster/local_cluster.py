@@ -126,7 +126,8 @@ class LocalCluster:
                restart_workers: bool = True, workers_over_tcp: bool = False,
                platform: str = "cpu", compilation_cache_dir: str | None = None,
                controller_timeout_s: float | None = None,
-               storage_root: str | None = None):
+               storage_root: str | None = None,
+               colocated_python: bool = False):
     if device_cores is not None and len(device_cores) != islands:
       raise ValueError(f"device_cores names {len(device_cores)} islands' "
                        f"cores for {islands} islands")
@@ -138,6 +139,7 @@ class LocalCluster:
     self.platform = platform
     self.compilation_cache_dir = compilation_cache_dir
     self.storage_root = storage_root
+    self.colocated_python = colocated_python
     # The workers' --controller-timeout (None: their default).
     self.controller_timeout_s = controller_timeout_s
     self.islands = islands
@@ -244,6 +246,7 @@ class LocalCluster:
             *_optional("--compilation-cache-dir",
                        self.compilation_cache_dir),
             *_optional("--storage-root", self.storage_root),
+            *(("--colocated-python",) if self.colocated_python else ()),
             *_optional("--controller-timeout", self.controller_timeout_s)])
         self.workers.append(self._spawn_worker(i))
       self._wait_complete(deadline)

@@ -37,8 +37,8 @@ from jax_pathways.wire import protos
 from jax_pathways.wire.session_keys import (
     ADMIN_CHECK_SLICE, ADMIN_PING, ADMIN_SERVICE, ADMIN_STATUS,
     ADMIN_SUPERVISION, ADMIN_TRACE, CALLBACKS_HEADER, CALLBACKS_KEY, CALLBACKS_METHOD,
-    DEVICES_KEY, ISLAND_KEY, SESSION_METADATA, TOKEN_HEADER, TOKEN_KEY,
-    WEIGHT_KEY)
+    DEVICES_KEY, ISLAND_KEY, PACKAGES_KEY, SESSION_METADATA, TOKEN_HEADER,
+    TOKEN_KEY, WEIGHT_KEY)
 
 GET_VERSION = "/xla.ifrt.proxy.GrpcIfrtService/GetVersion"
 # What a session without the right token is told, as the status of its
@@ -206,6 +206,7 @@ class GrpcService:
       request = SliceRequest.parse(_attribute(meta, DEVICES_KEY),
                                    _attribute(meta, ISLAND_KEY))
       callbacks_client = _attribute(meta, CALLBACKS_KEY)
+      client_packages = (_attribute(meta, PACKAGES_KEY) or "")[:1024]
       weight = _weight(_attribute(meta, WEIGHT_KEY))
     except StatusError as e:
       self._server.finish(stream, e.status.code, e.status.message)
@@ -223,7 +224,8 @@ class GrpcService:
                       number=next(self._numbers), weight=weight,
                       wake=server.wake, stream=stream,
                       settle=lambda: server.settle(stream),
-                      callbacks_client=callbacks_client or None)
+                      callbacks_client=callbacks_client or None,
+                      client_packages=client_packages or None)
     with self._lock:
       self.sessions[stream] = session
     logging.info("client %d opened a session (protocol %d, peer %s, asks "

@@ -25,10 +25,11 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from absl import logging
 
 from jax_pathways import _core, _server, validation
-from jax_pathways.controller import moves
+from jax_pathways.controller import colocated_executable, moves
 from jax_pathways.controller.array_store import ArrayStore, Layouts
 from jax_pathways.controller.arrays import Array
 from jax_pathways.controller.callback_router import CallbackRouter
+from jax_pathways.controller.colocated_executable import ColocatedExecutable
 from jax_pathways.controller.compile_cache import CompileCache
 from jax_pathways.controller.coordination import GlobalClient
 from jax_pathways.controller.dispatcher import (ClientDispatcher, Dispatcher,
@@ -152,7 +153,8 @@ class Session:
                number: int = 0, weight: float = 1.0,
                wake: Callable[[], None] = lambda: None, stream: int = 0,
                settle: Callable[[], None] = lambda: None,
-               callbacks_client: str | None = None):
+               callbacks_client: str | None = None,
+               client_packages: str | None = None):
     # The id is a secret (it names the session's host buffers); `number`
     # is what others may see of this client.
     self.id = session_id
@@ -165,6 +167,10 @@ class Session:
     # The id under which the client serves its programs' callbacks
     # (client/host_callbacks.py); None: it serves none.
     self.callbacks_client = callbacks_client
+    # What the client runs (colocated/packages.py), and the islands where
+    # it may have colocated processes (ended with the session).
+    self.client_packages = client_packages
+    self.colocated_islands: set[int] = set()
     self.request = request  # the devices the client asked for
     self._slice: VirtualSlice | None = None
     self.protocol_version = protocol_version
@@ -446,6 +452,9 @@ class Session:
     if isinstance(exe, ProfileExecutable):  # perhaps still recording
       exe.abandon(services)
       return
+    if isinstance(exe, ColocatedExecutable):
+      exe.drop(services)
+      return
     for program in exe.programs():
       services.compile_cache.release(program, services.dispatcher)
       if program.route:
@@ -460,6 +469,9 @@ class Session:
     moves.release(self.services, self.arrays.drain())
     for exe in self.executables.drain():
       self.let_go(exe)
+    if self.colocated_islands:
+      colocated_executable.end(self.services, self.number,
+                               self.colocated_islands)
     self.futures.drain()
     self.execute_results.drain()
     self.services.resources.release(self.id)

@@ -15,6 +15,9 @@ ISLAND_KEY = "jax_pathways_island"
 WEIGHT_KEY = "jax_pathways_weight"  # its share of saturated islands
 # The id under which the client serves its programs' callbacks.
 CALLBACKS_KEY = "jax_pathways_callbacks"
+# The packages the client runs, which its colocated processes must run too
+# (colocated/packages.py).
+PACKAGES_KEY = "jax_pathways_packages"
 TOKEN_HEADER = "jax-pathways-token"
 # A client's callbacks stream: its method, and the header naming the client
 # (CALLBACKS_KEY's value).

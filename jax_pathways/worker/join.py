@@ -49,14 +49,17 @@ def run(controller: str, island: int | None, devices: int | None,
         device_memory: int = 0, device_cores: list[int] | None = None,
         controller_timeout: float = 10.0, platform: str | None = None,
         compilation_cache_dir: str | None = None,
-        storage_root: str | None = None) -> int:
+        storage_root: str | None = None,
+        colocated_python: bool = False) -> int:
   """Joins `controller` and serves until told to stop; returns an exit code.
   `devices`, `platform`: see island_client.island_client.
   `device_cores`: the CPU cores the devices compute on (cluster/cores.py).
   `compilation_cache_dir`: where compiled programs are kept across workers
   (worker/compilation_cache.py); None: nowhere.
   `storage_root`: where persistence requests may save and restore arrays
-  (storage/paths.py); None: nowhere."""
+  (storage/paths.py); None: nowhere.
+  `colocated_python`: whether clients may run colocated Python functions
+  here (in processes of their own; colocated/)."""
   configure_jax(platform)
   # pylint: disable=import-outside-toplevel
   from jax_pathways import _core
@@ -64,6 +67,7 @@ def run(controller: str, island: int | None, devices: int | None,
   from jax_pathways.cluster import cores
   from jax_pathways.wire import handshake
   from jax_pathways.worker import callback_binding as worker_callbacks
+  from jax_pathways.worker.colocated_processes import ColocatedProcesses
   from jax_pathways.worker.compilation_cache import CompilationCache
   from jax_pathways.worker.island_client import PlatformError
   from jax_pathways.worker.peers import Peers
@@ -127,7 +131,9 @@ def run(controller: str, island: int | None, devices: int | None,
   # From here on the worker heartbeats and watches the controller's.
   executor = _core.Executor(sock.detach(), controller, controller_timeout)
   try:
-    ended = Worker(executor, backend, peers, transfers, storage_root).run()
+    colocated = ColocatedProcesses(peers.island, colocated_python)
+    ended = Worker(executor, backend, peers, transfers, storage_root,
+                   colocated).run()
   finally:
     executor.shutdown()
     peers.close()

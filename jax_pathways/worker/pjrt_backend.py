@@ -771,7 +771,7 @@ class PjrtBackend:
     return [by_device[d] for d in array.sharding._device_assignment  # pylint: disable=protected-access
             if d in by_device]
 
-  def _local_positions(self, refs: Sequence[DeviceRef]) -> list[int]:
+  def local_positions(self, refs: Sequence[DeviceRef]) -> list[int]:
     """The positions in `refs` of this worker's devices."""
     return [i for i, r in enumerate(refs)
             if isinstance(r, int) or self.device(r) in self._current.local]
@@ -780,7 +780,7 @@ class PjrtBackend:
                  ) -> dict[int, int]:
     """The distinct pieces (see shards.distinct) this worker holds first:
     piece number -> its position in the spec's devices."""
-    local = set(self._local_positions(spec["devices"]))
+    local = set(self.local_positions(spec["devices"]))
     return {k: pos for k, pos in
             enumerate(shards.distinct(shards.indices(spec, shape)))
             if pos in local}
@@ -788,7 +788,7 @@ class PjrtBackend:
   def pieces(self, array: jax.Array, spec: dict[str, Any],
              shape: Sequence[int]) -> dict[int, np.ndarray]:
     """first_held's pieces, as host arrays."""
-    by_position = dict(zip(self._local_positions(spec["devices"]),
+    by_position = dict(zip(self.local_positions(spec["devices"]),
                            self.shards(array)))
     return {k: np.asarray(by_position[pos])
             for k, pos in self.first_held(spec, shape).items()}

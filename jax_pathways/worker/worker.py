@@ -23,6 +23,14 @@ Payload headers per op kind (built by the controller's handlers):
   LOAD     {"arrays": [{"location", "name", "timeout_s", "shape", "dtype",
            "sharding"}]}, one per result: read this island's shards.
            Both run on the storage lane (below), answered once done
+  COLOCATED {"action": "call", "client", "function", "pickled", "hello",
+           "inputs": [{"sharding", "virtual"}], "outputs": [{"shape",
+           "dtype", "sharding", "virtual"}]}, blobs [pickle]: run the
+           client's colocated_python function in its process here
+           (worker/colocated_processes.py) on this island's shards of the
+           args, making this island's shards of the results; on the
+           client's lane. {"action": "drop" | "end", "client", "function"}:
+           the client let the function go / its session ended (at once)
   JOIN_GLOBAL {"coordinator", "generation", "members"}: build the global
            client of the islands `members` (every island's worker is up,
            an island was lost, or a lost island's place was taken); answered
@@ -58,6 +66,7 @@ from jax_pathways.storage import zarr_arrays
 from jax_pathways.wire import payloads
 from jax_pathways.worker import shards
 from jax_pathways.worker.callback_lanes import Lane, Pending, Task
+from jax_pathways.worker.colocated_processes import ColocatedProcesses
 from jax_pathways.worker.completions import Completions, error_status
 from jax_pathways.worker.peers import Peers
 from jax_pathways.worker.pjrt_backend import (JOIN_WAIT_S,
@@ -92,6 +101,9 @@ _READERS = frozenset({OpKind.LAUNCH, OpKind.FETCH, OpKind.COPY, OpKind.SEND})
 # loop, and every other client's work on the island, goes on meanwhile.
 _STORAGE = frozenset({OpKind.SAVE, OpKind.LOAD})
 STORAGE_LANE = -1
+# A client's colocated_python calls: on a lane of that client's, below
+# STORAGE_LANE, so a function that runs for hours holds nobody else.
+_COLOCATED_LANES = -2
 # How often a lane waiting for a launch spanning islands looks whether an
 # island was lost (the launch then never finishes).
 SPANNING_POLL_S = 0.01
@@ -102,11 +114,14 @@ class Worker:
 
   def __init__(self, executor: Any, backend: PjrtBackend, peers: Peers,
                transfers: Transfers | None = None,
-               storage_root: str | None = None):
+               storage_root: str | None = None,
+               colocated: ColocatedProcesses | None = None):
     """`storage_root`: where SAVE and LOAD may reach (storage/paths.py);
-    None: nowhere."""
+    None: nowhere. `colocated`: the clients' colocated Python processes
+    here (None: colocated Python is off)."""
     self._executor = executor
     self._storage_root = storage_root
+    self._colocated = colocated or ColocatedProcesses(0, enabled=False)
     self._backend = backend
     self._peers = peers
     self._transfers = transfers
@@ -151,6 +166,7 @@ class Worker:
         OpKind.JOIN_GLOBAL: self._join_global,
         OpKind.SAVE: self._save,
         OpKind.LOAD: self._load,
+        OpKind.COLOCATED: self._colocated_op,
     }
 
   def run(self) -> str | None:
@@ -176,13 +192,15 @@ class Worker:
     finally:
       # With no one to report to, work still running (perhaps a program
       # waiting in gloo for a lost island) is not waited for.
+      self._colocated.close()
       self._completions.close(wait=ended is None)
 
   def _run_op(self, op: Any) -> None:
     if op.kind == OpKind.PEER_LOST:
       self._peer_lost(op)
       return
-    if (op.kind in _READERS or op.kind in _STORAGE) and self._to_lane(op):
+    if (op.kind in _READERS or op.kind in _STORAGE or
+        op.kind == OpKind.COLOCATED) and self._to_lane(op):
       return
     record = (self._tracer.issuing(op.seq, op.kind.name.lower(),
                                    self._name(op), op.args, op.results)
@@ -216,6 +234,11 @@ class Worker:
         program is not None and program.callbacks is not None) else 0
     if op.kind in _STORAGE:
       route = STORAGE_LANE
+    elif op.kind == OpKind.COLOCATED:
+      header, _ = payloads.decode(op.payload, self._headers)
+      if header["action"] == "end":
+        return False  # at once: it kills what the lane may be waiting on
+      route = _COLOCATED_LANES - int(header["client"])
     if not route and not self._lanes:
       return False  # no lane ever: nothing is pending (the usual case)
     after: list[Any] = []
@@ -243,7 +266,9 @@ class Worker:
       lane = self._lanes.get(route)
       if lane is None:
         lane = self._lanes[route] = Lane(
-            "jp-storage" if route == STORAGE_LANE else f"jp-lane-{route}")
+            "jp-storage" if route == STORAGE_LANE else
+            f"jp-colocated-{_COLOCATED_LANES - route}" if route < 0 else
+            f"jp-lane-{route}")
     else:
       lane = after[0].lane
     snapshot = {b: self._buffers.get(b) for b in op.args}
@@ -554,6 +579,39 @@ class Worker:
                                 self._storage_root, float(item["timeout_s"]))
       outputs.append(self._backend.from_pieces(item["shape"], sharding,
                                                pieces, mine))
+    self._store(op, outputs)
+    self._completions.add(op.seq, outputs)
+
+  def _colocated_op(self, op: Any) -> None:
+    """A client's colocated_python call (on its lane), or its end."""
+    header, blobs = payloads.decode(op.payload, self._headers)
+    client = int(header["client"])
+    if header["action"] == "end":
+      self._colocated.end(client)
+      self._completions.add(op.seq, [])
+      return
+    if header["action"] == "drop":
+      self._colocated.drop(client, header["function"])
+      self._completions.add(op.seq, [])
+      return
+    inputs = []
+    for b, item in zip(op.args, header["inputs"]):
+      positions = self._backend.local_positions(item["sharding"]["devices"])
+      inputs.append([(item["virtual"][p], np.asarray(shard)) for p, shard
+                     in zip(positions, self._backend.shards(self._array(b)))])
+    shardings, wanted = [], []
+    for out in header["outputs"]:
+      sharding = self._backend.sharding(out["sharding"])
+      shape = sharding.shard_shape(tuple(out["shape"]))
+      shardings.append(sharding)
+      wanted.append([(out["virtual"][p], shape, out["dtype"]) for p in
+                     self._backend.local_positions(out["sharding"]["devices"])])
+    made = self._colocated.call(client, header["hello"], header["function"],
+                                blobs[0], inputs, wanted)
+    outputs = [self._backend.from_pieces(out["shape"], sharding, pieces,
+                                         self._backend.mine(sharding))
+               for out, sharding, pieces in zip(header["outputs"], shardings,
+                                                made)]
     self._store(op, outputs)
     self._completions.add(op.seq, outputs)
 

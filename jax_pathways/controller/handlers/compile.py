@@ -3,7 +3,8 @@
 An XlaProgram becomes one program on the islands of its devices; an
 IfrtIRProgram (MPMD) one program per fragment, each on its mesh's islands;
 pathwaysutils' PluginPrograms a ProfileExecutable (profiling) or a
-PersistenceExecutable (saving and restoring arrays), nothing compiled.
+PersistenceExecutable (saving and restoring arrays), and colocated_python's
+CustomCallPrograms a ColocatedExecutable; none of these compiles anything.
 
 The program is read by a reader process (programs/reader.py): the handler
 hands it over and returns, and one of the controller's compile threads
@@ -22,6 +23,7 @@ from typing import Any
 from absl import logging
 
 from jax_pathways.controller import mpmd_executable
+from jax_pathways.controller.colocated_executable import ColocatedExecutable
 from jax_pathways.controller.handlers.executable import Executable
 from jax_pathways.controller.handlers.future import new_done_future
 from jax_pathways.controller.handlers.handler_table import handles
@@ -30,7 +32,8 @@ from jax_pathways.controller.persistence_executable import (
     PersistenceExecutable)
 from jax_pathways.controller.profile_executable import ProfileExecutable
 from jax_pathways.controller.session import Reply, Session
-from jax_pathways.programs import ifrt_ir_program, plugin_program, xla_program
+from jax_pathways.programs import (colocated_program, ifrt_ir_program,
+                                   plugin_program, xla_program)
 from jax_pathways.resources.topology import Topology
 from jax_pathways.resources.virtual_slice import VirtualSlice
 from jax_pathways.status import Code, Status, StatusError, unimplemented
@@ -86,6 +89,14 @@ def compile_program(session: Session, req: Any, reply: Reply) -> None:
       if req.program.type_name == plugin_program.PLUGIN_PROGRAM:
         compiled(Status(), _plugin_executable(session.number, req, devices,
                                               services.topology))
+        return
+      if req.program.type_name == colocated_program.CUSTOM_CALL_PROGRAM:
+        executable = ColocatedExecutable(
+            colocated_program.parse(req.program, req.compile_options),
+            devices, services.topology, session.number,
+            session.client_packages)
+        session.colocated_islands.update(executable.islands)
+        compiled(Status(), executable)
         return
       if req.program.type_name == ifrt_ir_program.IFRT_IR_PROGRAM:
         mpmd_executable.compile_program(

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from jax_pathways import dtypes
 from jax_pathways.controller.arrays import Array
+from jax_pathways.controller.colocated_executable import ColocatedExecutable
 from jax_pathways.controller.compile_cache import CompiledProgram
 from jax_pathways.controller.mpmd_executable import MpmdExecutable
 from jax_pathways.controller.persistence_executable import (
@@ -27,7 +28,7 @@ from jax_pathways.status import (Status, StatusError, failed_precondition,
                                  invalid_argument, unimplemented)
 
 Executable = (CompiledProgram | MpmdExecutable | ProfileExecutable |
-              PersistenceExecutable)
+              PersistenceExecutable | ColocatedExecutable)
 
 # Protocol version from which the execution status is fetched with
 # LoadedExecutableFetchExecuteResult instead of CheckFuture.
