@@ -112,7 +112,7 @@ class Executor:
           out.append(str(host.item()).encode())
           shards.append({"shape": list(host.shape), "dtype": "string"})
         else:
-          host = np.ascontiguousarray(host)
+          host = np.asarray(host, order="C")  # (ascontiguousarray makes 0-d 1-d)
           out.append(memoryview(host).cast("B"))
           shards.append({"shape": list(host.shape), "dtype": host.dtype.name})
       described.append(shards)

@@ -66,7 +66,7 @@ class ColocatedProcesses:
                    for shards in inputs],
         "outputs": [[d for d, _, _ in shards] for shards in outputs]}
     blobs = [pickled] if header["pickled"] else []
-    blobs += [memoryview(np.ascontiguousarray(a)).cast("B")
+    blobs += [memoryview(np.asarray(a, order="C")).cast("B")
               for shards in inputs for _, a in shards]
     expected = sum(int(np.prod(shape)) * (np_dtype(dtype).itemsize
                                           if dtype != "string" else 0)
