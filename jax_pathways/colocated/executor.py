@@ -112,8 +112,7 @@ class Executor:
           out.append(str(host.item()).encode())
           shards.append({"shape": list(host.shape), "dtype": "string"})
         else:
-          host = np.asarray(host, order="C")  # (ascontiguousarray makes 0-d 1-d)
-          out.append(memoryview(host).cast("B"))
+          out.append(frames.raw(host))
           shards.append({"shape": list(host.shape), "dtype": host.dtype.name})
       described.append(shards)
     return ({"outputs": described}, *out)

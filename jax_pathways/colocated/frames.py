@@ -22,6 +22,12 @@ class Closed(ConnectionError):
   """The other end closed the connection (or died)."""
 
 
+def raw(array: np.ndarray) -> memoryview:
+  """An array's bytes, as a blob (bfloat16 and its kin have no buffer
+  format; their bytes do)."""
+  return memoryview(np.asarray(array, order="C").reshape(-1).view(np.uint8))
+
+
 def send(sock: socket.socket, header: dict[str, Any], *blobs: Any) -> None:
   head, tails = payloads.parts(header, *blobs)
   size = len(head) + sum(memoryview(t).nbytes for t in tails)

@@ -66,8 +66,7 @@ class ColocatedProcesses:
                    for shards in inputs],
         "outputs": [[d for d, _, _ in shards] for shards in outputs]}
     blobs = [pickled] if header["pickled"] else []
-    blobs += [memoryview(np.asarray(a, order="C")).cast("B")
-              for shards in inputs for _, a in shards]
+    blobs += [frames.raw(a) for shards in inputs for _, a in shards]
     expected = sum(int(np.prod(shape)) * (np_dtype(dtype).itemsize
                                           if dtype != "string" else 0)
                    for shards in outputs for _, shape, dtype in shards)

@@ -3,7 +3,9 @@ state: it saves and restores the state with orbax's Pathways handler,
 which the workers serve, so no byte of it enters this process.
 
 argv: checkpoint directory, state MiB, headroom MiB (what the cap leaves
-above this process's address space once warmed up). Prints one JSON line.
+above this process's address space once warmed up), orbax's
+CheckpointingImpl (PERSISTENCE or COLOCATED_PYTHON: the islands' colocated
+processes save and restore). Prints one JSON line.
 """
 import json
 import os
@@ -46,7 +48,7 @@ def main() -> None:
   path, state_mib, headroom_mib = sys.argv[1], int(sys.argv[2]), int(
       sys.argv[3])
   ocp.pathways.register_type_handlers(
-      checkpointing_impl=ocp.pathways.CheckpointingImpl.PERSISTENCE)
+      checkpointing_impl=ocp.pathways.CheckpointingImpl[sys.argv[4]])
   mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
   sharded = NamedSharding(mesh, P(("data", "model")))
   n = (state_mib << 20) // 4 // 2  # float32s in each of two leaves

@@ -16,26 +16,20 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from orbax.checkpoint._src.serialization import type_handler_registry
 from pathwaysutils.persistence import helper
 
+import checkpoints
 import processes
 import state
 
 pytestmark = pytest.mark.integration
 
 TIMEOUT = datetime.timedelta(seconds=120)
-PLAIN = os.path.join(os.path.dirname(__file__), "plain_orbax.py")
 
 
 @pytest.fixture(scope="module")
 def mesh(pathways) -> Mesh:
   return Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
-
-
-def _put(values, mesh: Mesh, layout: str):
-  return {k: jax.device_put(v, NamedSharding(mesh, state.spec_of(v, layout)))
-          for k, v in values.items()}
 
 
 def _write(path, arrays: dict) -> None:
@@ -56,7 +50,7 @@ def _read(path, arrays: dict, shardings: dict, devices) -> dict:
 
 def test_pathwaysutils_writes_and_reads_arrays_on_both_islands(tmp_path, mesh):
   values = state.values()
-  arrays = _put(values, mesh, "saved")
+  arrays = checkpoints.put(values, mesh, "saved")
   _write(tmp_path, arrays)
   # An array of island 1 alone (a bulk request's arrays share devices).
   island1 = Mesh(np.array(jax.devices()[4:]), ("i",))
@@ -107,36 +101,10 @@ def test_malformed_requests_are_refused_and_the_islands_serve_on(
 
 @pytest.fixture
 def pathways_handlers(monkeypatch):
-  """orbax's Pathways handlers with persistence, for one test: the registry
-  is process-wide, so the earlier handlers come back after it."""
   monkeypatch.setenv("ENABLE_PATHWAYS_PERSISTENCE", "1")
-  registry = type_handler_registry.GLOBAL_TYPE_HANDLER_REGISTRY
-  # pylint: disable=protected-access
-  kept = list(registry._type_registry), dict(registry._typestr_registry)
-  ocp.pathways.register_type_handlers(
-      checkpointing_impl=ocp.pathways.CheckpointingImpl.PERSISTENCE)
-  yield
-  registry._type_registry[:] = kept[0]
-  registry._typestr_registry.clear()
-  registry._typestr_registry.update(kept[1])
-
-
-def _plain(*args: str) -> dict:
-  out = subprocess.run([sys.executable, PLAIN, *args], capture_output=True,
-                       text=True, timeout=240, check=False)
-  assert out.returncode == 0, out.stderr[-3000:]
-  return json.loads(out.stdout.splitlines()[-1])
-
-
-def _restore(path, mesh: Mesh) -> dict:
-  values = state.values()
-  target = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=NamedSharding(
-      mesh, state.spec_of(v, "other"))) for k, v in values.items()}
-  got = ocp.CheckpointManager(path).restore(1, args=ocp.args.PyTreeRestore(
-      target, restore_args=ocp.checkpoint_utils.construct_restore_args(
-          target)))
-  return {k: np.asarray(got[k]).tobytes() == v.tobytes()
-          for k, v in values.items()}
+  with checkpoints.pathways_handlers(
+      ocp.pathways.CheckpointingImpl.PERSISTENCE):
+    yield
 
 
 def test_orbax_saves_and_restores_through_the_workers_and_plain_orbax_agrees(
@@ -146,18 +114,19 @@ def test_orbax_saves_and_restores_through_the_workers_and_plain_orbax_agrees(
       tmp_path / "workers",
       options=ocp.CheckpointManagerOptions(enable_async_checkpointing=True),
       item_handlers=ocp.PyTreeCheckpointHandler(use_ocdbt=False))
-  manager.save(1, args=ocp.args.PyTreeSave(_put(values, mesh, "saved")))
+  manager.save(1, args=ocp.args.PyTreeSave(
+      checkpoints.put(values, mesh, "saved")))
   manager.wait_until_finished()
-  assert _restore(tmp_path / "workers", mesh) == dict.fromkeys(values, True)
+  everything = dict.fromkeys(values, True)
+  assert checkpoints.restore(tmp_path / "workers", mesh) == everything
   # Plain orbax in one process reads what the workers wrote ...
-  assert _plain("read", str(tmp_path / "workers")) == dict.fromkeys(values,
-                                                                      True)
+  assert checkpoints.plain("read", str(tmp_path / "workers")) == everything
   # ... and the workers read what plain orbax wrote, with OCDBT or without.
   for ocdbt in ("0", "1"):
     path = str(tmp_path / f"plain{ocdbt}")
-    saved = _plain("write", path, ocdbt)["saved"]
+    saved = checkpoints.plain("write", path, ocdbt)["saved"]
     assert ("manifest.ocdbt" in saved) == (ocdbt == "1")
-    assert _restore(path, mesh) == dict.fromkeys(values, True)
+    assert checkpoints.restore(path, mesh) == dict.fromkeys(values, True)
 
 
 def test_a_client_capped_below_its_state_saves_and_restores_it(
@@ -165,22 +134,7 @@ def test_a_client_capped_below_its_state_saves_and_restores_it(
   """The client's address space is capped, once warmed up, at 384 MiB more
   than it has (room for its threads' stacks): it cannot hold its 768 MiB
   state (it tries), yet saves and restores it bit for bit."""
-  env = dict(os.environ)
-  env.pop("JAX_PLATFORMS", None)
-  env.update(JAX_PATHWAYS_ADDRESS=pathways.address,
-             JAX_PATHWAYS_TOKEN=pathways.token,
-             # glibc's per-thread arenas reserve 64 MiB each: counted by
-             # the cap, mostly untouched.
-             MALLOC_ARENA_MAX="2")
-  script = os.path.join(os.path.dirname(__file__), "limited_client.py")
-  # Threads' stacks of 2 MiB (`ulimit -s`; 8 by default): the cap counts
-  # what they reserve, and the proxy client starts threads as it needs.
-  out = subprocess.run(["bash", "-c", 'ulimit -s 2048 && exec "$@"', "bash",
-                        sys.executable, script, str(tmp_path), "768", "384"],
-                       env=env, cwd="/", capture_output=True, text=True,
-                       timeout=280, check=False)
-  assert out.returncode == 0, out.stderr[-3000:]
-  assert json.loads(out.stdout.splitlines()[-1]) == {
+  assert checkpoints.capped(pathways, tmp_path, 768, 384, "PERSISTENCE") == {
       "equal": True, "could_hold_state": False,
       "restored_sharding_same": True}
 
