@@ -39,7 +39,7 @@ FILES = ("array_test", "multi_device_test", "random_test", "shard_map_test",
          "lax_control_flow_test", "lax_numpy_reducers_test", "api_test",
          "pjit_test", "lax_numpy_test", "debugging_primitives_test",
          "python_callback_test", "custom_partitioning_test",
-         "shard_alike_test")
+         "shard_alike_test", "colocated_python_test")
 MODES = ("plain", "pathways")
 
 

@@ -23,20 +23,29 @@ _KIND_TO_NAME = {
 }
 
 
+# Strings: only colocated_python's serialized output specs, which workers
+# hold on the host (worker/host_strings.py).
+STRING = "string"
+
+
 @functools.cache
 def _tables() -> tuple[dict[int, str], dict[str, int], frozenset[int]]:
   """(kind -> name, name -> kind, every kind but KIND_INVALID)."""
   values = protos.enum_values("xla.ifrt.DTypeProto.Kind")
   to_name = {values[k]: n for k, n in _KIND_TO_NAME.items() if k in values}
-  return (to_name, {n: k for k, n in to_name.items()},
-          frozenset(v for v in values.values() if v))
+  to_kind = {n: k for k, n in to_name.items()}
+  to_kind[STRING] = values["KIND_STRING"]
+  return (to_name, to_kind, frozenset(v for v in values.values() if v))
 
 
-def name_of(dtype_proto: Any) -> str:
-  """xla.ifrt.DTypeProto -> numpy dtype name, e.g. 'bfloat16'."""
-  to_name, _, kinds = _tables()
+def name_of(dtype_proto: Any, strings: bool = False) -> str:
+  """xla.ifrt.DTypeProto -> numpy dtype name, e.g. 'bfloat16'; STRING too
+  where `strings`."""
+  to_name, to_kind, kinds = _tables()
   if dtype_proto.kind not in kinds:
     raise invalid_argument(f"dtype kind {dtype_proto.kind} is not a dtype")
+  if strings and dtype_proto.kind == to_kind[STRING]:
+    return STRING
   if dtype_proto.kind not in to_name:
     raise unimplemented(
         f"dtype kind {dtype_proto.kind} (e.g. strings, tokens) is not "
@@ -54,7 +63,10 @@ _ITEM_BITS = {"bool": 8, "int2": 8, "uint2": 8, "int4": 8, "uint4": 8,
 
 
 def itemsize(name: str) -> int:
-  """Bytes per element on the host (sub-byte types use one byte each)."""
+  """Bytes per element on the host (sub-byte types use one byte each;
+  strings, whose elements vary, are counted as one byte each)."""
+  if name == STRING:
+    return 1
   if name in _ITEM_BITS:
     return _ITEM_BITS[name] // 8
   if name.startswith("float8"):

@@ -16,16 +16,13 @@ from typing import Any, Sequence
 from jax_pathways.controller.arrays import Array, island_bytes
 from jax_pathways.controller.dispatcher import IslandOp, OpKind
 from jax_pathways.controller.launch_context import LaunchContext
-from jax_pathways.programs.colocated_program import (STRING, ArraySpec,
-                                                     ColocatedProgram)
+from jax_pathways.programs.colocated_program import ArraySpec, ColocatedProgram
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.resources.topology import Topology
 from jax_pathways.resources.virtual_slice import VirtualSlice
 from jax_pathways.wire import payloads
 
 OnDone = Any  # (status, *_), as launches report
-# What a string shard (JAX's serialized output specs) is counted as.
-_STRING_BYTES = 64
 
 
 class ColocatedExecutable:
@@ -113,8 +110,6 @@ class ColocatedExecutable:
 
   def _bytes(self, j: int) -> dict[int, int]:
     shape, dtype = self.outputs[j]
-    if dtype == STRING:
-      return {i: _STRING_BYTES for i in self._islands}
     return island_bytes(dtype, shape, self.output_shardings[j],
                         self._topology)
 

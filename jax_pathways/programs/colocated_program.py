@@ -26,14 +26,12 @@ COLOCATED_PYTHON = "jax_colocated_python_v0.0.1"
 # arguments, not arrays.
 MAX_PICKLE_BYTES = 64 << 20
 MAX_ARRAYS = 1 << 16
-# JAX's own serialized output specs (output-spec discovery): a scalar string.
-STRING = "string"
 
 
 @dataclasses.dataclass(frozen=True)
 class ArraySpec:
   shape: tuple[int, ...]
-  dtype: str  # a numpy dtype name, or STRING
+  dtype: str  # a numpy dtype name, or dtypes.STRING
   sharding: Sharding  # the client's device ids
 
 
@@ -89,13 +87,9 @@ def parse(program: Any, compile_options: Any) -> ColocatedProgram:
 
 
 def _spec(proto: Any, what: str, devices: tuple[int, ...]) -> ArraySpec:
-  if proto.dtype.kind == _string_kind():
-    dtype = STRING
-  else:
-    dtype = dtypes.name_of(proto.dtype)
-  shape = validation.check_shape(
-      proto.shape.dims, 1 if dtype == STRING else dtypes.itemsize(dtype),
-      f"colocated_python {what}")
+  dtype = dtypes.name_of(proto.dtype, strings=True)
+  shape = validation.check_shape(proto.shape.dims, dtypes.itemsize(dtype),
+                                 f"colocated_python {what}")
   sharding = sharding_lib.from_proto(proto.sharding)
   sharding.check(len(shape), what)
   if not set(sharding.devices) <= set(devices):
@@ -103,7 +97,3 @@ def _spec(proto: Any, what: str, devices: tuple[int, ...]) -> ArraySpec:
         f"colocated_python {what} is on devices {list(sharding.devices)}, "
         f"outside the program's {list(devices)}")
   return ArraySpec(shape, dtype, sharding)
-
-
-def _string_kind() -> int:
-  return protos.enum_values("xla.ifrt.DTypeProto.Kind")["KIND_STRING"]

@@ -31,6 +31,7 @@ _ROOTS = (
     "xla/python/ifrt/ir/ifrt_ir_program.proto",
     "xla/python/ifrt/ir/ifrt_ir_compile_options.proto",
     "xla/python/ifrt/custom_call_program.proto",  # colocated_python
+    "xla/python/ifrt_proxy/common/array_util.proto",  # string contents
     "xla/pjrt/proto/compile_options.proto",
     "xla/service/hlo.proto",
     "tsl/profiler/protobuf/xplane.proto",  # traces written for jax.profiler

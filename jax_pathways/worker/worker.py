@@ -68,6 +68,7 @@ from jax_pathways.worker import shards
 from jax_pathways.worker.callback_lanes import Lane, Pending, Task
 from jax_pathways.worker.colocated_processes import ColocatedProcesses
 from jax_pathways.worker.completions import Completions, error_status
+from jax_pathways.worker.host_strings import HostStrings, from_values
 from jax_pathways.worker.peers import Peers
 from jax_pathways.worker.pjrt_backend import (JOIN_WAIT_S,
                                               SHARDING_CACHE_SIZE, Execution,
@@ -126,9 +127,9 @@ class Worker:
     self._peers = peers
     self._transfers = transfers
     self._programs: dict[int, Program] = {}
-    # By buffer id: an array, the Status it failed with, or a Pending
-    # result of an op on a lane (worker/callback_lanes.py).
-    self._buffers: dict[int, jax.Array | Status | Pending] = {}
+    # By buffer id: an array (strings: HostStrings), the Status it failed
+    # with, or a Pending result of an op on a lane (callback_lanes.py).
+    self._buffers: dict[int, jax.Array | HostStrings | Status | Pending] = {}
     # Lanes of programs that call back into their clients, by route; the
     # last launch spanning islands sent to one and the ops on lanes that
     # read a buffer (a later launch must not donate it under them; only
@@ -511,6 +512,9 @@ class Worker:
   def _fetch(self, op: Any) -> None:
     header, _ = payloads.decode(op.payload)
     array = self._array(op.args[0])
+    if isinstance(array, HostStrings):
+      self._completions.add(op.seq, [], array.contents)
+      return
     strides = header.get("strides")
     self._add(op.seq, [array], lambda: self._backend.to_host(array, strides),
               quick=array.nbytes <= QUICK_FETCH_BYTES)
@@ -535,7 +539,13 @@ class Worker:
       sharding = self._backend.sharding(header["sharding"])
       outputs = [jax.device_put(self._array(b), sharding) for b in op.args]
     elif mode == "shards":  # the local shards at these local positions
-      local = self._backend.shards(self._array(op.args[0]))
+      source = self._array(op.args[0])
+      if isinstance(source, HostStrings):
+        outputs = [source.shard(i) for i in header["positions"]]
+        self._store(op, outputs)
+        self._completions.add(op.seq, [])
+        return
+      local = self._backend.shards(source)
       outputs = [local[i] for i in header["positions"]]
     elif mode == "assemble":
       sharding = self._backend.sharding(header["sharding"])
@@ -608,12 +618,15 @@ class Worker:
                      self._backend.local_positions(out["sharding"]["devices"])])
     made = self._colocated.call(client, header["hello"], header["function"],
                                 blobs[0], inputs, wanted)
-    outputs = [self._backend.from_pieces(out["shape"], sharding, pieces,
+    outputs = [from_values(pieces, sharding.shard_shape(tuple(out["shape"])))
+               if out["dtype"] == "string" else
+               self._backend.from_pieces(out["shape"], sharding, pieces,
                                          self._backend.mine(sharding))
                for out, sharding, pieces in zip(header["outputs"], shardings,
                                                 made)]
     self._store(op, outputs)
-    self._completions.add(op.seq, outputs)
+    self._completions.add(op.seq, [a for a in outputs
+                                   if not isinstance(a, HostStrings)])
 
   def _trace(self, op: Any) -> None:
     header, _ = payloads.decode(op.payload)
