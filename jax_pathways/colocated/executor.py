@@ -13,6 +13,7 @@ worker dies, and with it everything the user's code made here.
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -37,6 +38,7 @@ from jax_pathways.colocated.device_view import DeviceView  # pylint: disable=wro
 # A call's frame carries its inputs' shards: as large as the island holds.
 MAX_FRAME_BYTES = 1 << 46
 _MAX_ERROR_CHARS = 8192
+_STRINGS = np.dtypes.StringDType()
 _PARENT_POLL_S = 1.0
 
 
@@ -80,8 +82,10 @@ class Executor:
     args = []
     for spec, item in zip(in_specs, header["inputs"]):
       shards = []
-      for client_id, shape in item:
-        data = np.frombuffer(blobs[n], dtype=spec.dtype).reshape(shape)
+      for client_id, shape, kind in item:
+        data = (np.array(json.loads(bytes(blobs[n])), _STRINGS).reshape(shape)
+                if kind == "string" else
+                np.frombuffer(blobs[n], dtype=spec.dtype).reshape(shape))
         n += 1
         shards.append(jax.device_put(data, self._view.by_client_id[client_id]))
       args.append(jax.make_array_from_single_device_arrays(
@@ -108,8 +112,8 @@ class Executor:
           raise ValueError(f"output {j} has no shard on device {client_id} "
                            f"(it is on {leaf.sharding})")
         host = np.asarray(data)
-        if host.dtype.kind == "T":  # StringDType: JAX's serialized specs
-          out.append(str(host.item()).encode())
+        if host.dtype.kind == "T":  # StringDType
+          out.append(json.dumps([str(s) for s in host.flat]).encode())
           shards.append({"shape": list(host.shape), "dtype": "string"})
         else:
           out.append(frames.raw(host))

@@ -24,6 +24,7 @@ import numpy as np
 
 from jax_pathways.colocated import frames
 from jax_pathways.status import Code, StatusError, failed_precondition
+from jax_pathways.worker import host_strings
 from jax_pathways.worker.pjrt_backend import np_dtype
 
 # A new process imports jax and builds its device view first.
@@ -55,18 +56,19 @@ class ColocatedProcesses:
   def call(self, client: int, hello: dict[str, Any], function: str,
            pickled: Any, inputs: Sequence[Sequence[tuple[int, np.ndarray]]],
            outputs: Sequence[Sequence[tuple[int, tuple[int, ...], str]]]
-           ) -> list[list[np.ndarray | str]]:
+           ) -> list[list[np.ndarray]]:
     """Runs `function` on this island's shards `inputs` ((client device id,
     data) each); returns the shards `outputs` names ((client device id,
     shape, dtype) each) as the process made them."""
     p = self._process(client, hello)
     header: dict[str, Any] = {
         "op": "call", "function": function, "pickled": function not in p.sent,
-        "inputs": [[(d, list(a.shape)) for d, a in shards]
+        "inputs": [[(d, list(a.shape), _kind(a)) for d, a in shards]
                    for shards in inputs],
         "outputs": [[d for d, _, _ in shards] for shards in outputs]}
     blobs = [pickled] if header["pickled"] else []
-    blobs += [frames.raw(a) for shards in inputs for _, a in shards]
+    blobs += [host_strings.to_json(a) if _kind(a) == "string" else
+              frames.raw(a) for shards in inputs for _, a in shards]
     expected = sum(int(np.prod(shape)) * (np_dtype(dtype).itemsize
                                           if dtype != "string" else 0)
                    for shards in outputs for _, shape, dtype in shards)
@@ -170,7 +172,7 @@ class ColocatedProcesses:
 
 def _outputs(answer: dict[str, Any], got: list[memoryview],
              outputs: Sequence[Sequence[tuple[int, tuple[int, ...], str]]]
-             ) -> list[list[np.ndarray | str]]:
+             ) -> list[list[np.ndarray]]:
   """The answer's shards, each checked against what was asked."""
   described = answer.get("outputs")
   if not isinstance(described, list) or len(described) != len(outputs) or (
@@ -186,7 +188,7 @@ def _outputs(answer: dict[str, Any], got: list[memoryview],
       if dtype == "string" or s.get("dtype") == "string":
         if dtype != s.get("dtype") or list(shape) != s.get("shape"):
           raise _mismatch(j, device, s, shape, dtype)
-        shards.append(bytes(blob).decode())
+        shards.append(host_strings.from_json(blob, shape))
         continue
       if s.get("dtype") != dtype or s.get("shape") != list(shape) or (
           len(blob) != int(np.prod(shape)) * np_dtype(dtype).itemsize):
@@ -215,3 +217,7 @@ def _kill(p: _Process) -> None:
   except subprocess.TimeoutExpired:
     logging.error("colocated process %d did not exit after SIGKILL",
                   p.popen.pid)
+
+
+def _kind(shard: np.ndarray) -> str:
+  return "string" if shard.dtype.kind == "T" else shard.dtype.name

@@ -1,19 +1,24 @@
 """HostStrings: a string array a worker holds, as JAX holds them, on the host.
 
-colocated_python's output-spec discovery returns the function's output
-specs as a string scalar on every device; the client reads one shard of it
-(DisassembleIntoSingleDeviceArrays, CopyToHostBuffer). PJRT has no string
-buffers, so the worker keeps the strings themselves under the array's
-buffer id: a shard is one, a fetch sends IFRT's serialized string
-contents (xla.ifrt.proto.StringArrayContents), as the proxy client reads
-them.
+String arrays are what colocated_python functions pass around (its
+output-spec discovery returns the specs as a string scalar on every
+device; users' functions take and make them). PJRT has no string buffers,
+so the worker keeps the strings themselves under the array's buffer id,
+one numpy StringDType array per device: an upload and a fetch carry IFRT's
+serialized string contents (xla.ifrt.proto.StringArrayContents), as the
+proxy client writes and reads them; its colocated processes get them as
+JSON lists.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+from typing import Sequence
 
 import numpy as np
 
+from jax_pathways.status import invalid_argument
 from jax_pathways.wire import protos
 
 
@@ -36,7 +41,34 @@ class HostStrings:
     return proto.SerializeToString()
 
 
-def from_values(values: list[str], shape: tuple[int, ...]) -> HostStrings:
-  """One shard per value (each of `shape`, filled with it)."""
-  return HostStrings(tuple(np.full(shape, v, dtype=np.dtypes.StringDType())
-                           for v in values))
+def parse(contents: bytes | memoryview, shape: Sequence[int]) -> np.ndarray:
+  """An upload's StringArrayContents, as an array of `shape`."""
+  proto = protos.msg("xla.ifrt.proto.StringArrayContents")()
+  try:
+    proto.ParseFromString(bytes(contents))
+  except Exception:  # pylint: disable=broad-except
+    raise invalid_argument("a string array's contents do not parse as "
+                           "StringArrayContents") from None
+  if len(proto.strings) != math.prod(shape):
+    raise invalid_argument(f"{len(proto.strings)} strings for an array of "
+                           f"shape {list(shape)}")
+  return _array([s.decode(errors="replace") for s in proto.strings], shape)
+
+
+def to_json(shard: np.ndarray) -> bytes:
+  """A shard as its colocated process gets it."""
+  return json.dumps([str(s) for s in shard.flat]).encode()
+
+
+def from_json(blob: bytes | memoryview, shape: Sequence[int]) -> np.ndarray:
+  """A shard a colocated process made (to_json's form), checked."""
+  values = json.loads(bytes(blob))
+  if not isinstance(values, list) or len(values) != math.prod(shape) or (
+      not all(isinstance(v, str) for v in values)):
+    raise invalid_argument(f"a string shard of shape {list(shape)} must be "
+                           f"{math.prod(shape)} strings")
+  return _array(values, shape)
+
+
+def _array(values: list[str], shape: Sequence[int]) -> np.ndarray:
+  return np.array(values, dtype=np.dtypes.StringDType()).reshape(tuple(shape))

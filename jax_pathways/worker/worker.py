@@ -68,7 +68,8 @@ from jax_pathways.worker import shards
 from jax_pathways.worker.callback_lanes import Lane, Pending, Task
 from jax_pathways.worker.colocated_processes import ColocatedProcesses
 from jax_pathways.worker.completions import Completions, error_status
-from jax_pathways.worker.host_strings import HostStrings, from_values
+from jax_pathways.worker import host_strings
+from jax_pathways.worker.host_strings import HostStrings
 from jax_pathways.worker.peers import Peers
 from jax_pathways.worker.pjrt_backend import (JOIN_WAIT_S,
                                               SHARDING_CACHE_SIZE, Execution,
@@ -481,10 +482,17 @@ class Worker:
   def _put(self, op: Any) -> None:
     header, blobs = payloads.decode(op.payload, self._headers)
     sharding = self._backend.sharding(header["sharding"])
+    strings = header["dtype"] == "string"
     if "shards" not in header:
-      array = self._backend.from_host(
-          host_view(blobs[0], header["dtype"], header["shape"],
-                    header.get("strides")), sharding)
+      host = (host_strings.parse(blobs[0], header["shape"]) if strings else
+              host_view(blobs[0], header["dtype"], header["shape"],
+                        header.get("strides")))
+      if strings:
+        index = sharding.devices_indices_map(host.shape)
+        array = HostStrings(tuple(host[index[d]]
+                                  for d in self._backend.mine(sharding)))
+      else:
+        array = self._backend.from_host(host, sharding)
     else:
       # This worker's devices only (the controller sends each island its
       # shards of an array that spans islands).
@@ -499,15 +507,19 @@ class Worker:
           if not 0 <= index < len(devices):  # -1 would be a device too
             raise invalid_argument(f"shard device index {index} out of range")
           if devices[index] in mine:
-            per_device[devices[index]] = host_view(
-                blob, spec["dtype"], spec["shape"], spec.get("strides"))
+            per_device[devices[index]] = (
+                host_strings.parse(blob, spec["shape"]) if strings else
+                host_view(blob, spec["dtype"], spec["shape"],
+                          spec.get("strides")))
       missing = [d for d in mine if d not in per_device]
       if missing:
         raise invalid_argument(f"no shard given for devices {missing}")
-      array = self._backend.from_pieces(
-          header["shape"], sharding, [per_device[d] for d in mine], mine)
+      array = (HostStrings(tuple(per_device[d] for d in mine)) if strings
+               else self._backend.from_pieces(
+                   header["shape"], sharding, [per_device[d] for d in mine],
+                   mine))
     self._store(op, [array])
-    self._completions.add(op.seq, [array])
+    self._completions.add(op.seq, [] if strings else [array])
 
   def _fetch(self, op: Any) -> None:
     header, _ = payloads.decode(op.payload)
@@ -607,8 +619,11 @@ class Worker:
     inputs = []
     for b, item in zip(op.args, header["inputs"]):
       positions = self._backend.local_positions(item["sharding"]["devices"])
-      inputs.append([(item["virtual"][p], np.asarray(shard)) for p, shard
-                     in zip(positions, self._backend.shards(self._array(b)))])
+      array = self._array(b)
+      shards = (array.shards if isinstance(array, HostStrings) else
+                [np.asarray(s) for s in self._backend.shards(array)])
+      inputs.append([(item["virtual"][p], shard)
+                     for p, shard in zip(positions, shards)])
     shardings, wanted = [], []
     for out in header["outputs"]:
       sharding = self._backend.sharding(out["sharding"])
@@ -618,8 +633,7 @@ class Worker:
                      self._backend.local_positions(out["sharding"]["devices"])])
     made = self._colocated.call(client, header["hello"], header["function"],
                                 blobs[0], inputs, wanted)
-    outputs = [from_values(pieces, sharding.shard_shape(tuple(out["shape"])))
-               if out["dtype"] == "string" else
+    outputs = [HostStrings(tuple(pieces)) if out["dtype"] == "string" else
                self._backend.from_pieces(out["shape"], sharding, pieces,
                                          self._backend.mine(sharding))
                for out, sharding, pieces in zip(header["outputs"], shardings,

@@ -48,6 +48,8 @@ SELECTION = (
     ("python_callback_test::IOCallbackTest", "ordered"),
     ("custom_partitioning_test", None),
     ("shard_alike_test", "grad or shard_map"),  # grad inspects shardings
+    # Functions run beside the islands: specs discovered, objects, strings.
+    ("colocated_python_test", None),
 )
 
 

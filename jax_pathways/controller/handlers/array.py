@@ -83,7 +83,12 @@ def _shape(dims: Sequence[int], dtype: str, field: str) -> tuple[int, ...]:
 def _check_upload(data: Any, shape: Sequence[int], dtype: str,
                   strides: list[int] | None, field: str) -> None:
   """The upload holds the array it is declared to: the worker maps it with
-  these strides, so nothing may point outside its bytes."""
+  these strides, so nothing may point outside its bytes. (Strings come as
+  IFRT's serialized contents, whose strings the worker counts.)"""
+  if dtype == dtypes.STRING:
+    if strides is not None:
+      raise invalid_argument(f"{field}: a string array takes no strides")
+    return
   validation.check_host_buffer(shape, dtypes.itemsize(dtype), strides,
                                payloads.nbytes(data), field)
 
@@ -106,7 +111,7 @@ def make_array_from_host_buffer(session: Session, req: Any,
   epoch = session.services.dispatcher.epoch  # before placing it
   data = session.take_upload(req.host_buffer_handle,
                              lambda: _stream_to(session, req))
-  dtype = dtypes.name_of(req.dtype)
+  dtype = dtypes.name_of(req.dtype, strings=True)
   shape = _shape(req.shape.dims, dtype, "MakeArrayFromHostBuffer")
   _check_upload(data, shape, dtype, _strides(req), "MakeArrayFromHostBuffer")
   _check_layout(req, len(shape))
@@ -123,9 +128,10 @@ def make_array_from_host_buffer(session: Session, req: Any,
       [IslandOp(i.id, OpKind.PUT, results=[array.buffer], payload=payload,
                 result_bytes=[sizes[i.id]], stage=stage)
        for i in islands])
-  _plan_uploads(session, req.array_handle, [payloads.nbytes(data)],
-                [(array, [(i.id, payload[0], [(b"", 0)]) for i in islands])],
-                epoch)
+  if dtype != dtypes.STRING:  # (their uploads' sizes vary)
+    _plan_uploads(session, req.array_handle, [payloads.nbytes(data)],
+                  [(array, [(i.id, payload[0], [(b"", 0)]) for i in islands])],
+                  epoch)
   reply.ok(lambda r: setattr(r, "array_handle", req.array_handle))
 
 
@@ -223,7 +229,7 @@ def make_arrays_from_host_buffer_shards(session: Session, req: Any,
                                           spec.host_buffers)):
       shards.append({
           "devices": list(indices.indices),
-          "dtype": dtypes.name_of(hb.dtype),
+          "dtype": dtypes.name_of(hb.dtype, strings=True),
           "shape": list(_shape(hb.shape.dims, dtype, f"{field} shard {k}")),
           "strides": _strides(hb),
       })
@@ -256,7 +262,9 @@ def make_arrays_from_host_buffer_shards(session: Session, req: Any,
                                 for hb in spec.host_buffers])
     session.services.dispatcher.submit([op._replace(stage=stage)
                                         for op in gang])
-  if planned:  # (a request of no arrays is answered, and not planned)
+  if planned and all(a.dtype != dtypes.STRING for a, _ in planned):
+    # (a request of no arrays is answered, and not planned; strings'
+    # uploads vary in size)
     _plan_uploads(session, req.array_handles[0],
                   [payloads.nbytes(b) for b in order], planned, epoch)
   reply.ok(lambda r: r.array_handles.extend(req.array_handles))
@@ -268,7 +276,7 @@ def _shard_spec(session: Session, spec: Any, field: str
   its shards checked against the sharding."""
   asp = spec.array_spec
   sharding = _sharding(session, asp.sharding)
-  dtype = dtypes.name_of(asp.dtype)
+  dtype = dtypes.name_of(asp.dtype, strings=True)
   shape = _shape(asp.shape.dims, dtype, field)
   sharding.check(len(shape), field)
   _check_shard_indices(spec, sharding, field)
@@ -357,7 +365,7 @@ def _check_shard_indices(spec: Any, sharding: Sharding, field: str) -> None:
 def _check_shard(host_buffer: Any, dtype: str, shard_shape: Sequence[int],
                  field: str) -> None:
   """A shard's host buffer has the array's dtype and a shard's shape."""
-  got = dtypes.name_of(host_buffer.dtype)
+  got = dtypes.name_of(host_buffer.dtype, strings=True)
   if got != dtype:
     raise invalid_argument(f"{field}: dtype {got} in an array of {dtype}")
   if tuple(host_buffer.shape.dims) != tuple(shard_shape):
@@ -383,6 +391,9 @@ def copy_to_host_buffer(session: Session, req: Any, reply: Reply) -> None:
                                  _strides(req), "CopyToHostBuffer")
   store = session.services.host_buffers
   temporary = None
+  if len(array.islands) > 1 and array.dtype == dtypes.STRING:
+    raise unimplemented("a string array spanning islands is fetched shard "
+                        "by shard (np.asarray does so), not whole")
   if len(array.islands) > 1:
     # Gather onto one device (worker to worker), fetch from there.
     device = array.sharding.devices[0]
