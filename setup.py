@@ -214,7 +214,8 @@ setup(
         "cloudpickle",
     ],
     extras_require={
-        "examples": ["optax"],
+        # grain: examples/island_input.py's pipeline on the islands.
+        "examples": ["optax", "grain"],
         # Workers on accelerators (`jax-pathways worker --platform ...`):
         # JAX's own PJRT plugins, at the jax every process runs. Clients
         # lowering custom kernels for them (Pallas, jax-triton) want the
@@ -233,7 +234,7 @@ setup(
         # cluster on a local Ray cluster; psutil finds the processes there.
         # flatbuffers: jax.export's serialization (tests/conformance/
         # export_test.py), which JAX leaves optional.
-        "test": ["optax", "pytest", "pytest-timeout", "pytest-xdist",
+        "test": ["optax", "grain", "pytest", "pytest-timeout", "pytest-xdist",
                  "pybind11>=3.0", "flatbuffers",
                  "setuptools>=64", "pathwaysutils==0.1.13",
                  "orbax-checkpoint", "kubernetes==37.0.2", "ray==2.60.0",

@@ -269,6 +269,9 @@ def _add_ray(r: argparse.ArgumentParser) -> None:
                      "node mounts at the same path (a shared volume), or "
                      "a gs:// or s3:// prefix (docs/storage.md; default "
                      f"${config.STORAGE_ROOT}, else none)")
+  start.add_argument("--colocated-python", action="store_true",
+                     help="let clients run colocated_python functions on "
+                     "the workers' nodes (docs/colocated_python.md)")
   start.add_argument("--side-by-side", action="store_true",
                      help="let islands share a node (a one-node Ray "
                      "cluster); default: one island per node, and too few "
@@ -316,7 +319,8 @@ def _ray(parser: argparse.ArgumentParser, args: argparse.Namespace,
         token=token, max_restarts=args.max_restarts,
         worker_timeout_s=args.worker_timeout, ray_address=args.ray_address,
         timeout_s=cfg.start_timeout, side_by_side=args.side_by_side,
-        storage_root=args.storage_root or cfg.storage_root)
+        storage_root=args.storage_root or cfg.storage_root,
+        colocated_python=args.colocated_python)
   except (ValueError, on_ray.ClusterError) as e:
     print(f"jax-pathways ray: {e}", file=sys.stderr)
     return 1
@@ -382,6 +386,10 @@ def _add_k8s(k: argparse.ArgumentParser) -> None:
   k.add_argument("--storage-root", default=None,
                  help="instead of --storage-pvc: a gs:// or s3:// prefix, "
                  "the workers' storage root")
+  k.add_argument("--colocated-python", action="store_true",
+                 help="let clients run colocated_python functions on the "
+                 "workers' pods (their code, as the pods' user; "
+                 "docs/colocated_python.md)")
   k.add_argument("--worker-restarts", type=int,
                  default=default["worker_restarts"],
                  help="restarts of one island's worker before the whole "

@@ -100,3 +100,11 @@ def test_elastic():
   assert "resumed from committed step 20 " in out
   assert "finished 60 steps on islands [0, 1]" in out
   assert "parameters bit-identical to an uninterrupted run: True" in out
+
+
+def test_island_input():
+  out = _run("island_input.py")
+  assert "both loops agree: True" in out, out
+  losses = [float(v) for v in re.findall(r"loss (\d+\.\d+) \(batches made",
+                                         out)]
+  assert len(losses) == 3 and losses[-1] < losses[0]

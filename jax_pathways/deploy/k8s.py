@@ -117,6 +117,9 @@ class Spec:
   # or a gs:// or s3:// prefix; neither: persistence requests are refused.
   storage_pvc: str | None = None
   storage_root: str | None = None
+  # Whether clients may run colocated_python functions on the workers
+  # (docs/colocated_python.md): their code, as the pods' user.
+  colocated_python: bool = False
 
   def __post_init__(self) -> None:
     # Defaults that depend on --gpus (a frozen dataclass: set once, here).
@@ -474,7 +477,9 @@ def _worker(spec: Spec) -> dict[str, Any]:
                   # A worker restarted in its pod loads what it compiled.
                   "--compilation-cache-dir", CACHE_DIR,
                   *(("--storage-root", spec.worker_storage_root)
-                    if spec.worker_storage_root else ())],
+                    if spec.worker_storage_root else ()),
+                  *(("--colocated-python",) if spec.colocated_python
+                    else ())],
       "env": [_token_env(spec), _field_env(POD_IP, "status.podIP"),
               _field_env(JOB_INDEX, f"metadata.labels['{JOB_INDEX_LABEL}']"),
               {"name": "HOME", "value": TMP}],

@@ -177,16 +177,17 @@ class _Worker:
 
   def __init__(self, name: str, controller: str, island: int, devices: int,
                token: str, controller_timeout_s: float,
-               storage_root: str | None):
+               storage_root: str | None, colocated_python: bool):
     ip = _prepare_process()
     # The actor's methods stay free to answer while the worker serves.
     threads.start(self._serve, "jp-ray-worker", name, controller, island,
-                  devices, token, ip, controller_timeout_s, storage_root)
+                  devices, token, ip, controller_timeout_s, storage_root,
+                  colocated_python)
 
   @staticmethod
   def _serve(name: str, controller: str, island: int, devices: int,
              token: str, ip: str, controller_timeout_s: float,
-             storage_root: str | None) -> None:
+             storage_root: str | None, colocated_python: bool) -> None:
     from jax_pathways.worker import join  # pylint: disable=import-outside-toplevel
     if _actor(name) is None:
       _leave(0)  # restarted after its controller's actor died
@@ -194,7 +195,8 @@ class _Worker:
       code = join.run(controller, island, devices, token, f"{ip}:0",
                       connect_timeout=60.0,
                       controller_timeout=controller_timeout_s,
-                      storage_root=storage_root)
+                      storage_root=storage_root,
+                      colocated_python=colocated_python)
     except BaseException:  # pylint: disable=broad-except
       logging.exception("worker of island %d failed", island)
       code = 1
@@ -247,7 +249,8 @@ def start(islands: int = 2,
           ray_address: str | None = None,
           timeout_s: float = config.DEFAULT_START_TIMEOUT,
           side_by_side: bool = False,
-          storage_root: str | None = None) -> Cluster:
+          storage_root: str | None = None,
+          colocated_python: bool = False) -> Cluster:
   """Starts a cluster on Ray; returns once every island's worker has joined.
 
   Args:
@@ -272,6 +275,8 @@ def start(islands: int = 2,
     storage_root: where the workers save and restore arrays for
       persistence requests (docs/storage.md): a directory every node mounts
       at the same path, or a gs:// or s3:// prefix; None: refused.
+    colocated_python: let clients run colocated_python functions on the
+      workers' nodes (docs/colocated_python.md); default: refused.
   """
   resources = dict({"CPU": 1} if resources_per_island is None
                    else resources_per_island)
@@ -321,7 +326,7 @@ def start(islands: int = 2,
               group, placement_group_bundle_index=i),
           **_actor_options(resources)).remote(
               name, info["worker_address"], i, devices_per_island, token,
-              controller_timeout_s, storage_root)
+              controller_timeout_s, storage_root, colocated_python)
     while not ray.get(controller.complete.remote()):
       if time.monotonic() > deadline:
         raise ClusterError(

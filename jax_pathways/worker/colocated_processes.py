@@ -22,6 +22,7 @@ from typing import Any, Sequence
 from absl import logging
 import numpy as np
 
+from jax_pathways import threads
 from jax_pathways.colocated import frames
 from jax_pathways.status import Code, StatusError, failed_precondition
 from jax_pathways.worker import host_strings
@@ -50,8 +51,11 @@ class ColocatedProcesses:
     here (it runs their code on this host)."""
     self._island = island
     self._enabled = enabled
-    self._lock = threading.Lock()
+    self._lock = threading.Lock()  # held for dict operations only
     self._processes: dict[int, _Process] = {}
+    # One per client: a process starting (seconds: it imports jax) holds
+    # its own client's next call, nobody else's.
+    self._starting: dict[int, threading.Lock] = {}
 
   def call(self, client: int, hello: dict[str, Any], function: str,
            pickled: Any, inputs: Sequence[Sequence[tuple[int, np.ndarray]]],
@@ -86,11 +90,13 @@ class ColocatedProcesses:
       self._ask(client, p, {"op": "drop", "function": function}, [], 1 << 20)
 
   def end(self, client: int) -> None:
-    """The client's session ended: its process goes, whatever it runs."""
+    """The client's session ended: its process goes, whatever it runs.
+    (On the op loop: the process is reaped by a thread of its own.)"""
     with self._lock:
       p = self._processes.pop(client, None)
+      self._starting.pop(client, None)
     if p is not None:
-      _kill(p)
+      _kill(p, reap=False)
 
   def close(self) -> None:
     with self._lock:
@@ -105,10 +111,15 @@ class ColocatedProcesses:
           "workers with --colocated-python to let clients run code on them "
           "(docs/colocated_python.md)")
     with self._lock:
-      p = self._processes.get(client)
+      starting = self._starting.setdefault(client, threading.Lock())
+    with starting:
+      with self._lock:
+        p = self._processes.get(client)
       if p is not None and p.popen.poll() is None:
         return p
-      p = self._processes[client] = self._start(client, hello)
+      p = self._start(client, hello)
+      with self._lock:
+        self._processes[client] = p
       return p
 
   def _start(self, client: int, hello: dict[str, Any]) -> _Process:
@@ -206,17 +217,26 @@ def _mismatch(j: int, device: int, said: Any, shape: Sequence[int],
       f"{dtype}{list(shape)}"))
 
 
-def _kill(p: _Process) -> None:
+def _kill(p: _Process, reap: bool = True) -> None:
+  """SIGKILLs the process and whatever it started (its process group);
+  reaps it here or, with reap=False, on a thread of its own."""
   try:
     os.killpg(p.popen.pid, signal.SIGKILL)
   except (ProcessLookupError, PermissionError):
     pass
   p.sock.close()
+  if reap:
+    _reap(p.popen)
+  else:
+    threads.start(_reap, "jp-reap", p.popen)
+
+
+def _reap(popen: subprocess.Popen) -> None:
   try:
-    p.popen.wait(10)
+    popen.wait(10)
   except subprocess.TimeoutExpired:
     logging.error("colocated process %d did not exit after SIGKILL",
-                  p.popen.pid)
+                  popen.pid)
 
 
 def _kind(shard: np.ndarray) -> str:

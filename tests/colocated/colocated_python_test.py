@@ -5,9 +5,12 @@ runs the function in this process); a raising or crashing function is the
 caller's error and the islands serve on."""
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import sys
+import time
 
 import cloudpickle
 import jax
@@ -24,6 +27,7 @@ pytestmark = pytest.mark.integration
 # travel by value (a user's own modules must be importable there, or be
 # registered so too).
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+CLIENT = os.path.join(os.path.dirname(__file__), "client.py")
 
 
 def _sharded(devices, values: np.ndarray, spec: P) -> jax.Array:
@@ -141,3 +145,108 @@ def test_output_that_breaks_its_spec_is_refused_by_name(proxy_devices):
   with pytest.raises(Exception, match=r"output 0 is int32\[8, 4\]; its spec "
                      r"is float32\[8, 4\]"):
     np.asarray(wrong.specialize(out_specs_fn=lambda s: s)(x))
+
+
+def _client(cluster, mode: str) -> dict:
+  env = dict(os.environ)
+  env.pop("JAX_PLATFORMS", None)
+  env.update(JAX_PATHWAYS_ADDRESS=cluster.address,
+             JAX_PATHWAYS_TOKEN=cluster.token)
+  out = subprocess.run([sys.executable, CLIENT, mode], env=env, cwd="/",
+                       capture_output=True, text=True, timeout=180,
+                       check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_a_clients_processes_end_with_its_session(pathways):
+  pids = _client(pathways, "pids")["pids"]
+  assert len(pids) == 2
+  deadline = time.monotonic() + 60
+  while any(processes.alive(p) for p in pids):
+    assert time.monotonic() < deadline, f"{pids} outlived their client"
+    time.sleep(0.1)
+
+
+def test_a_client_running_other_packages_is_refused_naming_both(pathways):
+  error = _client(pathways, "mismatch")["error"]
+  assert "FAILED_PRECONDITION" in error, error
+  assert "the colocated process's packages are not the client's" in error
+  assert f"jax 0.0.1+other-{jax.__version__} (client) vs {jax.__version__}" \
+      f" (colocated process)" in error, error
+
+
+@pytest.fixture(scope="module")
+def closed_cluster():
+  """A cluster whose owner did not allow colocated Python."""
+  from jax_pathways.cluster.local_cluster import LocalCluster  # pylint: disable=import-outside-toplevel
+  cluster = LocalCluster(2, 2, 16)
+  cluster.start()
+  pids = cluster.pids
+  try:
+    yield cluster
+  finally:
+    cluster.stop()
+    for pid in pids:
+      assert not processes.alive(pid), f"process {pid} outlived the cluster"
+
+
+def test_a_cluster_that_does_not_allow_it_refuses_by_name(closed_cluster):
+  error = _client(closed_cluster, "call")["error"]
+  assert "FAILED_PRECONDITION: colocated Python is off on this cluster" in (
+      error), error
+  assert "--colocated-python" in error
+
+
+def test_a_pickle_that_is_no_function_fails_its_call_by_name(proxy_devices):
+  """What JAX's client would send, with a hostile pickle: the colocated
+  process refuses it (the controller and worker never unpickle), the call
+  fails with why, and the island serves on."""
+  from jax._src.interpreters import pxla  # pylint: disable=import-outside-toplevel
+  from jax.extend.ifrt_programs import ifrt_programs  # pylint: disable=import-outside-toplevel
+  x = _sharded(proxy_devices, np.ones((8, 4), np.float32), P("a", None))
+  spec = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+  devices = x.sharding._internal_device_list  # pylint: disable=protected-access
+  results = []
+  for pickled in (b"\x80\x04cos\ngetpid\n)R.", b"not a pickle"):
+    program = ifrt_programs.make_colocated_python_program(
+        "hostile", pickled, devices, [spec], [spec])
+    executable = devices[0].client.compile_ifrt_program(
+        program, ifrt_programs.make_colocated_python_compile_options())
+    out = executable.execute_sharded([x], with_tokens=False)
+    [y] = out.consume_with_handlers(pxla.global_avals_to_results_handler(
+        (jax.core.ShapedArray(x.shape, x.dtype),), (x.sharding,),
+        committed=True).handlers)
+    with pytest.raises(Exception) as e:
+      np.asarray(y)
+    results.append(str(e.value))
+  # A pickle that calls a function (os.getpid) unpickles to what it
+  # returns, not a function with its specs: refused, nothing else.
+  assert "colocated Python function raised on island" in results[0]
+  assert "cannot unpack" in results[0], results[0]
+  assert "colocated Python function raised on island" in results[1]
+  assert "UnpicklingError" in results[1], results[1]
+  assert float(jax.jit(jnp.sum)(jnp.arange(5.0))) == 10.0
+
+
+def test_a_function_that_waits_holds_only_its_own_lane(proxy_devices,
+                                                      tmp_path):
+  """While a colocated function blocks, programs on its islands go on."""
+  release = str(tmp_path / "release")
+  x = _sharded(proxy_devices, np.ones((8, 4), np.float32), P("a", None))
+
+  @cp.colocated_python
+  def wait(a: jax.Array) -> jax.Array:
+    deadline = time.monotonic() + 120
+    while not os.path.exists(release) and time.monotonic() < deadline:
+      time.sleep(0.05)
+    return a
+
+  waiting = wait.specialize(out_specs_fn=lambda s: s)(x)
+  step = jax.jit(lambda v: (v * 2).sum())
+  assert [float(step(jnp.arange(8.0) + i)) for i in range(3)] == [
+      56.0, 72.0, 88.0]
+  assert not waiting.is_ready()
+  with open(release, "w", encoding="ascii"):
+    pass
+  np.testing.assert_array_equal(np.asarray(waiting), np.ones((8, 4)))

@@ -216,6 +216,31 @@ class Fuzzer:
       return self.mutate(text.encode(), rate=1.0)
     return b"__serialized_plugin_program " + text.encode()
 
+  def colocated_program(self) -> bytes:
+    """A colocated_python program meant to hurt
+    (programs/colocated_program.py): other types, a pickle that is no
+    pickle or runs code, huge or negative shapes, string and unknown
+    dtypes, devices repeated or out of any slice, forged shardings."""
+    rng = self.rng
+    p = protos.msg("xla.ifrt.CustomCallProgramProto")()
+    p.type = rng.choice(["jax_colocated_python_v0.0.1"] * 4 +
+                        ["", "evil", "jax_colocated_python_v9"])
+    p.name = rng.choice(["f", "", "x" * 10_000])
+    p.serialized_program_text = rng.choice([
+        b"", self._bytes(), b"\x80\x04cos\nsystem\n(S'true'\ntR.",
+        b"\x80" * rng.randrange(1, 1 << 16)])
+    p.devices.device_ids.extend(rng.choice(_INTS[:10] + [-3, (1 << 31) - 1])
+                                for _ in range(rng.randrange(4)))
+    for specs in (p.input_specs, p.output_specs):
+      for _ in range(rng.randrange(3)):
+        spec = specs.add()
+        spec.dtype.kind = rng.choice([11, 99, 0, 12345])  # f32, string
+        spec.shape.dims.extend(rng.choice(_INTS + [-1])
+                               for _ in range(rng.randrange(4)))
+        self.fill(spec.sharding)
+    data = p.SerializeToString()
+    return self.mutate(data, rate=1.0) if rng.random() < 0.2 else data
+
   # ----------------------------------------------------------- frames
   def request(self, op_id: int) -> tuple[bytes, bool]:
     """One IfrtRequest of a random kind, and whether it was mutated (then
@@ -232,10 +257,15 @@ class Fuzzer:
       if which < 0.6:
         body.program.type_name = "xla::ifrt::XlaProgram"
         body.program.data = self.program()
-      elif which < 0.8:
+      elif which < 0.75:
         body.program.type_name = "xla::ifrt::PluginProgram"
         body.program.data = self.plugin_program()
         body.compile_options.type_name = "xla::ifrt::PluginCompileOptions"
+      elif which < 0.9:
+        body.program.type_name = "xla::ifrt::CustomCallProgram"
+        body.program.data = self.colocated_program()
+        body.compile_options.type_name = (
+            "xla::ifrt::CustomCallCompileOptions")
     data = req.SerializeToString()
     # Rarely: an unparsable request ends the session, and the rest of its
     # frames would reach nothing.

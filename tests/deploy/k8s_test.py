@@ -487,6 +487,17 @@ def test_workers_share_a_storage_root_when_given_one():
   assert worker(k8s.Spec(image="img:1"))[2] is None
 
 
+def test_workers_run_colocated_python_only_when_told():
+  def argv(spec):
+    pod = _replicated(_by_kind(k8s.manifests(spec, TOKEN))["JobSet"])[
+        k8s.WORKER]["template"]["spec"]["template"]["spec"]
+    return pod["containers"][0]["command"]
+
+  assert "--colocated-python" not in argv(k8s.Spec(image="img:1"))
+  assert "--colocated-python" in argv(k8s.Spec(image="img:1",
+                                               colocated_python=True))
+
+
 @pytest.mark.parametrize("flags,message", [
     (["--storage-pvc", "Bad_Name"], "--storage-pvc='Bad_Name'"),
     (["--storage-root", "/local"], "must be a gs:// or s3:// prefix"),
