@@ -159,9 +159,12 @@ def _client(cluster, mode: str) -> dict:
   return json.loads(out.stdout.splitlines()[-1])
 
 
-def test_a_clients_processes_end_with_its_session(pathways):
+def test_a_clients_processes_end_with_its_session(pathways, proxy_devices):
   pids = _client(pathways, "pids")["pids"]
   assert len(pids) == 2
+  # Another client's processes are its own, on the same islands.
+  pid, arg = _pid_of(proxy_devices)
+  assert not set(pids) & set(np.asarray(pid(arg)).tolist())
   deadline = time.monotonic() + 60
   while any(processes.alive(p) for p in pids):
     assert time.monotonic() < deadline, f"{pids} outlived their client"
