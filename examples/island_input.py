@@ -37,26 +37,6 @@ def example(i: int) -> dict:
   return {"x": x, "y": np.float32(x[:4].sum() > 0)}
 
 
-@cp.colocated_python_class
-class IslandBatches:
-  """In each island's colocated process: grain over that island's share
-  (examples k, k + n, k + 2n, ... on island k of n), batched."""
-
-  def __init__(self, local_batch: int) -> None:
-    import grain  # pylint: disable=import-outside-toplevel
-    share = grain.MapDataset.range(jax.process_index(), EXAMPLES,
-                                   jax.process_count())
-    self._batches = iter(share.map(example).batch(local_batch))
-
-  def next(self, like: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The next global batch, laid out as `like`: this island's rows."""
-    b = next(self._batches)
-    x_sharding = like.sharding
-    y_sharding = NamedSharding(x_sharding.mesh, P("data"))
-    return (jax.make_array_from_process_local_data(x_sharding, b["x"]),
-            jax.make_array_from_process_local_data(y_sharding, b["y"]))
-
-
 def client_batches(step: int) -> tuple[np.ndarray, np.ndarray]:
   """The same batch, read in this process: island k's rows in order."""
   local = GLOBAL_BATCH // islands
@@ -89,22 +69,45 @@ def train(next_batch) -> list[float]:
   return losses
 
 
-like = jax.device_put(np.zeros((GLOBAL_BATCH, FEATURES), np.float32), batch)
-remote = IslandBatches(GLOBAL_BATCH // islands)
-remote.next = remote.next.specialize(out_specs_fn=lambda like: (
-    jax.ShapeDtypeStruct((GLOBAL_BATCH, FEATURES), np.float32,
-                         sharding=batch),
-    jax.ShapeDtypeStruct((GLOBAL_BATCH,), np.float32, sharding=batch)))
-on_islands = train(lambda step: remote.next(like))
-from_client = train(lambda step: [jax.device_put(a, batch)
-                                  for a in client_batches(step)])
+def main() -> None:
+  # Defined here so that it goes with main(): JAX's colocated_python_class
+  # leaves a finalizer that fails if it first runs at interpreter exit
+  # (plain JAX prints the same).
+  @cp.colocated_python_class
+  class IslandBatches:
+    """In each island's colocated process: grain over that island's share
+    (examples k, k + n, k + 2n, ... on island k of n), batched."""
 
-for step in range(0, STEPS, 10):
-  print(f"step {step:2d}  loss {on_islands[step]:.4f} (batches made on the "
-        f"islands)  {from_client[step]:.4f} (read by this process)")
-print(f"final loss {on_islands[-1]:.4f}; both loops agree: "
-      f"{on_islands == from_client}")
-# JAX's colocated_python_class leaves a finalizer that fails if it first
-# runs at interpreter exit (plain JAX prints the same): run it now.
-del remote, IslandBatches
-gc.collect()
+    def __init__(self, local_batch: int) -> None:
+      import grain  # pylint: disable=import-outside-toplevel
+      share = grain.MapDataset.range(jax.process_index(), EXAMPLES,
+                                     jax.process_count())
+      self._batches = iter(share.map(example).batch(local_batch))
+
+    def next(self, like: jax.Array) -> tuple[jax.Array, jax.Array]:
+      """The next global batch, laid out as `like`: this island's rows."""
+      b = next(self._batches)
+      x_sharding = like.sharding
+      y_sharding = NamedSharding(x_sharding.mesh, P("data"))
+      return (jax.make_array_from_process_local_data(x_sharding, b["x"]),
+              jax.make_array_from_process_local_data(y_sharding, b["y"]))
+
+  like = jax.device_put(np.zeros((GLOBAL_BATCH, FEATURES), np.float32),
+                        batch)
+  remote = IslandBatches(GLOBAL_BATCH // islands)
+  remote.next = remote.next.specialize(out_specs_fn=lambda like: (
+      jax.ShapeDtypeStruct((GLOBAL_BATCH, FEATURES), np.float32,
+                           sharding=batch),
+      jax.ShapeDtypeStruct((GLOBAL_BATCH,), np.float32, sharding=batch)))
+  on_islands = train(lambda step: remote.next(like))
+  from_client = train(lambda step: [jax.device_put(a, batch)
+                                    for a in client_batches(step)])
+  for step in range(0, STEPS, 10):
+    print(f"step {step:2d}  loss {on_islands[step]:.4f} (batches made on "
+          f"the islands)  {from_client[step]:.4f} (read by this process)")
+  print(f"final loss {on_islands[-1]:.4f}; both loops agree: "
+        f"{on_islands == from_client}")
+
+
+main()
+gc.collect()  # (see main)

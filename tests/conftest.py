@@ -125,15 +125,9 @@ def tcp_cluster():
   loopback TCP as remote ones would (the shared one uses a Unix socket);
   every process stopped by pid at the end of the module."""
   from jax_pathways.cluster.local_cluster import LocalCluster  # pylint: disable=import-outside-toplevel
-  cluster = LocalCluster(ISLANDS, DEVICES_PER_ISLAND, 16, tcp=True)
-  cluster.start()
-  pids = cluster.pids
-  try:
+  with processes.running(LocalCluster(ISLANDS, DEVICES_PER_ISLAND, 16,
+                                      tcp=True)) as cluster:
     yield cluster
-  finally:
-    cluster.stop()
-    for pid in pids:
-      assert not processes.alive(pid), f"process {pid} outlived the cluster"
 
 
 @pytest.fixture(scope="session")

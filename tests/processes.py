@@ -1,12 +1,14 @@
 """Processes a test started: whether one still runs, and stopping them."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import select
 import signal
 import subprocess
 import time
+from typing import Any, Iterator
 
 # A line at WARNING or above, as absl's C++ (W1128 12:00:00.0 ...) or
 # Python's logging writes it: what a healthy process's stderr never has.
@@ -112,3 +114,17 @@ def rss(pid: int) -> int:
       if line.startswith("VmRSS:"):
         return int(line.split()[1]) * 1024
   raise ValueError(f"no VmRSS for pid {pid}")
+
+
+@contextlib.contextmanager
+def running(cluster: Any) -> Iterator[Any]:
+  """A LocalCluster started for a test or module; stopped at the end, and
+  every one of its processes checked gone."""
+  cluster.start()
+  pids = cluster.pids
+  try:
+    yield cluster
+  finally:
+    cluster.stop()
+    for pid in pids:
+      assert not alive(pid), f"process {pid} outlived the cluster"

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from jax_pathways.controller.arrays import Array, island_bytes
 from jax_pathways.controller.dispatcher import IslandOp, OpKind
+from jax_pathways.controller import uncompiled
 from jax_pathways.controller.launch_context import LaunchContext
 from jax_pathways.programs.colocated_program import ArraySpec, ColocatedProgram
 from jax_pathways.programs.sharding import Sharding
@@ -51,14 +52,9 @@ class ColocatedExecutable:
     self.devices = tuple(sorted(self._physical))
     self.islands = tuple(self._islands)
     self._hello = _hello(slice_, topology, packages)
-    self.metadata: dict[str, Any] = {
-        "name": program.name or "colocated_python",
-        "parameter_shardings": None, "output_shardings": None,
-        "parameter_layouts": [],
-        "output_layouts": [list(range(len(shape)))[::-1]
-                           for shape, _ in self.outputs],
-        "output_memory_kinds": [], "donated_input_indices": [],
-        "memory_stats": {}, "cost_analysis": {}, "hlo_text": ""}
+    self.metadata = uncompiled.metadata(
+        program.name or "colocated_python",
+        [len(shape) for shape, _ in self.outputs])
 
   def programs(self) -> list[Any]:
     """It holds no compiled program (drop() lets its function go)."""

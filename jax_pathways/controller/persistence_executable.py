@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 from jax_pathways.controller.arrays import Array, island_bytes
 from jax_pathways.controller.dispatcher import IslandOp, OpKind
+from jax_pathways.controller import uncompiled
 from jax_pathways.controller.launch_context import LaunchContext
 from jax_pathways.programs.sharding import Sharding
 from jax_pathways.resources.island import Island
@@ -54,15 +55,9 @@ class PersistenceExecutable:
     self.output_islands = [] if self.write else self._islands
     self.devices = tuple(sorted({d for s in self._shardings
                                  for d in s.devices}))
-    self.metadata: dict[str, Any] = {
-        "name": "pathways_persistence_" + ("write" if self.write else "read"),
-        "parameter_shardings": None, "output_shardings": None,
-        # Row-major, as a worker's from_pieces makes them.
-        "parameter_layouts": [],
-        "output_layouts": [list(range(len(shape)))[::-1]
-                           for shape, _ in self.outputs],
-        "output_memory_kinds": [], "donated_input_indices": [],
-        "memory_stats": {}, "cost_analysis": {}, "hlo_text": ""}
+    self.metadata = uncompiled.metadata(
+        "pathways_persistence_" + ("write" if self.write else "read"),
+        [len(shape) for shape, _ in self.outputs])
 
   def programs(self) -> list[Any]:
     """It holds no compiled program (nothing to release)."""

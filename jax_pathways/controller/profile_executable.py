@@ -32,6 +32,7 @@ from absl import logging
 
 from jax_pathways import threads, xplane
 from jax_pathways.controller import op_timing
+from jax_pathways.controller import uncompiled
 from jax_pathways.controller.launch_context import LaunchContext
 from jax_pathways.programs.plugin_program import ProfileRequest
 from jax_pathways.programs.sharding import Sharding
@@ -58,12 +59,7 @@ class ProfileExecutable:
     self.outputs: list[tuple[tuple[int, ...], str]] = [((1,), "uint8")] * n
     self.output_shardings = [Sharding(devices[:1])] * n
     self.output_islands: list[tuple[Any, ...]] = [()] * n
-    self.metadata: dict[str, Any] = {
-        "name": "pathways_profile", "parameter_shardings": None,
-        "output_shardings": None, "parameter_layouts": [],
-        "output_layouts": [[0]] * n, "output_memory_kinds": [],
-        "donated_input_indices": [], "memory_stats": {},
-        "cost_analysis": {}, "hlo_text": ""}
+    self.metadata = uncompiled.metadata("pathways_profile", [1] * n)
     self._owner = owner
     self._islands = list(islands)
     self._state = "new"  # -> recording -> stopping (or abandoned)

@@ -183,15 +183,8 @@ def test_a_client_running_other_packages_is_refused_naming_both(pathways):
 def closed_cluster():
   """A cluster whose owner did not allow colocated Python."""
   from jax_pathways.cluster.local_cluster import LocalCluster  # pylint: disable=import-outside-toplevel
-  cluster = LocalCluster(2, 2, 16)
-  cluster.start()
-  pids = cluster.pids
-  try:
+  with processes.running(LocalCluster(2, 2, 16)) as cluster:
     yield cluster
-  finally:
-    cluster.stop()
-    for pid in pids:
-      assert not processes.alive(pid), f"process {pid} outlived the cluster"
 
 
 def test_a_cluster_that_does_not_allow_it_refuses_by_name(closed_cluster):

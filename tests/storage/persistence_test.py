@@ -144,15 +144,9 @@ def confined_cluster(tmp_path_factory):
   """A cluster of its own whose workers may store under `root` only."""
   from jax_pathways.cluster.local_cluster import LocalCluster  # pylint: disable=import-outside-toplevel
   root = tmp_path_factory.mktemp("root")
-  cluster = LocalCluster(2, 2, 16, storage_root=str(root))
-  cluster.start()
-  pids = cluster.pids
-  try:
+  with processes.running(LocalCluster(2, 2, 16,
+                                      storage_root=str(root))) as cluster:
     yield cluster, root
-  finally:
-    cluster.stop()
-    for pid in pids:
-      assert not processes.alive(pid), f"process {pid} outlived the cluster"
 
 
 def test_workers_store_under_their_root_only(confined_cluster, tmp_path):
