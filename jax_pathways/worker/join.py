@@ -153,8 +153,31 @@ def configure_jax(platform: str | None) -> None:
               if p and p != "proxy"]
     os.environ["JAX_PLATFORMS"] = ",".join(wanted)
   os.environ.pop("JAX_BACKEND_TARGET", None)
+  os.environ["XLA_FLAGS"] = without_rendezvous_abort(
+      os.environ.get("XLA_FLAGS", ""))
   import jax  # pylint: disable=import-outside-toplevel
   jax.config.update("jax_enable_x64", True)
+
+
+# XLA:CPU aborts the process when a device of a program waits for the
+# others in a collective for 20 + 40 s (its "terminate" timeout, read once
+# from XLA_FLAGS): a host callback that took a minute inside a program of
+# several devices took its whole island down. Here a program runs as long
+# as its callbacks take.
+_TERMINATE = "--xla_cpu_collective_call_terminate_timeout_seconds"
+
+
+def without_rendezvous_abort(flags: str) -> str:
+  """XLA_FLAGS `flags` with XLA:CPU's rendezvous abort turned off."""
+  kept = []
+  for flag in flags.split():
+    if flag.startswith(_TERMINATE + "="):
+      if flag != _TERMINATE + "=-1":
+        logging.warning("%s in XLA_FLAGS is ignored: a worker's programs "
+                        "run as long as their host callbacks take", flag)
+      continue
+    kept.append(flag)
+  return " ".join([*kept, _TERMINATE + "=-1"])
 
 
 def worker_hello(backend: Any, island: int | None, device_memory: int,

@@ -225,6 +225,11 @@ class PjrtBackend:
           fail_quietly=False)
     self.devices = tuple(sorted(self.client.local_devices(),
                                 key=lambda d: d.id))
+    # jaxlib makes a DeviceList's iterator type at its first iteration;
+    # two compile threads making it at once, one got a half-made type
+    # ("iter() returned non-iterator of type 'ifrt_device_iterator'").
+    # Made here, before any compile thread.
+    tuple(xc.DeviceList(self.devices))
     self._device_cores = device_cores
     # This worker's island and the host gloo listens on (set by main).
     self.island = 0
@@ -241,12 +246,21 @@ class PjrtBackend:
     self._cache: dict[str, Program] = {}  # compile key -> Program
     self._compilation_cache = compilation_cache
     self._built_shardings: dict[Hashable, jax.sharding.Sharding] = {}
-    self._ir_context = mlir.make_ir_context()
+    # MLIR contexts by thread: programs compile on several at once.
+    self._contexts = threading.local()
     # What programs here may call (programs/custom_calls.py), and the
     # connection their callbacks take to the controller (set by main).
     self.allowed_custom_calls = custom_calls.allowed(
         custom_calls.registered(self.platform))
     self.callback_link: worker_callbacks.Link | None = None
+
+  @property
+  def _ir_context(self) -> Any:
+    """This thread's MLIR context (one is not shared between threads)."""
+    context = getattr(self._contexts, "context", None)
+    if context is None:
+      context = self._contexts.context = mlir.make_ir_context()
+    return context
 
   @property
   def global_client(self) -> Any:

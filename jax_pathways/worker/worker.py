@@ -8,7 +8,10 @@ ids the controller chose; a failed op leaves its Status under its result ids,
 so later ops fail with the original cause.
 
 Payload headers per op kind (built by the controller's handlers):
-  COMPILE  {"devices", "replicas"}, blobs [program, compile options]
+  COMPILE  {"devices", "replicas"}, blobs [program, compile options]:
+           compiled on the compile pool, beside the op loop and other
+           compiles (a program's launches come only after its compile
+           was answered); one dropped (DELETE) before it starts is not
   LAUNCH   -                     (program = compiled program id)
   PUT      {"dtype", "shape", "sharding", "strides"?} blobs [bytes]
            or {..., "shards": [{"devices", "dtype", "shape", "strides"?}]}
@@ -47,6 +50,7 @@ Payload headers per op kind (built by the controller's handlers):
 """
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import json
 import os
@@ -109,6 +113,13 @@ _COLOCATED_LANES = -2
 # How often a lane waiting for a launch spanning islands looks whether an
 # island was lost (the launch then never finishes).
 SPANNING_POLL_S = 0.01
+# Compiles at once: XLA compiles a program on one core, and the island's
+# cores are what bounds them (the op loop never waits for one).
+COMPILE_THREADS = max(1, min(4, len(os.sched_getaffinity(0))))
+
+
+_DONE: concurrent.futures.Future = concurrent.futures.Future()
+_DONE.set_result(None)
 
 
 class Worker:
@@ -128,6 +139,12 @@ class Worker:
     self._peers = peers
     self._transfers = transfers
     self._programs: dict[int, Program] = {}
+    self._compiles = concurrent.futures.ThreadPoolExecutor(
+        COMPILE_THREADS, thread_name_prefix="jp-compile")
+    # Programs whose compile waits or runs (their futures), and those of
+    # them dropped (DELETE) meanwhile.
+    self._compiling: dict[int, concurrent.futures.Future] = {}
+    self._dropped: set[int] = set()
     # By buffer id: an array (strings: HostStrings), the Status it failed
     # with, or a Pending result of an op on a lane (callback_lanes.py).
     self._buffers: dict[int, jax.Array | HostStrings | Status | Pending] = {}
@@ -195,12 +212,19 @@ class Worker:
       # With no one to report to, work still running (perhaps a program
       # waiting in gloo for a lost island) is not waited for.
       self._colocated.close()
+      self._compiles.shutdown(wait=ended is None, cancel_futures=True)
       self._completions.close(wait=ended is None)
 
   def _run_op(self, op: Any) -> None:
     if op.kind == OpKind.PEER_LOST:
       self._peer_lost(op)
       return
+    if op.kind == OpKind.LAUNCH and op.program in self._compiling:
+      # Numbered right after its COMPILE (a replacement worker's recompile,
+      # compile_cache.py): the launch goes where the program says, so the
+      # op loop waits for it here, as it did for every compile before.
+      concurrent.futures.wait([self._compiling.get(op.program)
+                               or _DONE])
     if (op.kind in _READERS or op.kind in _STORAGE or
         op.kind == OpKind.COLOCATED) and self._to_lane(op):
       return
@@ -423,11 +447,31 @@ class Worker:
 
   # ------------------------------------------------------------------ op kinds
   def _compile(self, op: Any) -> None:
-    header, (program, options) = payloads.decode(op.payload)
-    prog = self._backend.compile(bytes(program), bytes(options),
-                                 header["devices"], header["replicas"],
-                                 header.get("callbacks"))
-    self._programs[op.program] = prog
+    """On the compile pool: a compile of one client (perhaps minutes in
+    XLA) holds neither the op loop nor another client's compile."""
+    self._compiling[op.program] = self._compiles.submit(self._compile_now, op)
+
+  def _compile_now(self, op: Any) -> None:
+    try:
+      if op.program in self._dropped:
+        raise StatusError(Code.CANCELLED, f"program {op.program} was "
+                          "dropped before its compile began: nobody waits "
+                          "for it")
+      header, (program, options) = payloads.decode(op.payload)
+      prog = self._backend.compile(bytes(program), bytes(options),
+                                   header["devices"], header["replicas"],
+                                   header.get("callbacks"))
+    except Exception as e:  # pylint: disable=broad-except
+      self._compiling.pop(op.program, None)
+      self._dropped.discard(op.program)
+      self._failed(op, error_status(e))
+      return
+    if op.program in self._dropped:  # dropped while it compiled
+      self._backend.forget(prog)
+    else:
+      self._programs[op.program] = prog
+    self._compiling.pop(op.program, None)
+    self._dropped.discard(op.program)
     metadata = json.dumps(prog.metadata).encode()
     self._completions.add(op.seq, [], lambda: metadata)
 
@@ -540,8 +584,10 @@ class Worker:
       self._lane_readers.pop(b, None)
     if op.program:  # a program no launch names again: free its code
       program = self._programs.pop(op.program, None)
-      if program is not None and not any(
-          p is program for p in self._programs.values()):
+      if program is None:
+        if op.program in self._compiling:
+          self._dropped.add(op.program)
+      elif not any(p is program for p in self._programs.values()):
         self._backend.forget(program)
 
   def _copy(self, op: Any) -> None:

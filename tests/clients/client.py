@@ -2,7 +2,9 @@
 (JAX_PATHWAYS_ADDRESS, JAX_PATHWAYS_TOKEN).
 
 argv[1]: JSON {"devices": 4 | [2, 2] | null, "island": int | null,
-               "steps": int, "seed": int, "hold_mb": int, "forever": bool}
+               "steps": int, "seed": int, "hold_mb": int, "forever": bool,
+               "offset": float (a constant of its program: another value,
+               another program to compile)}
 Prints JSON lines: {"devices": [...]} once placed, {"holding": n} when its
 arrays are up, {"step": i, "ok": bool} per checked step, {"done": true};
 or {"error": "..."} if JAX refused to start.
@@ -44,11 +46,14 @@ held = [jax.device_put(np.full((plan.get("hold_mb", 0) << 18,), i, np.float32),
 say(holding=len(held))
 
 
+offset = float(plan.get("offset", 0.0))
+
+
 @jax.jit
 def step(w, x):
   # A collective over the client's devices, and per-device math.
   return jnp.tanh(x @ w).sum(axis=1) + jax.lax.with_sharding_constraint(
-      x.sum(), NamedSharding(mesh, P()))
+      x.sum(), NamedSharding(mesh, P())) + offset
 
 
 step_count = plan.get("steps", 10)
@@ -57,7 +62,7 @@ while plan.get("forever") or i < step_count:
   w = rng.normal(size=(16, 16)).astype(np.float32)
   x = rng.normal(size=(8 * n, 16)).astype(np.float32)
   got = np.asarray(step(w, jax.device_put(x, split)))
-  want = np.tanh(x @ w).sum(axis=1) + x.sum()
+  want = np.tanh(x @ w).sum(axis=1) + x.sum() + offset
   say(step=i, ok=bool(np.allclose(got, want, rtol=1e-4, atol=1e-4)))
   i += 1
 say(done=True)
