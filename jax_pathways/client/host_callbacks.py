@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from absl import logging
 
+from jax_pathways.client import synchronous_calls
 from jax_pathways.cluster import addresses
 from jax_pathways.programs import custom_calls
 from jax_pathways.wire import callback_messages as msg
@@ -100,8 +101,9 @@ def install() -> None:
     attributes[custom_calls.TABLE_ATTRIBUTE] = ir.StringAttr.get(
         f"{table}:{len(host_callbacks)}", module.context)
     try:
-      return compile_and_load(backend, module, executable_devices, options,
-                              [])
+      return synchronous_calls.wrap(
+          compile_and_load(backend, module, executable_devices, options, []),
+          executable_devices)
     except BaseException:
       forget(table)
       raise
@@ -116,6 +118,7 @@ def install() -> None:
 
   compiler.backend_compile_and_load = compile_with_table
   xc.encode_inspect_sharding_callback = encode_and_record
+  synchronous_calls.install()
 
 
 def forget(table: int) -> None:

@@ -8,6 +8,7 @@ orders them, the same errors."""
 from __future__ import annotations
 
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -194,8 +195,12 @@ def test_a_blocked_callback_holds_up_no_other_work(proxy_devices, place):
       wait_for_release, jax.ShapeDtypeStruct(x.shape, x.dtype), x) * 2)
   other = jax.jit(lambda x: jnp.cumsum(x) + 1)
   x = _put(proxy_devices, place, jnp.arange(8, dtype=jnp.float32))
+  got: dict[str, jax.Array] = {}
+  # (A call of one device returns once its callbacks ran, as on CPU.)
+  calling = threading.Thread(target=lambda: got.setdefault("y", blocked(x)),
+                             daemon=True)
   try:
-    pending = blocked(x)  # dispatched; its callback now waits here
+    calling.start()
     assert started.wait(WAIT_S)
     # The same island takes other work meanwhile: uploads, programs (on one
     # device: XLA:CPU runs one program of several devices at a time) and
@@ -211,7 +216,57 @@ def test_a_blocked_callback_holds_up_no_other_work(proxy_devices, place):
     assert not release.is_set()
   finally:
     release.set()
-  np.testing.assert_array_equal(np.asarray(pending), np.arange(8) * 2)
+  calling.join(WAIT_S)
+  np.testing.assert_array_equal(np.asarray(got["y"]), np.arange(8) * 2)
+
+
+def test_calls_wait_for_their_callbacks_as_on_cpu(proxy_devices, cpu_devices):
+  """Plain JAX on CPU runs a program with host callbacks on one device
+  before the call returns, and raises the callback's error from the call;
+  a program of several devices is dispatched ahead. So here, on each."""
+  for devices in (cpu_devices, proxy_devices):
+    ran: list[float] = []
+
+    def record(v):
+      time.sleep(0.2)  # long after a call that did not wait has returned
+      ran.append(float(v.sum()))
+      return v
+
+    def refuse(v):
+      raise ValueError(f"refused {float(v.sum())}")
+
+    with jax.default_device(devices[0]):
+      x = jnp.arange(4, dtype=jnp.float32)
+      # io_callback has effects; pure_callback has none, so JAX's C++
+      # dispatch takes its later calls.
+      for called in (jax.jit(lambda v: io_callback(record, v, v) * 2),
+                     jax.jit(lambda v: jax.pure_callback(
+                         record, jax.ShapeDtypeStruct(v.shape, v.dtype),
+                         v) * 2)):
+        ran.clear()
+        for i in range(3):  # the first call, then the later ones
+          called(x + i)
+          assert ran == [6.0 + 4 * k for k in range(i + 1)], devices[0]
+      with pytest.raises(jax.errors.JaxRuntimeError, match="refused 6.0"):
+        jax.jit(lambda v: io_callback(refuse, v, v))(x)
+    # Several devices: the call returns while the callback still waits.
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(v):
+      entered.set()
+      assert release.wait(WAIT_S)
+      return v
+
+    y = jax.device_put(jnp.arange(8, dtype=jnp.float32),
+                       NamedSharding(Mesh(np.array(devices[:4]), ("d",)),
+                                     P("d")))
+    try:
+      pending = jax.jit(lambda v: jax.pure_callback(
+          hold, jax.ShapeDtypeStruct(v.shape, v.dtype), v) + 1)(y)
+      assert entered.wait(WAIT_S) and not release.is_set()
+    finally:
+      release.set()
+    np.testing.assert_array_equal(np.asarray(pending), np.arange(8) + 1)
 
 
 def test_custom_partitioning_asks_this_process(run_both):
