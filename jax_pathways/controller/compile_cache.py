@@ -241,14 +241,21 @@ class CompileCache:
     self._lock = threading.Lock()
     self.compiles = 0  # programs sent to be compiled, ever
     self._done: dict[str, CompiledProgram] = {}
-    self._waiting: dict[str, list[OnCompiled]] = {}
+    # Compiles under way: key -> (program id, its islands, [(client,
+    # waiter)]). A compile every waiter of which left is dropped
+    # (abandon()).
+    self._waiting: dict[str, tuple[int, tuple[Island, ...],
+                                   list[tuple[int, OnCompiled]]]] = {}
     self._holders: dict[str, int] = {}  # by key, of the programs in _done
     self._fences: dict[str, int] = {}  # releases whose fence is not numbered
     # Programs in _done that nobody holds, least recently released first.
     self._unheld: collections.OrderedDict[str, CompiledProgram] = (
         collections.OrderedDict())
 
-  def compile(self, program: PlacedProgram, on_done: OnCompiled) -> None:
+  def compile(self, program: PlacedProgram, on_done: OnCompiled,
+              client: int = 0) -> None:
+    """Compiles `program` once on its islands for every `client` waiting
+    for it (abandon() drops a client's waits)."""
     generation = None
     if len(program.islands) > 1:
       try:
@@ -262,7 +269,11 @@ class CompileCache:
       compiled = self._done.get(key)
       if compiled is None:
         first = key not in self._waiting
-        self._waiting.setdefault(key, []).append(on_done)
+        if first:
+          self.compiles += 1
+          self._waiting[key] = (next(self._ids), program.islands, [])
+        program_id, _, waiters = self._waiting[key]
+        waiters.append((client, on_done))
       else:
         self._hold(key, 1)
     if compiled is not None:
@@ -270,9 +281,6 @@ class CompileCache:
       return
     if not first:
       return
-    with self._lock:
-      self.compiles += 1
-    program_id = next(self._ids)
     header: dict[str, Any] = {"devices": list(program.device_refs),
                               "replicas": program.replicas}
     # Its callbacks, which the worker binds (worker/callback_binding.py).
@@ -293,7 +301,11 @@ class CompileCache:
         except ValueError as e:
           status = Status(Code.INTERNAL, f"malformed compile result: {e}")
       with self._lock:
-        waiters = self._waiting.pop(key, [])
+        under_way = self._waiting.get(key)
+        if under_way is None or under_way[0] != program_id:
+          return  # abandoned (and dropped on the workers)
+        del self._waiting[key]
+        waiters = [w for _, w in under_way[2]]
         if compiled is not None:
           self._done[key] = compiled
           self._hold(key, len(waiters))
@@ -303,6 +315,21 @@ class CompileCache:
     self._dispatcher.submit(
         [IslandOp(island.id, OpKind.COMPILE, program_id, payload=payload)
          for island in program.islands], finished)
+
+  def abandon(self, client: int) -> None:
+    """Client `client` left: it waits for no compile. A compile nobody
+    else waits for is dropped: the workers skip it if it has not begun
+    (XLA cannot stop one that has), and keep nothing of it."""
+    dropped = []
+    with self._lock:
+      for key, (program_id, islands, waiters) in list(self._waiting.items()):
+        waiters[:] = [(c, w) for c, w in waiters if c != client]
+        if not waiters:
+          del self._waiting[key]
+          dropped.append((program_id, islands))
+    for program_id, islands in dropped:
+      self._dispatcher.submit([IslandOp(island.id, OpKind.DELETE, program_id)
+                               for island in islands])
 
   def _hold(self, key: str, count: int) -> None:
     self._holders[key] = self._holders.get(key, 0) + count

@@ -35,9 +35,10 @@ SCHEDULES_KEPT = 8
 
 
 def compile_program(program: MpmdProgram, cache: CompileCache,
-                    topology: Topology, on_done: OnMpmdCompiled) -> None:
-  """Compiles every fragment (all at once, each once) and then builds the
-  executable; `on_done` gets the first failure instead."""
+                    topology: Topology, on_done: OnMpmdCompiled,
+                    client: int = 0) -> None:
+  """Compiles every fragment (all at once, each once) for `client` and
+  then builds the executable; `on_done` gets the first failure instead."""
   compiled: list[CompiledProgram | None] = [None] * len(program.fragments)
   lock = threading.Lock()
   pending = [len(program.fragments)]
@@ -66,7 +67,7 @@ def compile_program(program: MpmdProgram, cache: CompileCache,
     on_done(Status(), exe)
 
   for i, fragment in enumerate(program.fragments):
-    cache.compile(fragment, lambda s, r, i=i: one_done(i, s, r))
+    cache.compile(fragment, lambda s, r, i=i: one_done(i, s, r), client)
 
 
 class MpmdExecutable:

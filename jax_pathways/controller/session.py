@@ -469,6 +469,9 @@ class Session:
     moves.release(self.services, self.arrays.drain())
     for exe in self.executables.drain():
       self.let_go(exe)
+    # Its compiles nobody else waits for stop (those not begun).
+    if self.services.compile_cache is not None:
+      self.services.compile_cache.abandon(self.number)
     if self.colocated_islands:
       colocated_executable.end(self.services, self.number,
                                self.colocated_islands)

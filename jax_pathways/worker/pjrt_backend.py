@@ -57,7 +57,6 @@ from jax_pathways.cluster import cores
 from jax_pathways.programs import custom_calls
 from jax_pathways.status import (Code, StatusError, invalid_argument,
                                  unimplemented)
-from jax_pathways.wire import protos
 from jax_pathways.worker import callback_binding as worker_callbacks
 from jax_pathways.worker import island_client
 from jax_pathways.worker import order_reductions
@@ -496,8 +495,6 @@ class PjrtBackend:
     client = devices[0].client
     module = self._parse(program)
     binding = self._bind(module, callbacks, len(devices))
-    if binding is not None and len(devices) > 1:
-      options = _waiting_for_callbacks(options)
     compile_options = xc.CompileOptions.ParseFromString(options)
     # The client compiled for its own device ids; these are this worker's.
     compile_options.device_assignment = xc.DeviceAssignment.create(
@@ -851,17 +848,6 @@ def _client(a: jax.Array | Execution) -> Any:
   if isinstance(a, Execution):
     return a.client
   return a.sharding._device_assignment[0].client  # pylint: disable=protected-access
-
-
-def _waiting_for_callbacks(options: bytes) -> bytes:
-  """Compile options under which the devices of a program wait in its
-  collectives for as long as one of them is in a callback: XLA:CPU
-  otherwise aborts the process once they have waited 40 s."""
-  proto = protos.msg("xla.CompileOptionsProto").FromString(options)
-  debug = proto.executable_build_options.debug_options
-  debug.xla_cpu_collective_call_terminate_timeout_seconds = CALLBACK_WAIT_S
-  debug.xla_cpu_collective_call_warn_stuck_seconds = CALLBACK_WARN_S
-  return proto.SerializeToString()
 
 
 def _compile_and_load(client: Any, source: Any, devices: Any, options: Any,

@@ -104,7 +104,8 @@ def compile_program(session: Session, req: Any, reply: Reply) -> None:
                 req.program, req.compile_options, services.topology,
                 services.spmd_across_islands, devices,
                 vet=services.programs and services.programs.vet_ifrt_ir),
-            services.compile_cache, services.topology, compiled)
+            services.compile_cache, services.topology, compiled,
+            session.number)
         return
       program = xla_program.place(
           req.program, req.compile_options, services.topology,
@@ -118,7 +119,7 @@ def compile_program(session: Session, req: Any, reply: Reply) -> None:
                                              program.callbacks.table,
                                              session.number)
         program = dataclasses.replace(program, route=route)
-      services.compile_cache.compile(program, compiled)
+      services.compile_cache.compile(program, compiled, session.number)
     except StatusError as e:
       reply.error(e.status)
     except Exception as e:  # pylint: disable=broad-except
