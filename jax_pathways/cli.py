@@ -574,8 +574,8 @@ def _connect(parser: argparse.ArgumentParser, args: argparse.Namespace,
   path = (os.path.join(made, "proxy.sock") if made else
           args.listen[len(addresses.UNIX):])
   try:
-    server, fwd = forwarder.serve(args.controller, token, path,
-                                  first_message_timeout=cfg.first_message_timeout)
+    server = forwarder.serve(args.controller, token, path,
+                             first_message_timeout=cfg.first_message_timeout)
   except OSError as e:  # PermissionError: a folder others may enter
     print(f"jax-pathways connect: {e}", file=sys.stderr)
     if made:
@@ -596,8 +596,7 @@ def _connect(parser: argparse.ArgumentParser, args: argparse.Namespace,
   while not stop.wait(1.0):
     pass
   host_registry.remove(listed)
-  server.stop(grace=2).wait(5)
-  fwd.close()
+  server.stop(grace=2).wait(forwarder.STOP_TIMEOUT_S)
   if made:
     shutil.rmtree(made, ignore_errors=True)
   return 0

@@ -261,7 +261,7 @@ def test_garbage_is_answered(tmp_path):
   folder = tmp_path / "private"
   folder.mkdir(mode=0o700)
   path = str(folder / "proxy.sock")
-  server, fwd = forwarder.serve("127.0.0.1:1", TOKEN, path)
+  server = forwarder.serve("127.0.0.1:1", TOKEN, path)
   channel = grpc.insecure_channel(f"unix:{path}")
   try:
     def session(metadata: bytes) -> grpc.RpcError:
@@ -283,7 +283,6 @@ def test_garbage_is_answered(tmp_path):
   finally:
     channel.close()
     server.stop(grace=None).wait(10)
-    fwd.close()
 
 
 @pytest.mark.integration
@@ -294,8 +293,8 @@ def test_sessions_that_never_start_do_not_lock_others_out(cluster, tmp_path):
   folder.mkdir(mode=0o700)
   path = str(folder / "proxy.sock")
   slots = 4
-  server, fwd = forwarder.serve(cluster["address"], TOKEN, path,
-                                max_workers=slots, first_message_timeout=1.0)
+  server = forwarder.serve(cluster["address"], TOKEN, path,
+                           max_pending=slots, first_message_timeout=1.0)
   channel = grpc.insecure_channel(f"unix:{path}")
   never = threading.Event()
 
@@ -323,4 +322,54 @@ def test_sessions_that_never_start_do_not_lock_others_out(cluster, tmp_path):
     never.set()
     channel.close()
     server.stop(grace=None).wait(10)
-    fwd.close()
+
+
+@pytest.mark.integration
+def test_streams_kept_idle_never_lock_a_session_out(cluster, tmp_path):
+  """A process of the same user keeps as many streams open as the
+  forwarder lets wait for their first request, re-opening each one ended
+  (issue 53 row 9): a real session still gets in, ending the oldest idle
+  stream, and so does the next."""
+  folder = tmp_path / "private"
+  folder.mkdir(mode=0o700)
+  path = str(folder / "proxy.sock")
+  slots = 4
+  server = forwarder.serve(cluster["address"], TOKEN, path,
+                           max_pending=slots, first_message_timeout=120.0)
+  channel = grpc.insecure_channel(f"unix:{path}")
+  never = threading.Event()
+
+  def nothing() -> Iterator[bytes]:
+    never.wait(120)
+    return
+    yield  # pylint: disable=unreachable
+
+  try:
+    idle = [channel.stream_stream(SESSION)(
+        nothing(), metadata=[(SESSION_METADATA, _metadata())], timeout=120)
+            for _ in range(slots)]
+    for _ in range(slots):  # each re-opened: still `slots` waiting
+      idle.append(channel.stream_stream(SESSION)(
+          nothing(), metadata=[(SESSION_METADATA, _metadata())],
+          timeout=120))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..",
+                                    "controller"))
+    from raw_client import RawSession  # pylint: disable=import-outside-toplevel
+    for _ in range(2):
+      assert RawSession(f"grpc://unix:{path}", None).id
+    # A newcomer finding `slots` waiting ended the one waiting longest (in
+    # the order they reached the forwarder): the 4 re-opened ones, and the
+    # first real session (the second found room).
+    deadline = time.monotonic() + 60
+    while sum(call.done() for call in idle) < slots + 1:
+      assert time.monotonic() < deadline, [c.done() for c in idle]
+      time.sleep(0.05)
+    ended = [call for call in idle if call.done()]
+    assert len(ended) == slots + 1
+    for call in ended:
+      assert call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, call.details()
+      assert "ended for a newer session" in call.details()
+  finally:
+    never.set()
+    channel.close()
+    server.stop(grace=None).wait(10)
