@@ -28,7 +28,6 @@ import threading
 import time
 from typing import Any, Sequence
 
-
 from jax_pathways import config
 from jax_pathways import logs
 from jax_pathways.cluster import cores

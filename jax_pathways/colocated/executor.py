@@ -70,14 +70,15 @@ class Executor:
 
   def _call(self, header: dict[str, Any], blobs: list[memoryview]
             ) -> tuple[Any, ...]:
-    key, n = header["function"], 0
+    key = header["function"]
+    # The pickle comes first when sent (again, after a call that failed).
+    n = 1 if header.get("pickled") else 0
     entry = self._functions.get(key)
     if entry is None:
-      if not header.get("pickled"):
+      if not n:
         raise RuntimeError(f"function {key} was not sent to this process")
       entry = self._functions[key] = serialization._deserialize(  # pylint: disable=protected-access
           bytes(blobs[0]))
-      n = 1
     fun, in_treedef, in_specs, _, out_specs, _ = entry
     args = []
     for spec, item in zip(in_specs, header["inputs"]):

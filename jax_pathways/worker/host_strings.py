@@ -27,10 +27,6 @@ class HostStrings:
   """One array of strings per device of this worker, in sharding order."""
   shards: tuple[np.ndarray, ...]
 
-  @property
-  def nbytes(self) -> int:
-    return sum(len(str(s).encode()) for a in self.shards for s in a.flat)
-
   def shard(self, i: int) -> "HostStrings":
     return HostStrings((self.shards[i],))
 

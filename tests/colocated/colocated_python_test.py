@@ -105,6 +105,21 @@ def test_a_raising_function_fails_its_call_with_the_users_error(
   with pytest.raises(Exception, match="the user's own error, from the "
                      "colocated process"):
     np.asarray(broken.specialize(out_specs_fn=lambda s: s)(x))
+  # A function whose first call raised is called again (its pickle is sent
+  # again, and the process, which kept it, knows it): its state is kept.
+  calls: list[int] = []
+
+  @cp.colocated_python
+  def flaky(a: jax.Array) -> jax.Array:
+    calls.append(1)
+    if len(calls) == 1:
+      raise ValueError("only the first call fails")
+    return a
+
+  flaky = flaky.specialize(out_specs_fn=lambda s: s)
+  with pytest.raises(Exception, match="only the first call fails"):
+    np.asarray(flaky(x))
+  np.testing.assert_array_equal(np.asarray(flaky(x)), np.ones((8, 4)))
   # The same process serves the next call.
   pid, arg = _pid_of(proxy_devices)
   before = set(np.asarray(pid(arg)).tolist())
