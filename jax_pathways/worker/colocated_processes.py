@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from absl import logging
 import numpy as np
 
-from jax_pathways import threads
+from jax_pathways import config, threads
 from jax_pathways.colocated import frames
 from jax_pathways.status import Code, StatusError, failed_precondition
 from jax_pathways.worker import host_strings
@@ -129,7 +129,9 @@ class ColocatedProcesses:
           [sys.executable, "-m", "jax_pathways.colocated.executor",
            str(theirs.fileno())],
           pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
-          start_new_session=True)
+          start_new_session=True,
+          # The user's code gets no cluster token: it is no client.
+          env={k: v for k, v in os.environ.items() if k != config.TOKEN})
     finally:
       theirs.close()
     p = _Process(popen, ours, set(), threading.Lock())
