@@ -104,6 +104,7 @@ class CallbackRouter:
     self._route_ids = itertools.count(1)
     self._streams: dict[str, int] = {}    # client id -> its open stream
     self._clients: dict[int, str] = {}    # stream -> client id
+    self._owners: dict[str, int] = {}     # client id -> its live session
     self._pending: dict[int, _Pending] = {}
     self._call_ids = itertools.count(1)
     self._workers: set[_WorkerLink] = set()
@@ -232,11 +233,21 @@ class CallbackRouter:
         "the client whose callback this is disconnected (its process "
         "exited or its callbacks stream closed) before it answered"))
 
+  def claim(self, client: str, session: int) -> bool:
+    """Session `session` names callbacks id `client`: it is that session's
+    until it ends (False: another live session's; a token holder who
+    learnt the id may not have that client's callbacks routed to it, nor
+    its programs' calls routed to that client)."""
+    with self._lock:
+      return self._owners.setdefault(client, session) == session
+
   def forget_session(self, client: str | None, session: int) -> None:
-    """A session ended: release its routes."""
+    """A session ended: release its routes and its callbacks id."""
     if client is None:
       return
     with self._lock:
+      if self._owners.get(client) == session:
+        del self._owners[client]
       mine = [r for r, route in self._routes.items()
               if route.client == client and route.session == session]
     for route in mine:

@@ -211,6 +211,15 @@ class GrpcService:
     except StatusError as e:
       self._server.finish(stream, e.status.code, e.status.message)
       return
+    number = next(self._numbers)
+    callbacks = self.services.callbacks
+    if callbacks_client and callbacks is not None and not callbacks.claim(
+        callbacks_client, number):
+      self._server.finish(stream, Code.ALREADY_EXISTS, (
+          "jax_pathways: this session names the callbacks id of another "
+          "live session; each session's callbacks are its own (a client "
+          "makes a fresh id per session)"))
+      return
     self._server.admit(stream)  # its requests are read from now on
     # Session ids name a session's host buffers: random, so one client
     # cannot guess another's.
@@ -221,7 +230,7 @@ class GrpcService:
                       RESULT_HANDLES,
                       send=lambda r: server.send(stream, r.SerializeToString()),
                       request=request, peer=peer,
-                      number=next(self._numbers), weight=weight,
+                      number=number, weight=weight,
                       wake=server.wake, stream=stream,
                       settle=lambda: server.settle(stream),
                       callbacks_client=callbacks_client or None,
