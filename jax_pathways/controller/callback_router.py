@@ -47,7 +47,7 @@ from absl import logging
 from jax_pathways import threads
 from jax_pathways.status import Code, Status, invalid_argument
 from jax_pathways.wire import callback_messages as msg
-from jax_pathways.wire.session_keys import CALLBACKS_HEADER, CALLBACKS_METHOD
+from jax_pathways.wire.session_keys import CALLBACKS_HEADER
 
 # How long a call waits for its client's stream to open.
 CLIENT_WAIT_S = 30.0
