@@ -278,7 +278,7 @@ def _run_callback(header: dict[str, Any], blobs: list[memoryview]
                       "this process (its program was released)")
   args = msg.unpack_arrays(header.get("args"), blobs, "callback operands")
   results = callables[index](*args)
-  specs, out = msg.pack_arrays(results)
+  specs, out = msg.pack_arrays(results, "results")
   return {"results": specs}, out
 
 

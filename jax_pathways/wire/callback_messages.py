@@ -53,6 +53,10 @@ DTYPES = frozenset({
 _FRAME = struct.Struct("<Q")
 # The largest frame a socket end reads: a callback's arrays, whole.
 MAX_FRAME_BYTES = 1 << 36
+# A callback's operands (or results), all together: what one message to
+# the client (or from it) may carry, the controller's request bound. One
+# of 1 GiB took the controller 4 GiB on its way through (issue 53 row 6).
+MAX_VALUES_BYTES = 256 << 20
 
 
 def encode(header: dict[str, Any], blobs: Sequence[Any] = ()) -> bytes:
@@ -88,10 +92,11 @@ def reply_status(header: dict[str, Any]) -> Status:
   return Status(code, str(error.get("message", ""))[:1 << 16])
 
 
-def pack_arrays(values: Sequence[Any]) -> tuple[list[dict[str, Any]],
-                                                list[Any]]:
-  """(specs, blobs) of a callback's operands or results; None is a token."""
-  specs, blobs = [], []
+def pack_arrays(values: Sequence[Any], what: str
+                ) -> tuple[list[dict[str, Any]], list[Any]]:
+  """(specs, blobs) of a callback's `what` (operands, results); None is a
+  token. INVALID_ARGUMENT past MAX_VALUES_BYTES."""
+  specs, blobs, total = [], [], 0
   for value in values:
     if value is None:
       specs.append({"token": True})
@@ -100,6 +105,13 @@ def pack_arrays(values: Sequence[Any]) -> tuple[list[dict[str, Any]],
     if array.dtype.name not in DTYPES:
       raise TypeError(f"a callback value of dtype {array.dtype} cannot "
                       "cross processes")
+    total += array.nbytes
+    if total > MAX_VALUES_BYTES:
+      raise invalid_argument(
+          f"a host callback's {what} are more than {MAX_VALUES_BYTES >> 20} "
+          f"MiB, the most one callback carries between the islands and the "
+          f"client's process: pass it less (a summary, a slice), or keep the "
+          f"work on the devices")
     specs.append({"dtype": array.dtype.name, "shape": list(array.shape)})
     blobs.append(memoryview(array.reshape(-1).view(np.uint8)))
   return specs, blobs

@@ -179,7 +179,7 @@ class Binding:
     if self.failure is not None:  # the launch failed: no more calls of it
       return self.filler(index)
     try:
-      specs, blobs = msg.pack_arrays(args)
+      specs, blobs = msg.pack_arrays(args, "operands")
       header, out = _request(self.link, {"kind": msg.CALL,
                                          "route": self.route, "index": index,
                                          "args": specs}, blobs)

@@ -388,3 +388,26 @@ def test_a_hostile_partition_answer_reaches_no_worker(pathways, proxy_devices,
   monkeypatch.undo()
   np.testing.assert_array_equal(np.asarray(jax.jit(lambda v: v * 3)(x)),
                                 np.arange(16) * 3)
+
+
+def test_a_callback_of_too_many_bytes_is_refused_by_name(proxy_devices):
+  """A callback's operands past what one message to the client carries
+  fail its call with why, before any byte leaves the worker; the island
+  and the client go on (issue 53 row 6)."""
+  called = []
+
+  @jax.jit
+  def f(x):
+    big = jnp.broadcast_to(x, (65 << 20,))  # 260 MiB of float32
+    return jax.pure_callback(lambda b: called.append(1) or b[:1],
+                             jax.ShapeDtypeStruct((1,), x.dtype), big)
+
+  x = jax.device_put(jnp.ones((), jnp.float32), proxy_devices[5])
+  with pytest.raises(jax.errors.JaxRuntimeError,
+                     match="operands are more than 256 MiB"):
+    f(x)
+  assert not called
+  ok = jax.jit(lambda v: jax.pure_callback(
+      lambda a: a + 1, jax.ShapeDtypeStruct(v.shape, v.dtype), v))
+  np.testing.assert_array_equal(np.asarray(ok(jnp.arange(3.0))),
+                                np.arange(3.0) + 1)

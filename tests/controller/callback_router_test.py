@@ -99,7 +99,7 @@ def test_a_call_reaches_its_client_and_the_reply_its_worker(router):
   router.open_client(2, "bob")
   route = router.new_route("bob", table=7, session=3)
   w = Worker(router, island=0)
-  specs, blobs = msg.pack_arrays([None, np.arange(3.0)])
+  specs, blobs = msg.pack_arrays([None, np.arange(3.0)], "results")
   request = w.ask({"kind": msg.CALL, "route": route, "index": 1,
                    "args": specs}, blobs)
   header, out = router.clients.next(2)
