@@ -23,7 +23,7 @@ from jax_pathways.programs.sharding import Sharding
 from jax_pathways.resources.island import Island
 from jax_pathways.resources.topology import Topology
 from jax_pathways.resources.virtual_slice import VirtualSlice
-from jax_pathways.status import invalid_argument
+from jax_pathways.status import Status, invalid_argument
 from jax_pathways.storage.requests import PersistenceRequest, StoredArray
 from jax_pathways.wire import payloads
 
@@ -96,7 +96,23 @@ class PersistenceExecutable:
             island, OpKind.LOAD, results=[results[i] for i in indices],
             payload=payload,
             result_bytes=[self._bytes(i)[island] for i in indices]))
-    context.dispatcher.submit(gang, on_done)
+    context.dispatcher.submit(gang, None if on_done is None else
+                              self._naming(on_done))
+
+  def _naming(self, on_done: OnDone) -> OnDone:
+    """`on_done`, its failure naming the arrays it was for (a lost worker's
+    error names the worker, not what it was saving)."""
+    names = [a.path for a in self._arrays]
+    what = ", ".join(names[:3]) + (f" and {len(names) - 3} more"
+                                   if len(names) > 3 else "")
+    verb = "saving" if self.write else "restoring"
+
+    def done(status: Status, *rest: Any) -> None:
+      if not status.ok:
+        status = Status(status.code, f"{verb} {what}: {status.message}")
+      on_done(status, *rest)
+
+    return done
 
   def _item(self, i: int) -> dict[str, Any]:
     """What a worker is told of array i."""
