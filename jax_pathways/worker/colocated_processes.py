@@ -117,9 +117,16 @@ class ColocatedProcesses:
         p = self._processes.get(client)
       if p is not None and p.popen.poll() is None:
         return p
+      if p is not None:  # it died: its socket and zombie go
+        _kill(p)
       p = self._start(client, hello)
       with self._lock:
-        self._processes[client] = p
+        ended = self._starting.get(client) is not starting
+        if not ended:
+          self._processes[client] = p
+      if ended:  # the session ended while its process started
+        _kill(p)
+        raise StatusError(Code.ABORTED, f"client {client}'s session ended")
       return p
 
   def _start(self, client: int, hello: dict[str, Any]) -> _Process:
