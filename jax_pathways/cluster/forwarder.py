@@ -122,13 +122,8 @@ class Forwarder(grpc.GenericRpcHandler):
     if kind == "unary_stream":
       async def lookup(request: bytes, context: Any) -> AsyncIterator[bytes]:
         call = upstream(request, metadata=await self._metadata(name, context))
-        try:
-          async for r in call:
-            yield r
-        except grpc.aio.AioRpcError as e:
-          await context.abort(e.code(), e.details() or "")
-        finally:
-          call.cancel()
+        async for r in _relay(call, context):
+          yield r
       return grpc.unary_stream_rpc_method_handler(lookup)
 
     async def unary(request: Any, context: Any) -> bytes:
@@ -194,14 +189,8 @@ class Forwarder(grpc.GenericRpcHandler):
       async for r in incoming:
         yield r
 
-    call = upstream(forwarded(), metadata=metadata)
-    try:
-      async for r in call:
-        yield r
-    except grpc.aio.AioRpcError as e:
-      await context.abort(e.code(), e.details() or "")
-    finally:
-      call.cancel()
+    async for r in _relay(upstream(forwarded(), metadata=metadata), context):
+      yield r
 
   def _cut_if_pending(self, key: int) -> None:
     found = self._pending.pop(key, None)
@@ -211,6 +200,17 @@ class Forwarder(grpc.GenericRpcHandler):
                 f"jax-pathways connect: no first request within "
                 f"{self._first_message_timeout:g} s")
       first.cancel()
+
+
+async def _relay(call: Any, context: Any) -> AsyncIterator[bytes]:
+  """An upstream call's replies, then its status, to the client."""
+  try:
+    async for r in call:
+      yield r
+  except grpc.aio.AioRpcError as e:
+    await context.abort(e.code(), e.details() or "")
+  finally:
+    call.cancel()
 
 
 class Server:

@@ -5,6 +5,7 @@ against a CLI cluster with a token. Every process started is stopped by pid
 at the end; every wait is bounded."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -285,57 +286,17 @@ def test_garbage_is_answered(tmp_path):
     server.stop(grace=None).wait(10)
 
 
-@pytest.mark.integration
-def test_sessions_that_never_start_do_not_lock_others_out(cluster, tmp_path):
-  """Streams that never send their InitRequest are ended after the
-  forwarder's first-message timeout, so they cannot hold all its slots."""
+@contextlib.contextmanager
+def _forwarding(address: str, tmp_path, slots: int, timeout: float
+                ) -> Iterator[tuple[str, Any]]:
+  """A forwarder letting `slots` sessions wait `timeout` s for their first
+  request: (its socket path, a function opening a stream that never sends
+  one)."""
   folder = tmp_path / "private"
   folder.mkdir(mode=0o700)
   path = str(folder / "proxy.sock")
-  slots = 4
-  server = forwarder.serve(cluster["address"], TOKEN, path,
-                           max_pending=slots, first_message_timeout=1.0)
-  channel = grpc.insecure_channel(f"unix:{path}")
-  never = threading.Event()
-
-  def nothing() -> Iterator[bytes]:
-    never.wait(60)
-    return
-    yield  # pylint: disable=unreachable
-
-  try:
-    idle = [channel.stream_stream(SESSION)(
-        nothing(), metadata=[(SESSION_METADATA, _metadata())], timeout=60)
-            for _ in range(slots)]
-    for call in idle:
-      with pytest.raises(grpc.RpcError) as e:
-        list(call)
-      assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e.value
-      assert "no first request within 1 s" in e.value.details()
-    # Every slot is free again: a real session is served.
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..",
-                                    "controller"))
-    from raw_client import RawSession  # pylint: disable=import-outside-toplevel
-    session = RawSession(f"grpc://unix:{path}", None)
-    assert session.id
-  finally:
-    never.set()
-    channel.close()
-    server.stop(grace=None).wait(10)
-
-
-@pytest.mark.integration
-def test_streams_kept_idle_never_lock_a_session_out(cluster, tmp_path):
-  """A process of the same user keeps as many streams open as the
-  forwarder lets wait for their first request, re-opening each one ended
-  (issue 53 row 9): a real session still gets in, ending the oldest idle
-  stream, and so does the next."""
-  folder = tmp_path / "private"
-  folder.mkdir(mode=0o700)
-  path = str(folder / "proxy.sock")
-  slots = 4
-  server = forwarder.serve(cluster["address"], TOKEN, path,
-                           max_pending=slots, first_message_timeout=120.0)
+  server = forwarder.serve(address, TOKEN, path, max_pending=slots,
+                           first_message_timeout=timeout)
   channel = grpc.insecure_channel(f"unix:{path}")
   never = threading.Event()
 
@@ -344,32 +305,60 @@ def test_streams_kept_idle_never_lock_a_session_out(cluster, tmp_path):
     return
     yield  # pylint: disable=unreachable
 
-  try:
-    idle = [channel.stream_stream(SESSION)(
+  def idle() -> Any:
+    return channel.stream_stream(SESSION)(
         nothing(), metadata=[(SESSION_METADATA, _metadata())], timeout=120)
-            for _ in range(slots)]
-    for _ in range(slots):  # each re-opened: still `slots` waiting
-      idle.append(channel.stream_stream(SESSION)(
-          nothing(), metadata=[(SESSION_METADATA, _metadata())],
-          timeout=120))
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..",
-                                    "controller"))
-    from raw_client import RawSession  # pylint: disable=import-outside-toplevel
-    for _ in range(2):
-      assert RawSession(f"grpc://unix:{path}", None).id
-    # A newcomer finding `slots` waiting ended the one waiting longest (in
-    # the order they reached the forwarder): the 4 re-opened ones, and the
-    # first real session (the second found room).
-    deadline = time.monotonic() + 60
-    while sum(call.done() for call in idle) < slots + 1:
-      assert time.monotonic() < deadline, [c.done() for c in idle]
-      time.sleep(0.05)
-    ended = [call for call in idle if call.done()]
-    assert len(ended) == slots + 1
-    for call in ended:
-      assert call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, call.details()
-      assert "ended for a newer session" in call.details()
+
+  try:
+    yield path, idle
   finally:
     never.set()
     channel.close()
     server.stop(grace=None).wait(10)
+
+
+def _real_session(path: str) -> int:
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..",
+                                  "controller"))
+  from raw_client import RawSession  # pylint: disable=import-outside-toplevel
+  return RawSession(f"grpc://unix:{path}", None).id
+
+
+@pytest.mark.integration
+def test_sessions_that_never_start_do_not_lock_others_out(cluster, tmp_path):
+  """Streams that never send their InitRequest are ended after the
+  forwarder's first-message timeout, so they cannot hold all its slots."""
+  slots = 4
+  with _forwarding(cluster["address"], tmp_path, slots, 1.0) as (path, idle):
+    calls = [idle() for _ in range(slots)]
+    for call in calls:
+      with pytest.raises(grpc.RpcError) as e:
+        list(call)
+      assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e.value
+      assert "no first request within 1 s" in e.value.details()
+    assert _real_session(path)  # every slot is free again
+
+
+@pytest.mark.integration
+def test_streams_kept_idle_never_lock_a_session_out(cluster, tmp_path):
+  """A process of the same user keeps as many streams open as the
+  forwarder lets wait for their first request, re-opening each one ended
+  (issue 53 row 9): a real session still gets in, ending the oldest idle
+  stream, and so does the next."""
+  slots = 4
+  with _forwarding(cluster["address"], tmp_path, slots, 120.0) as (path,
+                                                                   idle):
+    calls = [idle() for _ in range(2 * slots)]  # each re-opened once
+    assert _real_session(path) and _real_session(path)
+    # A newcomer finding `slots` waiting ended the one waiting longest (in
+    # the order they reached the forwarder): the 4 re-opened ones, and the
+    # first real session (the second found room).
+    deadline = time.monotonic() + 60
+    while sum(call.done() for call in calls) < slots + 1:
+      assert time.monotonic() < deadline, [c.done() for c in calls]
+      time.sleep(0.05)
+    ended = [call for call in calls if call.done()]
+    assert len(ended) == slots + 1
+    for call in ended:
+      assert call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, call.details()
+      assert "ended for a newer session" in call.details()

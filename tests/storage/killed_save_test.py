@@ -3,9 +3,7 @@ orbax never commits the step: no checkpoint looks complete that is not
 (issue 51, item 6)."""
 from __future__ import annotations
 
-import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -13,6 +11,7 @@ import time
 
 import pytest
 
+import cli_cluster
 import processes
 
 pytestmark = pytest.mark.integration
@@ -33,7 +32,7 @@ def test_a_worker_killed_mid_save_commits_nothing(tmp_path):
                               env=env, cwd="/", stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:
-      assert _line(client, 180).get("ready"), client.stderr.read()[-3000:]
+      assert cli_cluster.line(client, 180).get("ready")
       # The save has begun once orbax made its step's temporary folder and
       # the workers write chunks under it.
       deadline = time.monotonic() + 120
@@ -41,7 +40,7 @@ def test_a_worker_killed_mid_save_commits_nothing(tmp_path):
         assert time.monotonic() < deadline, "the save never began"
         time.sleep(0.01)
       os.kill(cluster.workers[1].pid, signal.SIGKILL)
-      got = _line(client, 240)
+      got = cli_cluster.line(client, 240)
     finally:
       if client.poll() is None:
         client.kill()
@@ -59,16 +58,3 @@ def _listing(path) -> list[str]:
     return os.listdir(path)
   except FileNotFoundError:
     return []
-
-
-def _line(proc: subprocess.Popen, timeout: float) -> dict:
-  deadline = time.monotonic() + timeout
-  while time.monotonic() < deadline:
-    if select.select([proc.stdout], [], [], 0.2)[0]:
-      text = proc.stdout.readline()
-      if text.startswith("{"):
-        return json.loads(text)
-      if not text:
-        break
-  raise AssertionError(f"no JSON line within {timeout} s: "
-                       f"{proc.stderr.read()[-3000:]}")
