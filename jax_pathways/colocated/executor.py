@@ -13,7 +13,6 @@ worker dies, and with it everything the user's code made here.
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -38,7 +37,6 @@ from jax_pathways.colocated.device_view import DeviceView  # pylint: disable=wro
 # A call's frame carries its inputs' shards: as large as the island holds.
 MAX_FRAME_BYTES = 1 << 46
 _MAX_ERROR_CHARS = 8192
-_STRINGS = np.dtypes.StringDType()
 _PARENT_POLL_S = 1.0
 
 
@@ -84,8 +82,7 @@ class Executor:
     for spec, item in zip(in_specs, header["inputs"]):
       shards = []
       for client_id, shape, kind in item:
-        data = (np.array(json.loads(bytes(blobs[n])), _STRINGS).reshape(shape)
-                if kind == "string" else
+        data = (frames.strings_shard(blobs[n], shape) if kind == "string" else
                 np.frombuffer(blobs[n], dtype=spec.dtype).reshape(shape))
         n += 1
         shards.append(jax.device_put(data, self._view.by_client_id[client_id]))
@@ -114,7 +111,7 @@ class Executor:
                            f"(it is on {leaf.sharding})")
         host = np.asarray(data)
         if host.dtype.kind == "T":  # StringDType
-          out.append(json.dumps([str(s) for s in host.flat]).encode())
+          out.append(frames.strings(host))
           shards.append({"shape": list(host.shape), "dtype": "string"})
         else:
           out.append(frames.raw(host))

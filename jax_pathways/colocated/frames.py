@@ -14,11 +14,13 @@ size.
 from __future__ import annotations
 
 import fcntl
+import json
+import math
 import mmap
 import os
 import socket
 import struct
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -40,6 +42,22 @@ def raw(array: np.ndarray) -> memoryview:
   """An array's bytes, as a blob (bfloat16 and its kin have no buffer
   format; their bytes do)."""
   return memoryview(np.asarray(array, order="C").reshape(-1).view(np.uint8))
+
+
+def strings(shard: np.ndarray) -> bytes:
+  """A string shard (numpy StringDType) as a blob: a JSON list."""
+  return json.dumps([str(s) for s in shard.flat]).encode()
+
+
+def strings_shard(blob: Any, shape: Sequence[int]) -> np.ndarray:
+  """strings()'s blob as a shard of `shape`, checked (ValueError)."""
+  values = json.loads(bytes(blob))
+  if not isinstance(values, list) or len(values) != math.prod(shape) or (
+      not all(isinstance(v, str) for v in values)):
+    raise ValueError(f"a string shard of shape {list(shape)} must be "
+                     f"{math.prod(shape)} strings")
+  return np.array(values, dtype=np.dtypes.StringDType()).reshape(
+      tuple(shape))
 
 
 def send(sock: socket.socket, header: dict[str, Any], *blobs: Any) -> None:

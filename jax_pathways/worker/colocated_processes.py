@@ -25,7 +25,6 @@ import numpy as np
 from jax_pathways import config, threads
 from jax_pathways.colocated import frames
 from jax_pathways.status import Code, StatusError, failed_precondition
-from jax_pathways.worker import host_strings
 from jax_pathways.worker.pjrt_backend import np_dtype
 
 # A new process imports jax and builds its device view first.
@@ -71,7 +70,7 @@ class ColocatedProcesses:
                    for shards in inputs],
         "outputs": [[d for d, _, _ in shards] for shards in outputs]}
     blobs = [pickled] if header["pickled"] else []
-    blobs += [host_strings.to_json(a) if _kind(a) == "string" else
+    blobs += [frames.strings(a) if _kind(a) == "string" else
               frames.raw(a) for shards in inputs for _, a in shards]
     expected = sum(int(np.prod(shape)) * (np_dtype(dtype).itemsize
                                           if dtype != "string" else 0)
@@ -208,7 +207,10 @@ def _outputs(answer: dict[str, Any], got: list[memoryview],
       if dtype == "string" or s.get("dtype") == "string":
         if dtype != s.get("dtype") or list(shape) != s.get("shape"):
           raise _mismatch(j, device, s, shape, dtype)
-        shards.append(host_strings.from_json(blob, shape))
+        try:
+          shards.append(frames.strings_shard(blob, shape))
+        except ValueError as e:
+          raise _mismatch(j, device, s, shape, dtype) from e
         continue
       if s.get("dtype") != dtype or s.get("shape") != list(shape) or (
           len(blob) != int(np.prod(shape)) * np_dtype(dtype).itemsize):

@@ -7,12 +7,11 @@ so the worker keeps the strings themselves under the array's buffer id,
 one numpy StringDType array per device: an upload and a fetch carry IFRT's
 serialized string contents (xla.ifrt.proto.StringArrayContents), as the
 proxy client writes and reads them; its colocated processes get them as
-JSON lists.
+JSON lists (colocated/frames.py).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from typing import Sequence
 
@@ -49,21 +48,6 @@ def parse(contents: bytes | memoryview, shape: Sequence[int]) -> np.ndarray:
     raise invalid_argument(f"{len(proto.strings)} strings for an array of "
                            f"shape {list(shape)}")
   return _array([s.decode(errors="replace") for s in proto.strings], shape)
-
-
-def to_json(shard: np.ndarray) -> bytes:
-  """A shard as its colocated process gets it."""
-  return json.dumps([str(s) for s in shard.flat]).encode()
-
-
-def from_json(blob: bytes | memoryview, shape: Sequence[int]) -> np.ndarray:
-  """A shard a colocated process made (to_json's form), checked."""
-  values = json.loads(bytes(blob))
-  if not isinstance(values, list) or len(values) != math.prod(shape) or (
-      not all(isinstance(v, str) for v in values)):
-    raise invalid_argument(f"a string shard of shape {list(shape)} must be "
-                           f"{math.prod(shape)} strings")
-  return _array(values, shape)
 
 
 def _array(values: list[str], shape: Sequence[int]) -> np.ndarray:
