@@ -8,7 +8,8 @@ from typing import Any
 import grpc
 
 from jax_pathways.cluster import addresses
-from jax_pathways.wire.session_keys import (ADMIN_CHECK_SLICE, ADMIN_STATUS,
+from jax_pathways.wire.session_keys import (ADMIN_CANCEL, ADMIN_CHECK_SLICE,
+                                             ADMIN_STATUS,
                                              ADMIN_SUPERVISION, ADMIN_TRACE,
                                              TOKEN_HEADER)
 
@@ -52,6 +53,16 @@ def trace(address: str, action: str, token: str | None = None,
   """
   return _call(address, ADMIN_TRACE, json.dumps({"action": action}).encode(),
                token, timeout)
+
+
+def cancel(address: str, client: int, token: str | None = None,
+           timeout: float = 10.0) -> None:
+  """Ends client `client` (a number `status` lists): its session ends
+  CANCELLED, what it held is freed, and islands running its programs are
+  taken back (their workers dropped and started again: every array on them
+  is lost). AdminError NOT_FOUND if no such client is connected."""
+  _call(address, ADMIN_CANCEL, json.dumps({"client": client}).encode(),
+        token, timeout)
 
 
 def check_slice(address: str, devices: str | None, island: str | None,

@@ -1,9 +1,10 @@
-"""The `jax-pathways` command: controller, worker, status, connect, k8s
-and ray.
+"""The `jax-pathways` command: controller, worker, status, cancel, connect,
+k8s and ray.
 
     jax-pathways controller --islands 2 [--listen 127.0.0.1:8470] [--worker-listen 127.0.0.1:8471]
     jax-pathways worker --controller HOST:PORT [--island 0] [--devices 4] [--platform cpu] [--device-cores 0-3]
     jax-pathways status [--address grpc://HOST:PORT] [--json]
+    jax-pathways cancel --client N [--address grpc://HOST:PORT]
     jax-pathways k8s --image IMAGE [--islands 2] [--out DIR]  (docs/deploy.md)
     jax-pathways ray start|stop [--name NAME] [--islands 2] ...  (docs/deploy.md)
     jax-pathways connect --controller HOST:PORT [--listen unix:PATH] [--token-file FILE]
@@ -69,6 +70,10 @@ def _print_status(s: dict[str, Any]) -> None:
             ("" if i.get("global_client", True) else
              "; not in the islands' global client now (it is built anew "
              "at the next program spanning islands)"))
+    run = i.get("running")
+    if run:
+      print(f"{'':>8}running program '{run['program']}' of client "
+            f"{run['client']} for {run['seconds']} s")
     sup = i.get("supervisor")
     if sup:
       print(f"{'':>8}supervisor: {sup['restarts']} worker restart(s), "
@@ -119,6 +124,12 @@ def make_parser() -> argparse.ArgumentParser:
                  "fails, programs spanning it fail everywhere (default "
                  f"${config.WORKER_TIMEOUT} or "
                  f"{config.DEFAULT_WORKER_TIMEOUT:g})")
+  c.add_argument("--max-program-seconds", type=float, default=None,
+                 help="seconds a program may hold its island; past them the "
+                 "island is taken back: its worker is dropped (its "
+                 "supervisor starts another) and the island's work and "
+                 f"arrays fail with the reason (default ${config.MAX_PROGRAM_SECONDS} "
+                 "or none)")
   c.add_argument("--reduction-order", choices=("rank", "ring"),
                  default="rank",
                  help="float sums of programs that span islands: 'rank' adds "
@@ -202,6 +213,14 @@ def make_parser() -> argparse.ArgumentParser:
                  "every cluster of this host: embedded, CLI, Ray actors "
                  "here, and those `connect` forwards to)")
   s.add_argument("--json", action="store_true", help="print raw JSON")
+
+  x = sub.add_parser("cancel", help="end a client: its session, arrays and "
+                     "programs; islands running its programs are taken back "
+                     "(their workers restarted: every array on them is lost)")
+  x.add_argument("--client", type=int, required=True,
+                 help="the client's number, as `status` lists it")
+  x.add_argument("--address", default=None,
+                 help=f"grpc://HOST:PORT (default ${config.ADDRESS})")
 
   f = sub.add_parser("connect", help="a local socket that adds the cluster "
                      "token for clients that cannot send it (pathwaysutils)")
@@ -454,13 +473,18 @@ def _main(argv: Sequence[str] | None) -> int:
     _check_worker_timeout(parser, args.worker_timeout)
     worker_timeout = (args.worker_timeout if args.worker_timeout is not None
                       else cfg.worker_timeout)
+    if args.max_program_seconds is not None and not args.max_program_seconds > 0:
+      parser.error(f"--max-program-seconds={args.max_program_seconds} must "
+                   "be > 0")
     token = controller_main.token(cfg, args.insecure, args.listen,
                                   args.worker_listen, args.coordinator_listen)
     return controller_main.run(args.islands or cfg.islands, args.listen,
                                args.worker_listen, args.coordinator_listen,
                                token, max_in_flight, args.parent_pid,
                                args.memory_wait, args.reduction_order,
-                               worker_timeout)
+                               worker_timeout,
+                               args.max_program_seconds or
+                               cfg.max_program_seconds)
   if args.command == "worker":
     from jax_pathways.worker import join as worker_main  # pylint: disable=import-outside-toplevel
     memory = (config.parse_bytes(args.device_memory, "--device-memory")
@@ -500,7 +524,25 @@ def _main(argv: Sequence[str] | None) -> int:
         args.storage_root or cfg.storage_root, args.colocated_python))
   if args.command == "connect":
     return _connect(parser, args, cfg)
+  if args.command == "cancel":
+    return _cancel(parser, args, cfg)
   return _status(parser, args, cfg)
+
+
+def _cancel(parser: argparse.ArgumentParser, args: argparse.Namespace,
+            cfg: config.Config) -> int:
+  """Ends client --client of --address."""
+  from jax_pathways import admin  # pylint: disable=import-outside-toplevel
+  address = args.address or cfg.address
+  if not address:
+    parser.error(f"give --address or set {config.ADDRESS}")
+  try:
+    admin.cancel(address, args.client, cfg.token)
+  except admin.AdminError as e:
+    print(f"jax-pathways cancel: {e}", file=sys.stderr)
+    return 1
+  print(f"jax-pathways cancel: client {args.client} ended")
+  return 0
 
 
 def _status(parser: argparse.ArgumentParser, args: argparse.Namespace,

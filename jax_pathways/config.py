@@ -26,6 +26,9 @@ PIN_ISLANDS = "JAX_PATHWAYS_PIN_ISLANDS"  # embedded cluster: 1 = cores per isla
 # embedded cluster: seconds of silence after which the controller loses a
 # worker (its --worker-timeout)
 WORKER_TIMEOUT = "JAX_PATHWAYS_WORKER_TIMEOUT"
+# controller and embedded cluster: seconds a program may hold its island
+# before the island is taken back (controller/run_bounds.py)
+MAX_PROGRAM_SECONDS = "JAX_PATHWAYS_MAX_PROGRAM_SECONDS"
 # Workers: where saved arrays may be written and read (storage/paths.py).
 STORAGE_ROOT = "JAX_PATHWAYS_STORAGE_ROOT"
 PLATFORM = "JAX_PATHWAYS_PLATFORM"  # embedded cluster: the islands' platform
@@ -113,6 +116,7 @@ class Config:
   max_request_mib: int
   first_message_timeout: float
   storage_root: str | None
+  max_program_seconds: float | None  # None: programs run as long as they do
 
 
 def from_env() -> Config:
@@ -149,6 +153,8 @@ def from_env() -> Config:
       first_message_timeout=_float(FIRST_MESSAGE_TIMEOUT,
                                    DEFAULT_FIRST_MESSAGE_TIMEOUT),
       storage_root=os.environ.get(STORAGE_ROOT) or None,
+      max_program_seconds=(_float(MAX_PROGRAM_SECONDS, 0.0)
+                           if os.environ.get(MAX_PROGRAM_SECONDS) else None),
   )
 
 

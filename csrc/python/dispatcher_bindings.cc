@@ -215,6 +215,9 @@ void RegisterDispatcher(py::module_& m) {
                row["staged_bytes"] = s.staged_bytes;
                row["held_stage_bytes"] = s.held_stage_bytes;
                row["send_backlog_bytes"] = s.send_backlog_bytes;
+               row["running_client"] = s.running_client;
+               row["running_program"] = s.running_program;
+               row["running_s"] = s.running_s;
                out.append(row);
              }
              return out;

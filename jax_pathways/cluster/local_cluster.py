@@ -127,7 +127,8 @@ class LocalCluster:
                platform: str = "cpu", compilation_cache_dir: str | None = None,
                controller_timeout_s: float | None = None,
                storage_root: str | None = None,
-               colocated_python: bool = False):
+               colocated_python: bool = False,
+               max_program_s: float | None = None):
     if device_cores is not None and len(device_cores) != islands:
       raise ValueError(f"device_cores names {len(device_cores)} islands' "
                        f"cores for {islands} islands")
@@ -148,6 +149,9 @@ class LocalCluster:
     self.max_in_flight = max_in_flight
     self.memory_wait_s = memory_wait_s
     self.worker_timeout_s = worker_timeout_s
+    # The controller's --max-program-seconds (None: its default, which
+    # JAX_PATHWAYS_MAX_PROGRAM_SECONDS sets).
+    self.max_program_s = max_program_s
     self.reduction_order = reduction_order
     self.tcp = tcp  # clients connect over loopback TCP, not a Unix socket
     # Workers too, as from other hosts: uploads are sent to them, not read
@@ -230,7 +234,8 @@ class LocalCluster:
           "--reduction-order", self.reduction_order,
           "--parent-pid", str(os.getpid()),
           *_optional("--memory-wait", self.memory_wait_s),
-          *_optional("--worker-timeout", self.worker_timeout_s)])
+          *_optional("--worker-timeout", self.worker_timeout_s),
+          *_optional("--max-program-seconds", self.max_program_s)])
       ready = self._read_ready_line(self.controller, deadline)
       self.controller_address = ready["address"]
       for i in range(self.islands):

@@ -381,3 +381,12 @@ class CompileCache:
   def __len__(self) -> int:
     with self._lock:
       return len(self._done)
+
+  def name(self, program_id: int) -> str:
+    """The name of compiled program `program_id` (its XLA module's), for
+    the errors that name it."""
+    with self._lock:
+      for program in self._done.values():
+        if program.program_id == program_id:
+          return str(program.metadata.get("name", program_id))
+    return str(program_id)

@@ -23,6 +23,7 @@ from jax_pathways.controller.dispatcher import (MEMORY_WAIT_S, WORKER_TIMEOUT_S,
                                                 Dispatcher, IslandOp, OpKind)
 from jax_pathways.controller.grpc_service import GrpcService
 from jax_pathways.controller.handlers.array import STREAM_MIN_BYTES
+from jax_pathways.controller.run_bounds import RunBounds
 from jax_pathways.controller.session import Services
 from jax_pathways.controller.worker_listener import WorkerListener
 from jax_pathways.programs import xla_program
@@ -62,7 +63,10 @@ class Controller:
                token: str | None = None, max_in_flight: int = 16,
                memory_wait_s: float | None = None,
                reduction_order: str = "rank",
-               worker_timeout_s: float | None = None):
+               worker_timeout_s: float | None = None,
+               max_program_s: float | None = None):
+    """max_program_s: the bound on a program's run time (None: none;
+    controller/run_bounds.py)."""
     self.started = time.time()
     # Which islands are lost is the dispatcher's record (it notices);
     # the topology admits a new worker in a lost island's place.
@@ -105,8 +109,11 @@ class Controller:
         fast_path=(_core.FastPath(self.dispatcher.core, STREAM_MIN_BYTES,
                                   SERVER_HANDLES_START)
                    if self.dispatcher.in_order else None))
+    self.run_bounds = RunBounds(
+        self.dispatcher, max_program_s,
+        lambda: self.service.live_clients(), self.compile_cache.name)
     self.service = GrpcService(server, self.services, token, self.status,
-                               self.supervised)
+                               self.supervised, self.run_bounds.cancel)
     # Island -> its supervisor's last report (admin.report_supervision),
     # and the islands whose error says their supervisor gave up.
     self._supervision: dict[int, dict[str, Any]] = {}
@@ -159,12 +166,14 @@ class Controller:
     self.services.programs.start()
     self._workers.start()
     port = self.service.start(self._listen)
+    self.run_bounds.start()
     self.address = (self._listen if addresses.is_unix(self._listen) else
                     f"{self._listen.rsplit(':', 1)[0]}:{port}")
     logging.info("controller serving clients at %s, workers at %s",
                  self.address, self.worker_address)
 
   def stop(self) -> None:
+    self.run_bounds.stop()
     self.service.stop()
     self.callbacks.stop()
     self.services.compiles.shutdown(wait=False, cancel_futures=True)
@@ -227,6 +236,13 @@ class Controller:
           # What its supervisor (the embedded cluster) did, if it reports:
           # processes started, the current one, and a give-up.
           "supervisor": self._supervision.get(island.id),
+          # The launch the island runs now (what `jax-pathways cancel`
+          # would end, with its client); None: none.
+          "running": ({
+              "client": s["running_client"],
+              "program": self.compile_cache.name(s["running_program"]),
+              "seconds": round(s["running_s"], 1),
+          } if s.get("running_client") and s.get("alive") else None),
           # Whether programs spanning islands run on this worker now.
           "global_client": (spanning and s.get("alive", False) and
                             self.global_client.member(island)),
@@ -247,6 +263,7 @@ class Controller:
         "expected_islands": self.topology.expected_islands,
         "complete": self.topology.complete,
         "max_in_flight": self.dispatcher.max_in_flight,
+        "max_program_s": self.run_bounds.max_program_s,
         "islands": islands,
         "clients": clients,
         "live_buffers": self.dispatcher.live_buffers(),

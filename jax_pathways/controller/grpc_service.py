@@ -35,7 +35,7 @@ from jax_pathways.status import (Code, Status, StatusError, invalid_argument,
                                  unimplemented)
 from jax_pathways.wire import protos
 from jax_pathways.wire.session_keys import (
-    ADMIN_CHECK_SLICE, ADMIN_PING, ADMIN_SERVICE, ADMIN_STATUS,
+    ADMIN_CANCEL, ADMIN_CHECK_SLICE, ADMIN_PING, ADMIN_SERVICE, ADMIN_STATUS,
     ADMIN_SUPERVISION, ADMIN_TRACE, CALLBACKS_HEADER, CALLBACKS_KEY, CALLBACKS_METHOD,
     DEVICES_KEY, ISLAND_KEY, PACKAGES_KEY, SESSION_METADATA, TOKEN_HEADER,
     TOKEN_KEY, WEIGHT_KEY)
@@ -57,6 +57,12 @@ REFUSED = ("jax_pathways: wrong or missing cluster token. Connect through "
 REFUSED_AFTER_S = 0.5
 # The op id of a session's InitRequest from JAX's client (its first).
 INIT_OP_ID = 1
+# How the stream of a client an operator cancelled ends.
+CANCELLED = ("jax_pathways: an operator cancelled this client "
+             "(`jax-pathways cancel`): its session, arrays and programs are "
+             "gone; start a new process to use the cluster again")
+# How long a cancelled client's stream answers its requests so.
+CANCELLED_LINGER_S = 300.0
 
 Event = _server.EventKind
 
@@ -66,11 +72,15 @@ class GrpcService:
 
   def __init__(self, server: Any, services: Services, token: str | None,
                status: Callable[[], dict[str, Any]],
-               supervised: Callable[[dict[str, Any]], None]):
+               supervised: Callable[[dict[str, Any]], None],
+               cancelled: Callable[[int], None]):
+    """cancelled(client): an operator ended client `client`'s session
+    (controller/run_bounds.py takes its programs' islands back)."""
     self.services = services
     self._token = token
     self._status = status
     self._supervised = supervised
+    self._cancelled = cancelled
     self._server = server  # _server.GrpcServer
     self._lock = threading.Lock()
     self.sessions: dict[int, Session] = {}  # by stream id
@@ -80,6 +90,10 @@ class GrpcService:
     self._callback_streams: set[int] = set()
     # Closed by their clients, answered by Python, to end (_end_closed).
     self._closing: dict[int, Session] = {}
+    # Streams of sessions an operator cancelled and that have been closed:
+    # every request on them is answered CANCELLED until the client ends
+    # them or CANCELLED_LINGER_S pass (stream -> that deadline).
+    self._cancelled_streams: dict[int, float] = {}
     self._numbers = itertools.count(1)
     self._stopping = False
     self._thread: threading.Thread | None = None
@@ -112,6 +126,11 @@ class GrpcService:
       self.sessions.clear()
     for session in sessions:
       session.close()
+
+  def live_clients(self) -> set[int]:
+    """The numbers of the clients whose sessions have not ended."""
+    with self._lock:
+      return {s.number for s in self.sessions.values() if not s.ending}
 
   def _loop(self) -> None:
     handlers = {Event.OPEN: self._open, Event.REQUEST: self._request,
@@ -259,6 +278,10 @@ class GrpcService:
       self.services.callbacks.from_client(stream, data)
       return
     session = self.sessions.get(stream)
+    if stream in self._cancelled_streams or (session is not None and
+                                             session.cancelled):
+      self._answer_cancelled(stream, data)
+      return
     if session is None:
       return  # refused at open; its stream is finishing
     # Unparsable: there is no op_id to answer, so the failure ends this
@@ -273,6 +296,20 @@ class GrpcService:
       if now >= deadline:
         del self._refused[stream]
         self._refuse(stream)
+    for stream, deadline in list(self._cancelled_streams.items()):
+      if now >= deadline:
+        del self._cancelled_streams[stream]
+        self._server.finish(stream, Code.CANCELLED, CANCELLED)
+
+  def _answer_cancelled(self, stream: int, data: bytes) -> None:
+    """Answers a request of a cancelled client with why it fails (JAX's
+    client shows a request's status, not how its stream ended)."""
+    request = _parse("xla.ifrt.proxy.IfrtRequest", data, "IfrtRequest")
+    response = protos.msg("xla.ifrt.proxy.IfrtResponse")()
+    response.response_metadata.op_id = request.request_metadata.op_id
+    response.response_metadata.status.code = int(Code.CANCELLED)
+    response.response_metadata.status.message = CANCELLED
+    self._server.send(stream, response.SerializeToString())
 
   def _refuse(self, stream: int) -> None:
     """Fails a refused stream's InitRequest UNAUTHENTICATED, unread, then
@@ -297,9 +334,17 @@ class GrpcService:
     if self._refused.pop(stream, None) is not None:
       self._refuse(stream)
       return
+    if self._cancelled_streams.pop(stream, None) is not None:
+      self._server.finish(stream, 0, "")
+      return
     session = self.sessions.get(stream)
     if session is None:
       return
+    session.half_closed = True
+    self._end_session(stream, session)
+
+  def _end_session(self, stream: int, session: Session) -> None:
+    """Ends `session` once every reply is out (_end_closed)."""
     session.end()  # what waits fails now (_resume)
 
     def answered() -> None:  # on any thread
@@ -323,9 +368,16 @@ class GrpcService:
                  if fast is None or fast.paid_or_wake(stream)]
       for stream, _ in closing:
         del self._closing[stream]
-        self.sessions.pop(stream, None)
+      # Once each (a cancelled session may have been ended twice).
+      closing = [(stream, session) for stream, session in closing
+                 if self.sessions.pop(stream, None) is not None]
     for stream, session in closing:
-      self._server.finish(stream, 0, "")
+      if session.cancelled and not session.half_closed:
+        # Its client still sends: it learns why from each answer.
+        self._cancelled_streams[stream] = (time.monotonic() +
+                                           CANCELLED_LINGER_S)
+      else:
+        self._server.finish(stream, 0, "")
       session.close()
       self.services.host_buffers.close_session(session.id)
       logging.info("client %d closed its session", session.number)
@@ -358,6 +410,9 @@ class GrpcService:
         self._check_admin_token(metadata)
         self._admin_trace(call, data)
         return  # answered when the islands have done it
+      elif method == ADMIN_CANCEL:
+        self._check_admin_token(metadata)
+        reply = self._cancel(data)
       else:
         raise unimplemented(f"no method {method}")
     except StatusError as e:
@@ -391,6 +446,30 @@ class GrpcService:
     if self.services.topology.complete:  # else Init will tell
       self.services.resources.check(request)
     return b"{}"
+
+  def _cancel(self, data: bytes) -> bytes:
+    """Ends a client's session at an operator's word: its stream ends
+    CANCELLED, what it held is freed as when it leaves, and islands running
+    its programs are taken back."""
+    try:
+      number = int(json.loads(data or b"{}")["client"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+      raise invalid_argument('Cancel takes {"client": N}, a client number '
+                             '`jax-pathways status` lists') from None
+    with self._lock:
+      streams = [stream for stream, session in self.sessions.items()
+                 if session.number == number and not session.ending]
+    if not streams:
+      raise StatusError(Code.NOT_FOUND, f"no live client {number} "
+                        "(`jax-pathways status` lists the clients)")
+    logging.warning("client %d cancelled by an operator", number)
+    session = self.sessions[streams[0]]
+    session.cancelled = True  # its new requests are answered CANCELLED
+    self._cancelled(number)  # its programs' islands are taken back now
+    # What it waits for fails with the islands, or comes; then the session
+    # closes as if its client had left.
+    self._end_session(streams[0], session)
+    return json.dumps({"client": number}).encode()
 
   def _admin_trace(self, call: int, data: bytes) -> None:
     try:

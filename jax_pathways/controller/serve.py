@@ -71,13 +71,14 @@ def _serve(controller: Any, parent_pid: int | None) -> None:
 def run(islands: int, listen: str, worker_listen: str,
         coordinator_listen: str, token: str | None, max_in_flight: int,
         parent_pid: int | None, memory_wait_s: float | None,
-        reduction_order: str, worker_timeout_s: float | None) -> int:
+        reduction_order: str, worker_timeout_s: float | None,
+        max_program_s: float | None = None) -> int:
   # pylint: disable=import-outside-toplevel
   from jax_pathways.cluster import host_registry
   from jax_pathways.controller.controller import Controller
   controller = Controller(islands, listen, worker_listen, coordinator_listen,
                           token, max_in_flight, memory_wait_s, reduction_order,
-                          worker_timeout_s)
+                          worker_timeout_s, max_program_s)
   controller.start()
   print(json.dumps({"address": controller.address,
                     "worker_address": controller.worker_address,

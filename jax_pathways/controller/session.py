@@ -206,6 +206,10 @@ class Session:
     # islands); a PUT takes the stage (staged_put) or it is dropped.
     self._stages: dict[int, tuple[int, list[int]]] = {}
     self.ending = False
+    # Its client closed its stream; an operator cancelled it (its requests
+    # are answered CANCELLED from then on: grpc_service.py).
+    self.half_closed = False
+    self.cancelled = False
 
   @property
   def slice(self) -> VirtualSlice:

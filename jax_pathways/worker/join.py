@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
 from typing import Any, NoReturn
 
 from absl import logging
@@ -42,6 +43,11 @@ EXIT_LOST = 3
 # How long a worker whose connection ended waits for its controller to
 # answer before taking it for gone (stopped or cut off).
 PROBE_TIMEOUT_S = 2.0
+# After the connection to the controller ended, how long the op loop may
+# take to notice before the worker leaves without it: the loop may be
+# inside a program that never ends (XLA:CPU runs a program of one device
+# on the thread that launches it), the reason the controller dropped it.
+STUCK_LOOP_S = 5.0
 
 
 def run(controller: str, island: int | None, devices: int | None,
@@ -63,6 +69,7 @@ def run(controller: str, island: int | None, devices: int | None,
   configure_jax(platform)
   # pylint: disable=import-outside-toplevel
   from jax_pathways import _core
+  from jax_pathways import threads
   from jax_pathways.cluster import addresses
   from jax_pathways.cluster import cores
   from jax_pathways.wire import handshake
@@ -130,11 +137,15 @@ def run(controller: str, island: int | None, devices: int | None,
                                     connect_timeout))
   # From here on the worker heartbeats and watches the controller's.
   executor = _core.Executor(sock.detach(), controller, controller_timeout)
+  served = threading.Event()
+  threads.start(_leave_if_stuck, "jp-leave-stuck", executor, served,
+                controller, token, peers.island)
   try:
     colocated = ColocatedProcesses(peers.island, colocated_python)
     ended = Worker(executor, backend, peers, transfers, storage_root,
                    colocated).run()
   finally:
+    served.set()
     executor.shutdown()
     peers.close()
   if ended is None:
@@ -249,6 +260,22 @@ def leave(code: int) -> NoReturn:
   sys.stdout.flush()
   sys.stderr.flush()
   os._exit(code)  # pylint: disable=protected-access
+
+
+def _leave_if_stuck(executor: Any, served: threading.Event, controller: str,
+                    token: str | None, island: int) -> None:
+  """Ends the process if the op loop has not returned STUCK_LOOP_S after
+  the connection to the controller ended."""
+  while not served.wait(0.5):
+    ended = executor.lost()
+    if not ended:
+      continue
+    if served.wait(STUCK_LOOP_S):
+      return
+    logging.error("the op loop is still inside an op %.0f s after the "
+                  "connection to the controller ended (%s): leaving without "
+                  "it", STUCK_LOOP_S, ended)
+    leave(_exit_code(ended, controller, token, island))
 
 
 def _exit_code(ended: str, controller: str, token: str | None,

@@ -202,7 +202,8 @@ void Dispatcher::AdmitHeld(Outbox* outbox, std::vector<Completion>* done) {
       CountMemory(island, client, held.ops[i]);
       Op op = std::move(held.ops[i].op);
       op.seq = order_.Next(island->id);
-      GangSlot slot{held.gang, i, op.kind == OpKind::kLaunch, client, 0, now};
+      GangSlot slot{held.gang, i, op.kind == OpKind::kLaunch, client, 0, now,
+                    op.program};
       if (slot.is_launch) slot.estimate = fair_.Started(client);
       std::vector<Op> ready;
       island->queue.Push(std::move(op), std::move(slot), &ready);

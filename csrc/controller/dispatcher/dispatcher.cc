@@ -476,6 +476,7 @@ std::vector<IslandStats> Dispatcher::Stats() {
     for (const IslandOp& io : h.ops) ++held[io.island];
   });
   std::vector<IslandStats> out;
+  const auto now = std::chrono::steady_clock::now();
   for (auto& [id, island] : islands_) {
     IslandStats s;
     s.island = id;
@@ -497,6 +498,13 @@ std::vector<IslandStats> Dispatcher::Stats() {
     s.staged_bytes = island->staged_bytes;
     s.held_stage_bytes = island->sent_stage_bytes;
     s.send_backlog_bytes = island->channel->backlog_bytes();
+    if (const GangSlot* running = island->queue.OldestLaunch()) {
+      s.running_client = running->client;
+      s.running_program = running->program;
+      s.running_s = std::chrono::duration<double>(
+                        now - std::max(running->sent, island->last_finish))
+                        .count();
+    }
     out.push_back(std::move(s));
   }
   return out;

@@ -91,6 +91,12 @@ struct IslandStats {
   // Bytes sent to the worker that its socket has not taken yet: large and
   // not shrinking while the worker does not read.
   size_t send_backlog_bytes = 0;
+  // The launch the island runs now (its oldest unfinished one): its client
+  // (0: none), program, and seconds since it was sent or the launch before
+  // it finished, whichever is later (controller/run_bounds.py).
+  ClientId running_client = 0;
+  uint64_t running_program = 0;
+  double running_s = 0;
 };
 
 class Dispatcher {

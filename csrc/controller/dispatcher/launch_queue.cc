@@ -28,6 +28,18 @@ std::vector<GangSlot> LaunchQueue::DrainAll() {
   return out;
 }
 
+const GangSlot* LaunchQueue::OldestLaunch() const {
+  const GangSlot* oldest = nullptr;
+  uint64_t first = 0;
+  for (const auto& [seq, slot] : sent_) {
+    if (slot.is_launch && (oldest == nullptr || seq < first)) {
+      oldest = &slot;
+      first = seq;
+    }
+  }
+  return oldest;
+}
+
 void LaunchQueue::Admit(std::vector<Op>* to_send) {
   while (!waiting_.empty()) {
     auto& [op, slot] = waiting_.front();

@@ -46,6 +46,7 @@ struct GangSlot {
   ClientId client = 0;
   double estimate = 0;  // seconds charged when it was numbered
   std::chrono::steady_clock::time_point sent;
+  uint64_t program = 0;  // a launch's
 };
 
 class LaunchQueue {
@@ -66,6 +67,9 @@ class LaunchQueue {
   bool HasRoom() const { return waiting_.empty() && window_.HasRoom(); }
   int in_flight() const { return window_.in_flight(); }
   size_t sent_unfinished() const { return sent_.size(); }
+  // The sent launch numbered first that has not finished (the one the
+  // island runs, as workers run launches in order); null: none.
+  const GangSlot* OldestLaunch() const;
 
  private:
   void Admit(std::vector<Op>* to_send);
