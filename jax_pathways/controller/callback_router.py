@@ -45,7 +45,7 @@ from typing import Any, Callable
 from absl import logging
 
 from jax_pathways import threads
-from jax_pathways.status import Code, Status, invalid_argument
+from jax_pathways.status import Code, Status, StatusError, invalid_argument
 from jax_pathways.wire import callback_messages as msg
 from jax_pathways.wire.session_keys import CALLBACKS_HEADER
 
@@ -55,6 +55,12 @@ CLIENT_WAIT_S = 30.0
 SWEEP_S = 0.5
 # The longest client id a stream may name.
 MAX_CLIENT_ID = 64
+# Bytes of calls and questions one client may owe answers to: what the
+# controller holds for its stream (gRPC's queue while the client does not
+# read). A call past it fails at once, RESOURCE_EXHAUSTED: a client that
+# stops reading its stream costs this much, never more, and no shared
+# connection waits for it. Two of the largest calls (MAX_VALUES_BYTES).
+MAX_OWED_BYTES = 2 * msg.MAX_VALUES_BYTES + (1 << 20)
 
 Waiter = tuple["_WorkerLink", int]  # a worker's connection, its request id
 
@@ -75,13 +81,14 @@ class _Pending:
   """A call or question sent (or to be sent) to a client."""
   client: str
   route: int
-  message: bytes              # what the client is sent
+  message: bytes              # what the client is sent (b"" once sent)
   waiters: list[Waiter]
   memo: bytes | None          # the question's key (compile time)
   deadline: float             # until the client's stream opens
   sent: bool = False
   what: str | None = None     # a compile-time question's kind
   vetting: bool = False       # its answer is being read (vet_answer)
+  size: int = 0               # of the message, counted until answered
 
 
 class CallbackRouter:
@@ -145,14 +152,16 @@ class CallbackRouter:
         self._clients[stream] = client
         unsent = [p for p in self._pending.values()
                   if p.client == client and not p.sent]
+        messages = [p.message for p in unsent]
         for p in unsent:
           p.sent = True
+          p.message = b""
     if refused:
       self._finish(stream, int(Code.ALREADY_EXISTS),
                    "this client's callbacks are served on another stream")
       return
-    for p in unsent:
-      self._send(stream, p.message)
+    for message in messages:
+      self._send(stream, message)
 
   def from_client(self, stream: int, data: bytes) -> None:
     """A client's reply; anything malformed ends its stream."""
@@ -337,10 +346,20 @@ class CallbackRouter:
     """Requires _lock. Records a call or question for the route's client;
     returns the client's stream (None: it waits for one to open)."""
     route = self._route(route_id)  # released meanwhile?
+    owed = sum(p.size for p in self._pending.values()
+               if p.client == route.client)
+    if owed + len(message) > MAX_OWED_BYTES:
+      raise StatusError(Code.RESOURCE_EXHAUSTED, (
+          f"client {route.session} has not answered {owed >> 20} MiB of "
+          f"host callback calls, and this one ({len(message) >> 20} MiB) "
+          f"would pass the {MAX_OWED_BYTES >> 20} MiB the controller holds "
+          "for one client: it does not read its callbacks stream, or its "
+          "callbacks are slower than its programs"))
     stream = self._streams.get(route.client)
     self._pending[call_id] = _Pending(
-        route.client, route_id, message, [waiter], memo,
-        time.monotonic() + CLIENT_WAIT_S, sent=stream is not None, what=what)
+        route.client, route_id, b"" if stream is not None else message,
+        [waiter], memo, time.monotonic() + CLIENT_WAIT_S,
+        sent=stream is not None, what=what, size=len(message))
     if memo is not None:
       route.asking[memo] = call_id
     return stream

@@ -215,3 +215,44 @@ def test_streams_and_messages_that_do_not_fit_are_refused(router):
   assert "unknown" in w.reply()[0]["error"]["message"]
   w.ask({"kind": "nonsense"})
   assert "not 'nonsense'" in w.reply()[0]["error"]["message"]
+
+
+def test_a_client_that_does_not_read_owes_a_bounded_amount(router,
+                                                           monkeypatch):
+  """Calls a client has not answered count against it: past the bound the
+  next call fails at once with why (what the controller holds for a
+  stream that is never read stays bounded); its answers make room again;
+  another client's calls go on meanwhile (issue 53 row 6)."""
+  monkeypatch.setattr(callback_router, "MAX_OWED_BYTES", 3 << 20)
+  router.open_client(1, "slow")
+  router.open_client(2, "other")
+  slow = router.new_route("slow", table=1, session=4)
+  other = router.new_route("other", table=1, session=5)
+  w = Worker(router, island=0)
+  specs, blobs = msg.pack_arrays([np.zeros(1 << 18, np.float32)], "args")
+
+  def call(route: int) -> int:
+    return w.ask({"kind": msg.CALL, "route": route, "index": 0,
+                  "args": specs}, blobs)
+
+  call(slow)
+  call(slow)  # 2 MiB owed, unread
+  refused = call(slow)
+  reply, _ = w.reply()
+  assert reply["id"] == refused
+  assert reply["error"]["code"] == int(Code.RESOURCE_EXHAUSTED)
+  assert "client 4 has not answered 2 MiB" in reply["error"]["message"]
+  assert "does not read its callbacks stream" in reply["error"]["message"]
+  # Held for it: the two calls sent, never a copy kept besides.
+  assert len(router.clients.sent[1]) == 2
+  assert all(not p.message for p in router._pending.values())  # pylint: disable=protected-access
+  answered = call(other)
+  header, _ = router.clients.next(2)
+  _answer(router, 2, header["id"], results=[])
+  assert w.reply()[0] == {"kind": msg.REPLY, "id": answered, "results": []}
+  # Answering makes room.
+  first, _ = router.clients.next(1)
+  _answer(router, 1, first["id"], results=[])
+  w.reply()
+  call(slow)
+  assert router.clients.next(1, 3)[0]["kind"] == msg.CALL
