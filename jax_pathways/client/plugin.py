@@ -20,6 +20,7 @@ from absl import logging
 
 from jax_pathways import config
 from jax_pathways.client import controller_watch
+from jax_pathways.client import contiguous_uploads
 from jax_pathways.client import cross_client
 from jax_pathways.client import flusher
 from jax_pathways.client import host_callbacks
@@ -160,6 +161,7 @@ def _make_client() -> Any:
   make_mesh.install()
   host_callbacks.install()
   cross_client.install()
+  contiguous_uploads.install()
 
   def connect() -> Any:
     # Each channel jaxlib makes warns that it was told to use plaintext.
