@@ -11,8 +11,11 @@ islands on one machine), so:
   - COMPILE compiles for real, once per distinct program, on this process's
     own CPU devices, so that the controller gets a true signature;
   - FETCH returns zeros of the array's size (results are never computed);
-  - programs or arrays spanning islands, copies and moves between islands
-    are answered UNIMPLEMENTED.
+    an upload's shards, and the arrays a COPY makes of them, have their
+    own sizes (benchmarks/big_transfer_benchmark.py: the client's
+    ceiling against a controller whose islands only discard bytes);
+  - programs spanning islands, other copies and moves between islands are
+    answered UNIMPLEMENTED.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from jax_pathways.wire import payloads
 # imports JAX, which must not load before configure_jax()).
 OPS_PER_WAKE = 64
 UNSIMULATED = ("simulated islands run island-local programs, uploads, "
-               "fetches and deletions only")
+               "fetches, copies of an upload's shards and deletions only")
 
 
 class SimulatedIsland:
@@ -44,6 +47,9 @@ class SimulatedIsland:
     self._compile = compile_program
     self._outputs: dict[int, list[int]] = {}  # program -> bytes per output
     self._sizes: dict[int, int] = {}          # buffer -> bytes
+    # buffer -> bytes of its shard on each of the island's devices, in
+    # device order (what a COPY of its local shards makes).
+    self._shards: dict[int, list[int]] = {}
 
   def run(self) -> str | None:
     """Answers ops until told to stop (None) or the controller is gone
@@ -61,6 +67,7 @@ class SimulatedIsland:
         if op.kind == kinds.DELETE:  # never answered (transport/messages.h)
           for b in op.args:
             self._sizes.pop(b, None)
+            self._shards.pop(b, None)
           continue
         try:
           payload = self._answer(op, kinds)
@@ -81,9 +88,25 @@ class SimulatedIsland:
     if op.kind == kinds.PUT:
       header, _ = payloads.decode(op.payload)
       self._sizes[op.results[0]] = _nbytes(header["shape"], header["dtype"])
+      if "shards" in header:
+        by_device = {d: _nbytes(spec["shape"], spec["dtype"])
+                     for spec in header["shards"] for d in spec["devices"]}
+        self._shards[op.results[0]] = [by_device[d]
+                                       for d in sorted(by_device)]
+      elif header["sharding"].get("op_sharding") is None:  # replicated
+        self._shards[op.results[0]] = [self._sizes[op.results[0]]] * len(
+            header["sharding"]["devices"])
       return b""
     if op.kind == kinds.FETCH:
       return bytes(self._sizes[op.args[0]])
+    if op.kind == kinds.COPY:
+      header, _ = payloads.decode(op.payload)
+      if header.get("mode") != "shards" or op.args[0] not in self._shards:
+        raise NotImplementedError(f"COPY: {UNSIMULATED}")
+      local = self._shards[op.args[0]]
+      for b, position in zip(op.results, header["positions"]):
+        self._sizes[b] = local[position]
+      return b""
     if op.kind == kinds.COMPILE:
       header, (program, options) = payloads.decode(op.payload)
       if not all(isinstance(d, int) for d in header["devices"]):

@@ -47,9 +47,16 @@ CLIENT = textwrap.dedent("""
       spanning = "ran"
     except Exception as e:
       spanning = str(e)
+    # Uploads over every island, by rows, by columns and replicated, read
+    # back as zeros of their own size (the ceiling of big transfers).
+    mesh = jax.sharding.Mesh(devices, "i")
+    data = np.ones((6, 12), np.float32)
+    spread = [np.asarray(jax.device_put(data, jax.sharding.NamedSharding(
+                  mesh, jax.sharding.PartitionSpec(*spec)))).tolist()
+              for spec in (("i", None), (None, "i"), ())]
     print(json.dumps({"islands": sorted({d.slice_index for d in devices}),
                       "devices": len(devices), "fetched": fetched,
-                      "spanning": spanning}), flush=True)
+                      "spanning": spanning, "spread": spread}), flush=True)
 """)
 
 
@@ -79,6 +86,7 @@ def test_islands_answer_without_computing(cluster):
   # The program's true signature (int32 out of float32), zeros for values.
   assert result["fetched"] == [["int32", [2, 3], [[0] * 3] * 2]] * ISLANDS
   assert "simulated islands run island-local programs" in result["spanning"]
+  assert result["spread"] == [[[0.0] * 12] * 6] * 3
   status = admin.status(cluster["address"], TOKEN)
   assert all(i["alive"] and i["finished"] >= 50 for i in status["islands"])
   assert {i["pid"] for i in status["islands"]} == {cluster["procs"][1].pid}

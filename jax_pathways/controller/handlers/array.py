@@ -394,8 +394,11 @@ def copy_to_host_buffer(session: Session, req: Any, reply: Reply) -> None:
   if len(array.islands) > 1 and array.dtype == dtypes.STRING:
     raise unimplemented("a string array spanning islands is fetched shard "
                         "by shard (np.asarray does so), not whole")
-  if len(array.islands) > 1:
-    # Gather onto one device (worker to worker), fetch from there.
+  replicated = (array.sharding.maximal_device() is None and
+                array.sharding.shard_shape(array.shape) == tuple(array.shape))
+  if len(array.islands) > 1 and not replicated:
+    # Gather onto one device (worker to worker), fetch from there; every
+    # island of a replicated array holds it whole: fetched from the first.
     device = array.sharding.devices[0]
     home = session.services.topology.island_of_device(device)
     temporary = Array(session.services.dispatcher.new_buffers(1)[0], (home,),

@@ -1,0 +1,147 @@
+"""Big transfers: `jax.device_put` and `np.asarray` of 64 MiB to 2 GiB.
+
+    python benchmarks/big_transfer_benchmark.py [--sizes 64,512,2048]
+        [--repeats 3]
+
+A float32 array of each size (MiB), sharded over 2 islands x 4 devices by
+rows `P("d", None)`, by columns `P(None, "d")`, and replicated `P()`: put
+(waited for) and read back whole (a fresh array each time). Three runs of
+each case, in the same invocation:
+  plain    in-process JAX on 8 CPU devices;
+  pathways the embedded cluster (client -> controller -> workers);
+  ceiling  JAX's proxy client against a controller whose islands are
+           simulated (`jax-pathways worker --simulate`): they discard
+           uploads and answer fetches with zeros, so what is left is what
+           the proxy client and the controller's host-buffer path carry,
+           no device work (a process of its own: one process has one
+           proxy backend).
+Prints one JSON line per case with median seconds and the ratios
+pathways/plain and pathways/ceiling (issue 52: within 2x of the ceiling).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+SPECS = {"rows": ("d", None), "columns": (None, "d"), "replicated": ()}
+COLS = 4096
+ISLANDS, DEVICES = 2, 4
+
+
+def _measure(devices: list, mib: int, spec: tuple, repeats: int
+             ) -> dict[str, float]:
+  """Median seconds of a put and of a get of a `mib` MiB array."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=import-outside-toplevel
+  data = np.arange((mib << 20) // 4, dtype=np.float32).reshape(-1, COLS)
+  sharding = NamedSharding(Mesh(np.array(devices), ("d",)),
+                           PartitionSpec(*spec))
+  puts, gets = [], []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    x = jax.device_put(data, sharding)
+    x.block_until_ready()
+    puts.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    back = np.asarray(x)
+    gets.append(time.perf_counter() - start)
+    del x, back
+  return {"put_s": statistics.median(puts), "get_s": statistics.median(gets)}
+
+
+def _ceiling_client(address: str, sizes: list[int], repeats: int) -> None:
+  """The ceiling's process: one JSON line per case."""
+  import jax_pathways  # pylint: disable=import-outside-toplevel
+  jax_pathways.initialize(address)
+  import jax  # pylint: disable=import-outside-toplevel
+  for mib in sizes:
+    for name, spec in SPECS.items():
+      print(json.dumps({"mib": mib, "spec": name,
+                        **_measure(jax.devices(), mib, spec, repeats)}),
+            flush=True)
+
+
+def _simulated_cluster(procs: list[subprocess.Popen]) -> str:
+  """A CLI controller with ISLANDS simulated islands; its client address."""
+  env = dict(os.environ)
+  env.pop("JAX_PLATFORMS", None)
+  cli = [sys.executable, "-m", "jax_pathways.cli"]
+  controller = subprocess.Popen(
+      [*cli, "controller", "--islands", str(ISLANDS), "--listen",
+       "127.0.0.1:0", "--worker-listen", "127.0.0.1:0"], env=env,
+      stdout=subprocess.PIPE, text=True, start_new_session=True, cwd="/")
+  procs.append(controller)
+  ready = json.loads(controller.stdout.readline())
+  procs.append(subprocess.Popen(
+      [*cli, "worker", "--controller", ready["worker_address"], "--simulate",
+       str(ISLANDS), "--devices", str(DEVICES)], env=env,
+      stdout=subprocess.DEVNULL, start_new_session=True, cwd="/"))
+  return f"grpc://{ready['address']}"
+
+
+def _ceilings(sizes: list[int], repeats: int) -> dict[tuple[int, str], Any]:
+  procs: list[subprocess.Popen] = []
+  try:
+    address = _simulated_cluster(procs)
+    env = dict(os.environ)
+    env.pop("JAX_PLATFORMS", None)
+    out = subprocess.run(
+        [sys.executable, __file__, "--ceiling-client", address, "--sizes",
+         ",".join(map(str, sizes)), "--repeats", str(repeats)], env=env,
+        capture_output=True, text=True, check=False, cwd="/")
+    if out.returncode:
+      raise RuntimeError(f"the ceiling's client failed:\n{out.stderr[-3000:]}")
+  finally:
+    for p in procs:
+      p.kill()
+      p.wait()
+  rows = [json.loads(line) for line in out.stdout.splitlines()
+          if line.startswith("{")]
+  return {(r["mib"], r["spec"]): r for r in rows}
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--sizes", default="64,512,2048",
+                      help="MiB, comma-separated")
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--ceiling-client", default=None,
+                      help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  sizes = [int(s) for s in args.sizes.split(",")]
+  if args.ceiling_client:
+    _ceiling_client(args.ceiling_client, sizes, args.repeats)
+    return
+  ceilings = _ceilings(sizes, args.repeats)
+  sys.path.insert(0, os.path.dirname(__file__))
+  from harness import emit, log, setup  # pylint: disable=import-outside-toplevel
+  pathways, cpu = setup(islands=ISLANDS, devices_per_island=DEVICES)
+  ratio: Callable[[float, float], float] = lambda a, b: round(a / b, 2)
+  for mib in sizes:
+    for name, spec in SPECS.items():
+      plain = _measure(cpu, mib, spec, args.repeats)
+      ours = _measure(pathways, mib, spec, args.repeats)
+      ceiling = ceilings[(mib, name)]
+      emit("big_transfer", f"{mib}MiB/{name}",
+           **{f"{k}_{run}": round(v[k], 3) for run, v in
+              (("plain", plain), ("pathways", ours), ("ceiling", ceiling))
+              for k in ("put_s", "get_s")},
+           put_vs_plain=ratio(ours["put_s"], plain["put_s"]),
+           get_vs_plain=ratio(ours["get_s"], plain["get_s"]),
+           put_vs_ceiling=ratio(ours["put_s"], ceiling["put_s"]),
+           get_vs_ceiling=ratio(ours["get_s"], ceiling["get_s"]))
+      log(f"{mib} MiB {name}: put {ours['put_s']:.2f} s (plain "
+          f"{plain['put_s']:.2f}, ceiling {ceiling['put_s']:.2f}), get "
+          f"{ours['get_s']:.2f} s (plain {plain['get_s']:.2f}, ceiling "
+          f"{ceiling['get_s']:.2f})")
+
+
+if __name__ == "__main__":
+  main()
