@@ -50,6 +50,9 @@ class SimulatedIsland:
     # buffer -> bytes of its shard on each of the island's devices, in
     # device order (what a COPY of its local shards makes).
     self._shards: dict[int, list[int]] = {}
+    # Zeros of each size fetched: made once (a fresh buffer per fetch would
+    # time the host's page faults, not the path: big transfers' ceiling).
+    self._zeros: dict[int, bytes] = {}
 
   def run(self) -> str | None:
     """Answers ops until told to stop (None) or the controller is gone
@@ -98,7 +101,10 @@ class SimulatedIsland:
             header["sharding"]["devices"])
       return b""
     if op.kind == kinds.FETCH:
-      return bytes(self._sizes[op.args[0]])
+      size = self._sizes[op.args[0]]
+      if size not in self._zeros:
+        self._zeros[size] = bytes(size)
+      return self._zeros[size]
     if op.kind == kinds.COPY:
       header, _ = payloads.decode(op.payload)
       if header.get("mode") != "shards" or op.args[0] not in self._shards:

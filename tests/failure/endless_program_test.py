@@ -89,11 +89,18 @@ def _expected(cpu_devices) -> list[float]:
   return np.asarray(jax.jit(lambda a: a * 2.5 + 1.0)(data)).tolist()
 
 
-def _client(cluster: Any, source: str) -> subprocess.Popen:
-  return subprocess.Popen([sys.executable, "-c", source], env=_env(cluster),
+def _client(env: dict[str, str], source: str) -> subprocess.Popen:
+  return subprocess.Popen([sys.executable, "-c", source], env=env,
                           cwd=cli_cluster.CWD, stdin=subprocess.PIPE,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, start_new_session=True)
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+  """`jax-pathways ARGS`, as an operator runs it."""
+  return subprocess.run([sys.executable, "-m", "jax_pathways.cli", *args],
+                        env=env, cwd=cli_cluster.CWD, capture_output=True,
+                        text=True, timeout=60, check=False)
 
 
 def _ask(client: subprocess.Popen, command: str) -> dict[str, Any]:
@@ -108,7 +115,7 @@ def _island0(cluster: Any) -> dict[str, Any]:
 
 def _endless_running(cluster: Any) -> tuple[subprocess.Popen, int]:
   """A client whose endless program runs on island 0, and its number."""
-  endless = _client(cluster, ENDLESS)
+  endless = _client(_env(cluster), ENDLESS)
   assert cli_cluster.line(endless, 120) == {"launched": True}
   running = cli_cluster.wait_for("the endless program to run",
                                  lambda: _island0(cluster)["running"], 60)
@@ -136,7 +143,7 @@ def test_a_program_past_the_owners_bound_gives_its_island_back(stopped,
                                                               expected):
   from jax_pathways.cluster.local_cluster import LocalCluster  # pylint: disable=import-outside-toplevel
   with processes.running(LocalCluster(2, 1, 16, max_program_s=3)) as cluster:
-    other = _client(cluster, OTHER)
+    other = _client(_env(cluster), OTHER)
     stopped.append(other)
     assert cli_cluster.line(other, 120) == {"ready": True}
     assert _ask(other, "keep") == {"value": expected}
@@ -165,14 +172,23 @@ def _cluster():
     yield cluster
 
 
-def test_a_program_whose_client_died_gives_its_island_back(cluster, stopped,
-                                                          expected):
-  other = _client(cluster, OTHER)
+def _other_and_endless(cluster: Any, stopped: list[subprocess.Popen]
+                       ) -> tuple[subprocess.Popen, int, subprocess.Popen,
+                                  int]:
+  """Another client, island 0's generation, and a client whose endless
+  program runs there with its number."""
+  other = _client(_env(cluster), OTHER)
   stopped.append(other)
   assert cli_cluster.line(other, 120) == {"ready": True}
   generation = _island0(cluster)["generation"]
   endless, number = _endless_running(cluster)
   stopped.append(endless)
+  return other, generation, endless, number
+
+
+def test_a_program_whose_client_died_gives_its_island_back(cluster, stopped,
+                                                          expected):
+  other, generation, endless, number = _other_and_endless(cluster, stopped)
   os.killpg(endless.pid, signal.SIGKILL)
   island = _back(cluster, generation + 1)
   assert f"of client {number}" in island["last_lost"], island
@@ -181,17 +197,9 @@ def test_a_program_whose_client_died_gives_its_island_back(cluster, stopped,
 
 
 def test_an_operator_cancels_a_client(cluster, stopped, expected):
-  other = _client(cluster, OTHER)
-  stopped.append(other)
-  assert cli_cluster.line(other, 120) == {"ready": True}
-  generation = _island0(cluster)["generation"]
-  endless, number = _endless_running(cluster)
-  stopped.append(endless)
+  other, generation, endless, number = _other_and_endless(cluster, stopped)
   env = dict(_env(cluster), JAX_PATHWAYS_ADDRESS=cluster.controller_address)
-  cancel = subprocess.run(
-      [sys.executable, "-m", "jax_pathways.cli", "cancel", "--client",
-       str(number)], env=env, cwd=cli_cluster.CWD, capture_output=True,
-      text=True, timeout=60, check=False)
+  cancel = _cli(env, "cancel", "--client", str(number))
   assert cancel.returncode == 0, cancel.stderr
   assert f"client {number} ended" in cancel.stdout
   error = cli_cluster.line(endless, 120)["error"]
@@ -201,15 +209,10 @@ def test_an_operator_cancels_a_client(cluster, stopped, expected):
   assert _ask(other, "compute 0") == {"value": expected}
   # Its session is gone: `status` lists the other client only, and a
   # second cancel finds nobody.
-  clients = [c["client"] for c in json.loads(subprocess.run(
-      [sys.executable, "-m", "jax_pathways.cli", "status", "--json"],
-      env=env, cwd=cli_cluster.CWD, capture_output=True, text=True,
-      timeout=60, check=True).stdout)["clients"]]
+  clients = [c["client"] for c in json.loads(
+      _cli(env, "status", "--json").stdout)["clients"]]
   assert number not in clients, clients
-  again = subprocess.run(
-      [sys.executable, "-m", "jax_pathways.cli", "cancel", "--client",
-       str(number)], env=env, cwd=cli_cluster.CWD, capture_output=True,
-      text=True, timeout=60, check=False)
+  again = _cli(env, "cancel", "--client", str(number))
   assert again.returncode == 1
   assert f"no live client {number}" in again.stderr, again.stderr
 
@@ -224,11 +227,8 @@ def test_a_worker_stuck_in_the_program_leaves_by_itself(stopped):
   env.pop("JAX_PLATFORMS", None)
   ready = cli_cluster.start(env, 1, stopped, "--devices", "1")
   worker = stopped[-1]
-  client_env = dict(env, JAX_PATHWAYS_ADDRESS=ready["address"])
-  endless = subprocess.Popen([sys.executable, "-c", ENDLESS], env=client_env,
-                             cwd=cli_cluster.CWD, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)
+  endless = _client(dict(env, JAX_PATHWAYS_ADDRESS=ready["address"]),
+                    ENDLESS)
   stopped.append(endless)
   assert cli_cluster.line(endless, 120) == {"launched": True}
   error = cli_cluster.line(endless, 120)["error"]
