@@ -402,6 +402,14 @@ class CallbackRouter:
             "jax_pathways in its process, or its stream cannot reach the "
             "controller"))
 
+  def calling_back(self, session: int) -> bool:
+    """Whether a program of client `session` waits for it to answer a
+    host callback now."""
+    with self._lock:
+      return any(p.sent and p.memo is None and
+                 getattr(self._routes.get(p.route), "session", None) == session
+                 for p in self._pending.values())
+
   def stats(self) -> dict[str, int]:
     with self._lock:
       return {"routes": len(self._routes), "clients": len(self._streams),

@@ -111,7 +111,8 @@ class Controller:
                    if self.dispatcher.in_order else None))
     self.run_bounds = RunBounds(
         self.dispatcher, max_program_s,
-        lambda: self.service.live_clients(), self.compile_cache.name)
+        lambda: self.service.live_clients(), self.compile_cache.name,
+        self.callbacks.calling_back)
     self.service = GrpcService(server, self.services, token, self.status,
                                self.supervised, self.run_bounds.cancel)
     # Island -> its supervisor's last report (admin.report_supervision),

@@ -42,13 +42,17 @@ class RunBounds:
 
   def __init__(self, dispatcher: Dispatcher, max_program_s: float | None,
                live_clients: Callable[[], set[int]],
-               program_name: Callable[[int], str]):
+               program_name: Callable[[int], str],
+               calling_back: Callable[[int], bool]):
     """live_clients(): the numbers of the clients whose sessions have not
-    ended. program_name(id): a compiled program's name, for the error."""
+    ended. program_name(id): a compiled program's name, for the error.
+    calling_back(client): whether a program of that client waits in one of
+    its host callbacks (said in the error: the likely cause)."""
     self._dispatcher = dispatcher
     self.max_program_s = max_program_s or None
     self._live_clients = live_clients
     self._program_name = program_name
+    self._calling_back = calling_back
     self._lock = threading.Lock()
     # Clients an operator cancelled (numbers), and when each client whose
     # launch runs was first seen gone.
@@ -122,12 +126,17 @@ class RunBounds:
 
   def _take_back(self, stats: dict, why: str) -> None:
     name = self._program_name(stats["running_program"])
+    client = stats["running_client"]
+    if self._calling_back(client):
+      why += (" (it waited in a host callback of its client: a callback "
+              "that runs a program of several devices on the island of the "
+              "program that called it waits for ever, as in plain JAX)")
     message = (
         f"island {stats['island']} was taken back from program '{name}' of "
-        f"client {stats['running_client']}, which had held it for "
-        f"{stats['running_s']:.1f} s: {why}. Its worker ({stats['name']}) "
-        "was dropped (its supervisor starts another in its place) and every "
-        "array on the island was lost")
+        f"client {client}, which had held it for {stats['running_s']:.1f} "
+        f"s: {why}. Its worker ({stats['name']}) was dropped (its "
+        "supervisor starts another in its place) and every array on the "
+        "island was lost")
     logging.warning("%s", message)
     self._dispatcher.fail_island(stats["island"],
                                  Status(Code.DATA_LOSS, message))

@@ -139,30 +139,83 @@ def _stopped():
   processes.stop(procs)
 
 
-def test_a_program_past_the_owners_bound_gives_its_island_back(stopped,
-                                                              expected):
+# A program of island 0's two devices whose callback runs another there:
+# the inner one waits for the outer, which waits for its callback (plain
+# JAX on CPU deadlocks the same way; issue 53 row 7).
+NESTED = textwrap.dedent("""
+    import json
+    import jax_pathways
+    jax_pathways.initialize()
+    import jax, numpy as np
+    from jax.experimental import io_callback
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    rows = NamedSharding(Mesh(np.array(jax.devices()[:2]), ("d",)), P("d"))
+    inner = jax.jit(lambda v: v * 2)
+
+    def callback(v):
+      return np.asarray(inner(jax.device_put(np.asarray(v), rows)))
+
+    x = jax.device_put(np.arange(8, dtype=np.float32), rows)
+    y = jax.jit(lambda v: io_callback(
+        callback, jax.ShapeDtypeStruct((8,), np.float32), v))(x)
+    print(json.dumps({"launched": True}), flush=True)
+    try:
+      print(json.dumps({"value": np.asarray(y).tolist()}), flush=True)
+    except Exception as e:
+      print(json.dumps({"error": str(e)}), flush=True)
+""")
+
+
+@pytest.fixture(name="bounded", scope="module")
+def _bounded():
+  """2 islands of 2 devices, a program's run time bounded to 3 s."""
   from jax_pathways.cluster.local_cluster import LocalCluster  # pylint: disable=import-outside-toplevel
-  with processes.running(LocalCluster(2, 1, 16, max_program_s=3)) as cluster:
-    other = _client(_env(cluster), OTHER)
-    stopped.append(other)
-    assert cli_cluster.line(other, 120) == {"ready": True}
-    assert _ask(other, "keep") == {"value": expected}
-    endless, _ = _endless_running(cluster)
-    stopped.append(endless)
-    # Island 1 serves the other client while island 0 runs the program.
-    assert _ask(other, "compute 1") == {"value": expected}
-    error = cli_cluster.line(endless, 120)["error"]
-    assert "DATA_LOSS" in error, error
-    assert "ran past the cluster's bound of 3 s" in error, error
-    assert "taken back from program 'jit_" in error, error
-    # The other client's array on island 0 went with the worker, and it
-    # reads why; the island serves again.
-    lost = _ask(other, "use")["error"]
-    assert "ran past the cluster's bound of 3 s" in lost, lost
-    _back(cluster, 1)
-    assert _ask(other, "compute 0") == {"value": expected}
-    assert _ask(other, "compute 1") == {"value": expected}
-    assert cluster.restarts == [1, 0]
+  with processes.running(LocalCluster(2, 2, 16, max_program_s=3)) as cluster:
+    yield cluster
+
+
+def test_a_program_past_the_owners_bound_gives_its_island_back(
+    bounded, stopped, expected):
+  other = _client(_env(bounded), OTHER)
+  stopped.append(other)
+  assert cli_cluster.line(other, 120) == {"ready": True}
+  assert _ask(other, "keep") == {"value": expected}
+  generation = _island0(bounded)["generation"]
+  endless, _ = _endless_running(bounded)
+  stopped.append(endless)
+  # Island 1 (devices 2, 3) serves the other client while island 0 runs
+  # the program.
+  assert _ask(other, "compute 2") == {"value": expected}
+  error = cli_cluster.line(endless, 120)["error"]
+  assert "DATA_LOSS" in error, error
+  assert "ran past the cluster's bound of 3 s" in error, error
+  assert "taken back from program 'jit_" in error, error
+  assert "host callback" not in error, error
+  # The other client's array on island 0 went with the worker, and it
+  # reads why; the island serves again.
+  lost = _ask(other, "use")["error"]
+  assert "ran past the cluster's bound of 3 s" in lost, lost
+  _back(bounded, generation + 1)
+  assert _ask(other, "compute 0") == {"value": expected}
+  assert _ask(other, "compute 2") == {"value": expected}
+
+
+def test_a_callback_waiting_on_its_own_island_is_named(bounded, stopped,
+                                                       expected):
+  """The bound ends the deadlock of row 7, and its error says where the
+  program waited."""
+  other = _client(_env(bounded), OTHER)
+  stopped.append(other)
+  assert cli_cluster.line(other, 120) == {"ready": True}
+  generation = _island0(bounded)["generation"]
+  nested = _client(_env(bounded), NESTED)
+  stopped.append(nested)
+  assert cli_cluster.line(nested, 120) == {"launched": True}
+  error = cli_cluster.line(nested, 120)["error"]
+  assert "ran past the cluster's bound of 3 s" in error, error
+  assert "it waited in a host callback of its client" in error, error
+  _back(bounded, generation + 1)
+  assert _ask(other, "compute 0") == {"value": expected}
 
 
 @pytest.fixture(name="cluster", scope="module")
