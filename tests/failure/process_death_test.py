@@ -125,6 +125,8 @@ def test_controller_death_fails_calls_without_abort(client):
   print(f"error {seen['t'] - killed_at:.2f} s after the kill")
   later = c.read("later_error", 10)
   assert "UNAVAILABLE" in later["later_error"], later
+  puts = c.read("put_errors", 30)["put_errors"]
+  assert all(e and "UNAVAILABLE" in e for e in puts), puts
   c.read("done", 30)
   assert c.proc.wait(timeout=30) == 0  # no abort at exit
   # ... and jax_pathways names the dead process.
