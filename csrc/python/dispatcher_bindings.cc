@@ -218,6 +218,7 @@ void RegisterDispatcher(py::module_& m) {
                row["running_client"] = s.running_client;
                row["running_program"] = s.running_program;
                row["running_s"] = s.running_s;
+               row["others_waiting"] = s.others_waiting;
                out.append(row);
              }
              return out;

@@ -11,8 +11,9 @@ are lost with it, so this is done only to
 
 - a program that has held its island past the owner's bound
   (`jax-pathways controller --max-program-seconds`; none by default),
-- a program whose client has left (ended its session or died) and that
-  still holds the island LEFT_GRACE_S after it left,
+- a program whose client has left (ended its session or died) while
+  others' work waits behind it, LEFT_GRACE_S after it left
+  (one that holds an island nobody else needs costs nobody their arrays),
 - a program of a client an operator cancelled (`jax-pathways cancel`), at
   once.
 
@@ -97,7 +98,8 @@ class RunBounds:
       if not s["alive"] or not client:
         continue
       running.add(client)
-      why = self._why(client, s["running_s"], live, now)
+      why = self._why(client, s["running_s"], s["others_waiting"] > 0, live,
+                      now)
       if why:
         self._take_back(s, why)
     with self._lock:
@@ -106,18 +108,19 @@ class RunBounds:
         del self._left_at[client]
       self._cancelled &= running | live
 
-  def _why(self, client: int, seconds: float, live: set[int],
-           now: float) -> str:
-    """Why the island running `client`'s launch for `seconds` must be
-    taken back ("" if it may go on)."""
+  def _why(self, client: int, seconds: float, others_wait: bool,
+           live: set[int], now: float) -> str:
+    """Why the island running `client`'s launch for `seconds` (others'
+    work waiting behind it or not) must be taken back ("" if it may go
+    on)."""
     with self._lock:
       if client in self._cancelled:
         return "an operator cancelled its client (jax-pathways cancel)"
       if client not in live:
         left = self._left_at.setdefault(client, now)
-        if now - left >= LEFT_GRACE_S:
+        if others_wait and now - left >= LEFT_GRACE_S:
           return (f"its client left {now - left:.0f} s before and the "
-                  "program still ran")
+                  "program still ran, other clients' work waiting behind it")
     bound = self.max_program_s
     if bound is not None and seconds > bound:
       return (f"it ran past the cluster's bound of {bound:g} s on a "

@@ -504,6 +504,7 @@ std::vector<IslandStats> Dispatcher::Stats() {
       s.running_s = std::chrono::duration<double>(
                         now - std::max(running->sent, island->last_finish))
                         .count();
+      s.others_waiting = island->queue.OpsOfOthers(running->client);
     }
     out.push_back(std::move(s));
   }

@@ -97,6 +97,9 @@ struct IslandStats {
   ClientId running_client = 0;
   uint64_t running_program = 0;
   double running_s = 0;
+  // Ops of others waiting behind it on the island (other clients', the
+  // controller's compiles).
+  size_t others_waiting = 0;
 };
 
 class Dispatcher {

@@ -40,6 +40,13 @@ const GangSlot* LaunchQueue::OldestLaunch() const {
   return oldest;
 }
 
+size_t LaunchQueue::OpsOfOthers(ClientId client) const {
+  size_t n = 0;
+  for (const auto& [seq, slot] : sent_) n += slot.client != client;
+  for (const auto& [op, slot] : waiting_) n += slot.client != client;
+  return n;
+}
+
 void LaunchQueue::Admit(std::vector<Op>* to_send) {
   while (!waiting_.empty()) {
     auto& [op, slot] = waiting_.front();

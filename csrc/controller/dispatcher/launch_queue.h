@@ -70,6 +70,9 @@ class LaunchQueue {
   // The sent launch numbered first that has not finished (the one the
   // island runs, as workers run launches in order); null: none.
   const GangSlot* OldestLaunch() const;
+  // Ops of others than `client` (other clients', the controller's own
+  // compiles), sent or held back.
+  size_t OpsOfOthers(ClientId client) const;
 
  private:
   void Admit(std::vector<Op>* to_send);
