@@ -15,6 +15,11 @@ each case, in the same invocation:
            the proxy client and the controller's host-buffer path carry,
            no device work (a process of its own: one process has one
            proxy backend).
+Beside the pathways runs, another client of the same cluster (a process of
+its own) makes round trips of a jitted `x + 1` on island 1 without pause:
+its median and worst round trip during each case, against those it had
+with the cluster idle, say whether the controller stays responsive to
+others while the bytes go by.
 Prints one JSON line per case with median seconds and the ratios
 pathways/plain and pathways/ceiling (issue 52: within 2x of the
 ceiling); a get's plain time is a view of a CPU buffer (no copy) when the
@@ -78,6 +83,68 @@ def _ceiling_client(address: str, sizes: list[int], repeats: int) -> None:
           flush=True)
 
 
+# Another client: round trips until told to stop, then their median and
+# worst in ms (one JSON line per "stop").
+BYSTANDER = """
+import json, sys, threading, time
+import jax_pathways
+jax_pathways.initialize(sys.argv[1], token=sys.argv[2])
+import jax, numpy as np
+x = jax.device_put(np.float32(1), jax.devices()[-1])
+step = jax.jit(lambda v: v + 1)
+np.asarray(step(x))
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+  if line.strip() != "start":
+    break
+  stop = threading.Event()
+  threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()),
+                   daemon=True).start()
+  trips = []
+  while not stop.is_set():
+    t = time.perf_counter()
+    np.asarray(step(x))
+    trips.append((time.perf_counter() - t) * 1e3)
+  trips.sort()
+  print(json.dumps({"median_ms": trips[len(trips) // 2],
+                    "max_ms": trips[-1], "trips": len(trips)}), flush=True)
+"""
+
+
+class Bystander:
+  """The other client: `during(run)` runs `run` while it makes round
+  trips, and returns what they took."""
+
+  def __init__(self, address: str, token: str):
+    env = dict(os.environ)
+    env.pop("JAX_PLATFORMS", None)
+    self._proc = subprocess.Popen(
+        [sys.executable, "-c", BYSTANDER, address, token], env=env,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/",
+        start_new_session=True)
+    assert json.loads(self._line()) == {"ready": True}
+
+  def _line(self) -> str:
+    while True:
+      line = self._proc.stdout.readline()
+      if not line:
+        raise RuntimeError("the bystander client exited")
+      if line.startswith("{"):
+        return line
+
+  def during(self, run: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
+    self._proc.stdin.write("start\n")
+    self._proc.stdin.flush()
+    result = run()
+    self._proc.stdin.write("stop\n")
+    self._proc.stdin.flush()
+    return result, json.loads(self._line())
+
+  def close(self) -> None:
+    self._proc.kill()
+    self._proc.wait()
+
+
 def _simulated_cluster(procs: list[subprocess.Popen]) -> str:
   """A CLI controller with ISLANDS simulated islands; its client address."""
   env = dict(os.environ)
@@ -131,12 +198,29 @@ def main() -> None:
     return
   ceilings = _ceilings(sizes, args.repeats)
   sys.path.insert(0, os.path.dirname(__file__))
-  from harness import emit, log, setup  # pylint: disable=import-outside-toplevel
+  from harness import log, setup  # pylint: disable=import-outside-toplevel
   pathways, cpu = setup(islands=ISLANDS, devices_per_island=DEVICES)
+  import jax_pathways  # pylint: disable=import-outside-toplevel
+  cluster = jax_pathways.local_cluster()
+  other = Bystander(cluster.address, cluster.token)
+  try:
+    _, idle = other.during(lambda: time.sleep(2))
+    log(f"another client's round trip, the cluster idle: median "
+        f"{idle['median_ms']:.2f} ms, worst {idle['max_ms']:.2f} ms")
+    _report(sizes, args.repeats, pathways, cpu, ceilings, other, idle)
+  finally:
+    other.close()
+
+
+def _report(sizes: list[int], repeats: int, pathways: list, cpu: list,
+            ceilings: dict[tuple[int, str], Any], other: Bystander,
+            idle: dict[str, float]) -> None:
+  from harness import emit, log  # pylint: disable=import-outside-toplevel
   ratio: Callable[[float, float], float] = lambda a, b: round(a / b, 2)
   for mib, name in _cases(sizes):
-    plain = _measure(cpu, mib, SPECS[name], args.repeats)
-    ours = _measure(pathways, mib, SPECS[name], args.repeats)
+    plain = _measure(cpu, mib, SPECS[name], repeats)
+    ours, trips = other.during(
+        lambda: _measure(pathways, mib, SPECS[name], repeats))
     ceiling = ceilings[(mib, name)]
     emit("big_transfer", f"{mib}MiB/{name}",
          **{f"{k}_{run}": round(v[k], 3) for run, v in
@@ -146,11 +230,17 @@ def main() -> None:
          **({} if name == "replicated" else
             {"get_vs_plain": ratio(ours["get_s"], plain["get_s"])}),
          put_vs_ceiling=ratio(ours["put_s"], ceiling["put_s"]),
-         get_vs_ceiling=ratio(ours["get_s"], ceiling["get_s"]))
+         get_vs_ceiling=ratio(ours["get_s"], ceiling["get_s"]),
+         other_client_median_ms=round(trips["median_ms"], 2),
+         other_client_max_ms=round(trips["max_ms"], 2),
+         other_client_idle_median_ms=round(idle["median_ms"], 2),
+         other_client_idle_max_ms=round(idle["max_ms"], 2))
     log(f"{mib} MiB {name}: put {ours['put_s']:.2f} s (plain "
         f"{plain['put_s']:.2f}, ceiling {ceiling['put_s']:.2f}), get "
         f"{ours['get_s']:.2f} s (plain {plain['get_s']:.2f}, ceiling "
-        f"{ceiling['get_s']:.2f})")
+        f"{ceiling['get_s']:.2f}); another client's round trip meanwhile: "
+        f"median {trips['median_ms']:.2f} ms, worst {trips['max_ms']:.2f} "
+        "ms")
 
 
 if __name__ == "__main__":
