@@ -305,10 +305,16 @@ class GrpcService:
     """Answers a request of a cancelled client with why it fails (JAX's
     client shows a request's status, not how its stream ended)."""
     request = _parse("xla.ifrt.proxy.IfrtRequest", data, "IfrtRequest")
+    self._answer_failed_request(stream, request.request_metadata.op_id,
+                                Code.CANCELLED, CANCELLED)
+
+  def _answer_failed_request(self, stream: int, op_id: int, code: Code,
+                             message: str) -> None:
+    """Sends request `op_id` of `stream` its failure, with no body."""
     response = protos.msg("xla.ifrt.proxy.IfrtResponse")()
-    response.response_metadata.op_id = request.request_metadata.op_id
-    response.response_metadata.status.code = int(Code.CANCELLED)
-    response.response_metadata.status.message = CANCELLED
+    response.response_metadata.op_id = op_id
+    response.response_metadata.status.code = int(code)
+    response.response_metadata.status.message = message
     self._server.send(stream, response.SerializeToString())
 
   def _refuse(self, stream: int) -> None:
@@ -317,11 +323,8 @@ class GrpcService:
     InitRequest first, and passes on that request's status alone (it
     cancels the stream before reading how the server ended it: the user
     would read CANCELLED)."""
-    response = protos.msg("xla.ifrt.proxy.IfrtResponse")()
-    response.response_metadata.op_id = INIT_OP_ID
-    response.response_metadata.status.code = int(Code.UNAUTHENTICATED)
-    response.response_metadata.status.message = REFUSED
-    self._server.send(stream, response.SerializeToString())
+    self._answer_failed_request(stream, INIT_OP_ID, Code.UNAUTHENTICATED,
+                                REFUSED)
     self._server.finish(stream, Code.UNAUTHENTICATED, REFUSED)
 
   def _closed(self, stream: int, *_: Any) -> None:
@@ -457,18 +460,18 @@ class GrpcService:
       raise invalid_argument('Cancel takes {"client": N}, a client number '
                              '`jax-pathways status` lists') from None
     with self._lock:
-      streams = [stream for stream, session in self.sessions.items()
-                 if session.number == number and not session.ending]
-    if not streams:
+      found = [(stream, session) for stream, session in self.sessions.items()
+               if session.number == number and not session.ending]
+    if not found:
       raise StatusError(Code.NOT_FOUND, f"no live client {number} "
                         "(`jax-pathways status` lists the clients)")
     logging.warning("client %d cancelled by an operator", number)
-    session = self.sessions[streams[0]]
+    stream, session = found[0]
     session.cancelled = True  # its new requests are answered CANCELLED
     self._cancelled(number)  # its programs' islands are taken back now
     # What it waits for fails with the islands, or comes; then the session
     # closes as if its client had left.
-    self._end_session(streams[0], session)
+    self._end_session(stream, session)
     return json.dumps({"client": number}).encode()
 
   def _admin_trace(self, call: int, data: bytes) -> None:
