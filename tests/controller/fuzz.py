@@ -336,7 +336,8 @@ class Fuzzer:
         yield "HostBufferDelete", lambda ch, d=data: ch.unary_unary(
             SERVICE + "HostBufferDelete")(d, timeout=10)
       elif which == 4:
-        method = rng.choice(["Status", "Trace", "CheckSlice", "Nope"])
+        method = rng.choice(["Status", "Trace", "CheckSlice", "Cancel",
+                             "Nope"])
         data = self._bytes()
         md = [("jax-pathways-token", rng.choice([token, "", "guess"]))]
         yield f"Admin/{method}", lambda ch, m=method, d=data, md=md: (
