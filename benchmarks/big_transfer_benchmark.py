@@ -5,8 +5,8 @@
 
 A float32 array of each size (MiB), sharded over 2 islands x 4 devices by
 rows `P("d", None)`, by columns `P(None, "d")`, and replicated `P()`: put
-(waited for) and read back whole (a fresh array each time). Three runs of
-each case, in the same invocation:
+(waited for) and read back whole (a fresh array each time), after one
+round not counted. Three runs of each case, in the same invocation:
   plain    in-process JAX on 8 CPU devices;
   pathways the embedded cluster (client -> controller -> workers);
   ceiling  JAX's proxy client against a controller whose islands are
@@ -15,11 +15,13 @@ each case, in the same invocation:
            the proxy client and the controller's host-buffer path carry,
            no device work (a process of its own: one process has one
            proxy backend), another client making round trips there too.
-Beside the pathways runs, another client of the same cluster (a process of
-its own) makes round trips of a jitted `x + 1` on island 1 without pause:
-its median and worst round trip during each case, against those it had
-with the cluster idle, say whether the controller stays responsive to
-others while the bytes go by.
+Beside each case's pathways and ceiling runs, another client of the same
+cluster (a process of its own) makes round trips of a jitted `x + 1` on
+island 1 without pause: its median and worst round trip during each case,
+against those it had with the cluster idle and those it had beside the
+ceiling's run of the case (the transferring client's own load on the
+shared cores, with nothing behind the controller), say whether the
+controller stays responsive to others while the bytes go by.
 Prints one JSON line per case with median seconds and the ratios
 pathways/plain and pathways/ceiling (issue 52: within 2x of the
 ceiling); a get's plain time is a view of a CPU buffer (no copy) when the
@@ -60,7 +62,10 @@ def _measure(devices: list, mib: int, spec: tuple, repeats: int
   sharding = NamedSharding(Mesh(np.array(devices), ("d",)),
                            PartitionSpec(*spec))
   puts, gets = [], []
-  for _ in range(repeats):
+  # One round first, not counted: each process's first transfers of a
+  # size grow its allocators' pools and fault their pages in (2-6x slower
+  # here, in all three runs alike), which a job pays once, not per step.
+  for _ in range(repeats + 1):
     start = time.perf_counter()
     x = jax.device_put(data, sharding)
     x.block_until_ready()
@@ -69,18 +74,22 @@ def _measure(devices: list, mib: int, spec: tuple, repeats: int
     back = np.asarray(x)
     gets.append(time.perf_counter() - start)
     del x, back
-  return {"put_s": statistics.median(puts), "get_s": statistics.median(gets)}
+  return {"put_s": statistics.median(puts[1:]),
+          "get_s": statistics.median(gets[1:])}
 
 
-def _ceiling_client(address: str, sizes: list[int], repeats: int) -> None:
-  """The ceiling's process: one JSON line per case."""
+def _ceiling_client(address: str, repeats: int) -> None:
+  """The ceiling's process: measures each case named on stdin ("MIB
+  SPEC"), one JSON line each, after a ready line."""
   import jax_pathways  # pylint: disable=import-outside-toplevel
   jax_pathways.initialize(address)
   import jax  # pylint: disable=import-outside-toplevel
-  for mib, name in _cases(sizes):
-    print(json.dumps({"mib": mib, "spec": name,
-                      **_measure(jax.devices(), mib, SPECS[name], repeats)}),
-          flush=True)
+  print(json.dumps({"ready": True}), flush=True)
+  for line in sys.stdin:
+    mib, name = line.split()
+    print(json.dumps({"mib": int(mib), "spec": name,
+                      **_measure(jax.devices(), int(mib), SPECS[name],
+                                 repeats)}), flush=True)
 
 
 # Another client: round trips until told to stop, then their median and
@@ -118,31 +127,23 @@ class Bystander:
   def __init__(self, address: str, token: str):
     env = dict(os.environ)
     env.pop("JAX_PLATFORMS", None)
-    self._proc = subprocess.Popen(
+    self.proc = subprocess.Popen(
         [sys.executable, "-c", BYSTANDER, address, token], env=env,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/",
         start_new_session=True)
-    assert json.loads(self._line()) == {"ready": True}
-
-  def _line(self) -> str:
-    while True:
-      line = self._proc.stdout.readline()
-      if not line:
-        raise RuntimeError("the bystander client exited")
-      if line.startswith("{"):
-        return line
+    assert _read_json(self.proc) == {"ready": True}
 
   def during(self, run: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
-    self._proc.stdin.write("start\n")
-    self._proc.stdin.flush()
+    self.proc.stdin.write("start\n")
+    self.proc.stdin.flush()
     result = run()
-    self._proc.stdin.write("stop\n")
-    self._proc.stdin.flush()
-    return result, json.loads(self._line())
+    self.proc.stdin.write("stop\n")
+    self.proc.stdin.flush()
+    return result, _read_json(self.proc)
 
   def close(self) -> None:
-    self._proc.kill()
-    self._proc.wait()
+    self.proc.kill()
+    self.proc.wait()
 
 
 def _simulated_cluster(procs: list[subprocess.Popen]) -> str:
@@ -163,31 +164,47 @@ def _simulated_cluster(procs: list[subprocess.Popen]) -> str:
   return f"grpc://{ready['address']}"
 
 
+def _read_json(proc: subprocess.Popen) -> dict[str, Any]:
+  """The next JSON line `proc` prints (other lines are its logs)."""
+  while True:
+    line = proc.stdout.readline()
+    if not line:
+      raise RuntimeError(f"{proc.args[1:3]} exited")
+    if line.startswith("{"):
+      return json.loads(line)
+
+
 def _ceilings(sizes: list[int], repeats: int) -> dict[tuple[int, str], Any]:
+  """Each case's ceiling, with another client's round trips during it."""
   procs: list[subprocess.Popen] = []
   try:
     address = _simulated_cluster(procs)
     env = dict(os.environ)
     env.pop("JAX_PLATFORMS", None)
-    # Another client makes round trips here too: the pathways runs bear
-    # one, and it takes one of the two cores' time.
+    # Another client makes round trips here too, as beside the pathways
+    # runs: what it sees here is what the transferring client's own load
+    # costs it on these cores, with no device work behind the controller.
     other = Bystander(address, "")
-    try:
-      out, _ = other.during(lambda: subprocess.run(
-          [sys.executable, __file__, "--ceiling-client", address, "--sizes",
-           ",".join(map(str, sizes)), "--repeats", str(repeats)], env=env,
-          capture_output=True, text=True, check=False, cwd="/"))
-    finally:
-      other.close()
-    if out.returncode:
-      raise RuntimeError(f"the ceiling's client failed:\n{out.stderr[-3000:]}")
+    procs.append(other.proc)
+    client = subprocess.Popen(
+        [sys.executable, __file__, "--ceiling-client", address, "--repeats",
+         str(repeats)], env=env, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True, cwd="/", start_new_session=True)
+    procs.append(client)
+    assert _read_json(client) == {"ready": True}
+    ceilings = {}
+    for mib, name in _cases(sizes):
+      def run(mib: int = mib, name: str = name) -> dict[str, Any]:
+        client.stdin.write(f"{mib} {name}\n")
+        client.stdin.flush()
+        return _read_json(client)
+      result, trips = other.during(run)
+      ceilings[(mib, name)] = {**result, "trips": trips}
+    return ceilings
   finally:
     for p in procs:
       p.kill()
       p.wait()
-  rows = [json.loads(line) for line in out.stdout.splitlines()
-          if line.startswith("{")]
-  return {(r["mib"], r["spec"]): r for r in rows}
 
 
 def main() -> None:
@@ -200,7 +217,7 @@ def main() -> None:
   args = parser.parse_args()
   sizes = [int(s) for s in args.sizes.split(",")]
   if args.ceiling_client:
-    _ceiling_client(args.ceiling_client, sizes, args.repeats)
+    _ceiling_client(args.ceiling_client, args.repeats)
     return
   ceilings = _ceilings(sizes, args.repeats)
   sys.path.insert(0, os.path.dirname(__file__))
@@ -239,6 +256,9 @@ def _report(sizes: list[int], repeats: int, pathways: list, cpu: list,
          get_vs_ceiling=ratio(ours["get_s"], ceiling["get_s"]),
          other_client_median_ms=round(trips["median_ms"], 2),
          other_client_max_ms=round(trips["max_ms"], 2),
+         other_client_ceiling_median_ms=round(
+             ceiling["trips"]["median_ms"], 2),
+         other_client_ceiling_max_ms=round(ceiling["trips"]["max_ms"], 2),
          other_client_idle_median_ms=round(idle["median_ms"], 2),
          other_client_idle_max_ms=round(idle["max_ms"], 2))
     log(f"{mib} MiB {name}: put {ours['put_s']:.2f} s (plain "
@@ -246,7 +266,8 @@ def _report(sizes: list[int], repeats: int, pathways: list, cpu: list,
         f"{ours['get_s']:.2f} s (plain {plain['get_s']:.2f}, ceiling "
         f"{ceiling['get_s']:.2f}); another client's round trip meanwhile: "
         f"median {trips['median_ms']:.2f} ms, worst {trips['max_ms']:.2f} "
-        "ms")
+        f"ms (beside the ceiling's run: worst "
+        f"{ceiling['trips']['max_ms']:.2f} ms)")
 
 
 if __name__ == "__main__":
