@@ -92,8 +92,8 @@ def _ceiling_client(address: str, repeats: int) -> None:
                                  repeats)}), flush=True)
 
 
-# Another client: round trips until told to stop, then their median and
-# worst in ms (one JSON line per "stop").
+# Another client: round trips until told to stop, then their median, 99th
+# percentile and worst in ms (one JSON line per "stop").
 BYSTANDER = """
 import json, sys, threading, time
 import jax_pathways
@@ -116,6 +116,7 @@ for line in sys.stdin:
     trips.append((time.perf_counter() - t) * 1e3)
   trips.sort()
   print(json.dumps({"median_ms": trips[len(trips) // 2],
+                    "p99_ms": trips[len(trips) * 99 // 100],
                     "max_ms": trips[-1], "trips": len(trips)}), flush=True)
 """
 
@@ -131,7 +132,7 @@ class Bystander:
         [sys.executable, "-c", BYSTANDER, address, token], env=env,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/",
         start_new_session=True)
-    assert _read_json(self.proc) == {"ready": True}
+    assert read_json(self.proc) == {"ready": True}
 
   def during(self, run: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
     self.proc.stdin.write("start\n")
@@ -139,7 +140,7 @@ class Bystander:
     result = run()
     self.proc.stdin.write("stop\n")
     self.proc.stdin.flush()
-    return result, _read_json(self.proc)
+    return result, read_json(self.proc)
 
   def close(self) -> None:
     self.proc.kill()
@@ -164,7 +165,7 @@ def _simulated_cluster(procs: list[subprocess.Popen]) -> str:
   return f"grpc://{ready['address']}"
 
 
-def _read_json(proc: subprocess.Popen) -> dict[str, Any]:
+def read_json(proc: subprocess.Popen) -> dict[str, Any]:
   """The next JSON line `proc` prints (other lines are its logs)."""
   while True:
     line = proc.stdout.readline()
@@ -191,13 +192,13 @@ def _ceilings(sizes: list[int], repeats: int) -> dict[tuple[int, str], Any]:
          str(repeats)], env=env, stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, text=True, cwd="/", start_new_session=True)
     procs.append(client)
-    assert _read_json(client) == {"ready": True}
+    assert read_json(client) == {"ready": True}
     ceilings = {}
     for mib, name in _cases(sizes):
       def run(mib: int = mib, name: str = name) -> dict[str, Any]:
         client.stdin.write(f"{mib} {name}\n")
         client.stdin.flush()
-        return _read_json(client)
+        return read_json(client)
       result, trips = other.during(run)
       ceilings[(mib, name)] = {**result, "trips": trips}
     return ceilings

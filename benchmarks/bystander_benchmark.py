@@ -1,0 +1,124 @@
+"""Whose stall is another client's worst round trip during a big get?
+
+    python benchmarks/bystander_benchmark.py [--mib 512] [--gets 8]
+
+A CLI cluster (a controller and 2 workers of 4 CPU devices each, processes
+of their own). One client reads a fresh row-sharded array of `--mib` MiB
+back `--gets` times (`np.asarray`); meanwhile another client makes round
+trips of a jitted `x + 1` on island 1 without pause
+(big_transfer_benchmark.Bystander). Twice, in the same invocation: the
+reading client free to use every core, then confined to one core
+(`taskset -c 0`) while the controller, the workers and the other client
+keep all of them. If the other client's worst round trip falls when only
+the reader is confined, its stalls came from the reader's own load on the
+shared cores (jaxlib's threads receiving, the kernel zeroing fresh pages),
+not from the controller that carries the reader's bytes.
+Prints one JSON line per run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from big_transfer_benchmark import Bystander, read_json  # noqa: E402  pylint: disable=wrong-import-position
+
+# The reading client: the array made once, then a fresh copy per get.
+READER = """
+import json, sys, time
+import numpy as np
+import jax_pathways
+jax_pathways.initialize(sys.argv[1])
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+mib, gets = int(sys.argv[2]), int(sys.argv[3])
+sharding = NamedSharding(Mesh(np.array(jax.devices()), ("d",)),
+                         PartitionSpec("d", None))
+x = jax.device_put(np.arange((mib << 20) // 4, dtype=np.float32)
+                   .reshape(-1, 4096), sharding)
+fresh = jax.jit(lambda v: v + 0, out_shardings=sharding)
+np.asarray(fresh(x))
+print(json.dumps({"ready": True}), flush=True)
+sys.stdin.readline()
+times = []
+for _ in range(gets):
+  y = fresh(x)
+  y.block_until_ready()
+  start = time.perf_counter()
+  np.asarray(y)
+  times.append(time.perf_counter() - start)
+  del y
+print(json.dumps({"get_s": sorted(times)}), flush=True)
+"""
+
+
+def _cluster(env: dict[str, str], procs: list[subprocess.Popen]) -> str:
+  cli = [sys.executable, "-m", "jax_pathways.cli"]
+  controller = subprocess.Popen(
+      [*cli, "controller", "--islands", "2", "--listen", "127.0.0.1:0",
+       "--worker-listen", "127.0.0.1:0"], env=env, stdout=subprocess.PIPE,
+      text=True, start_new_session=True, cwd="/")
+  procs.append(controller)
+  ready = read_json(controller)
+  for _ in range(2):
+    procs.append(subprocess.Popen(
+        [*cli, "worker", "--controller", ready["worker_address"],
+         "--devices", "4"], env=env, stdout=subprocess.DEVNULL,
+        start_new_session=True, cwd="/"))
+  return f"grpc://{ready['address']}"
+
+
+def _run(address: str, env: dict[str, str], other: Bystander, mib: int,
+         gets: int, pin: list[str]) -> dict[str, Any]:
+  reader = subprocess.Popen(
+      [*pin, sys.executable, "-c", READER, address, str(mib), str(gets)],
+      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+      cwd="/", start_new_session=True)
+  try:
+    assert read_json(reader) == {"ready": True}
+
+    def read() -> dict[str, Any]:
+      reader.stdin.write("go\n")
+      reader.stdin.flush()
+      return read_json(reader)
+    result, trips = other.during(read)
+  finally:
+    reader.kill()
+    reader.wait()
+  times = result["get_s"]
+  return {"reader": " ".join(pin) or "every core", "mib": mib,
+          "get_median_s": round(times[len(times) // 2], 3),
+          "other_client_median_ms": round(trips["median_ms"], 2),
+          "other_client_p99_ms": round(trips["p99_ms"], 2),
+          "other_client_max_ms": round(trips["max_ms"], 2),
+          "trips": trips["trips"]}
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--mib", type=int, default=512)
+  parser.add_argument("--gets", type=int, default=8)
+  args = parser.parse_args()
+  env = dict(os.environ)
+  env.pop("JAX_PLATFORMS", None)
+  procs: list[subprocess.Popen] = []
+  try:
+    address = _cluster(env, procs)
+    other = Bystander(address, "")
+    procs.append(other.proc)
+    for pin in ([], ["taskset", "-c", "0"]):
+      print(json.dumps({"benchmark": "bystander",
+                        **_run(address, env, other, args.mib, args.gets,
+                               pin)}), flush=True)
+  finally:
+    for p in procs:
+      p.kill()
+      p.wait()
+
+
+if __name__ == "__main__":
+  main()
