@@ -9,10 +9,12 @@ trips of a jitted `x + 1` on island 1 without pause
 (big_transfer_benchmark.Bystander). Twice, in the same invocation: the
 reading client free to use every core, then confined to one core
 (`taskset -c 0`) while the controller, the workers and the other client
-keep all of them. If the other client's worst round trip falls when only
-the reader is confined, its stalls came from the reader's own load on the
-shared cores (jaxlib's threads receiving, the kernel zeroing fresh pages),
-not from the controller that carries the reader's bytes.
+keep all of them. Then, instead of a reader, a process with no JAX that
+fills fresh 64 MiB NumPy arrays on 4 threads for as long as the first
+reader took: what a load that never touches the controller costs the
+other client on these cores. Where the other client's tail beside a
+reader matches it, the stall is the machine's, not the controller's that
+carries the reader's bytes.
 Prints one JSON line per run.
 """
 from __future__ import annotations
@@ -22,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -53,6 +56,23 @@ for _ in range(gets):
   times.append(time.perf_counter() - start)
   del y
 print(json.dumps({"get_s": sorted(times)}), flush=True)
+"""
+
+# No JAX: fresh memory filled on 4 threads for argv[1] seconds.
+MEMORY_LOAD = """
+import sys, threading, time
+import numpy as np
+end = time.monotonic() + float(sys.argv[1])
+def fill():
+  while time.monotonic() < end:
+    a = np.empty((64 << 20) // 4, np.float32)
+    a[:] = 1
+    del a
+threads = [threading.Thread(target=fill) for _ in range(4)]
+for t in threads:
+  t.start()
+for t in threads:
+  t.join()
 """
 
 
@@ -92,7 +112,11 @@ def _run(address: str, env: dict[str, str], other: Bystander, mib: int,
   times = result["get_s"]
   return {"reader": " ".join(pin) or "every core", "mib": mib,
           "get_median_s": round(times[len(times) // 2], 3),
-          "other_client_median_ms": round(trips["median_ms"], 2),
+          **_trips(trips)}
+
+
+def _trips(trips: dict[str, float]) -> dict[str, float]:
+  return {"other_client_median_ms": round(trips["median_ms"], 2),
           "other_client_p99_ms": round(trips["p99_ms"], 2),
           "other_client_max_ms": round(trips["max_ms"], 2),
           "trips": trips["trips"]}
@@ -110,10 +134,19 @@ def main() -> None:
     address = _cluster(env, procs)
     other = Bystander(address, "")
     procs.append(other.proc)
+    start = time.perf_counter()
     for pin in ([], ["taskset", "-c", "0"]):
       print(json.dumps({"benchmark": "bystander",
                         **_run(address, env, other, args.mib, args.gets,
                                pin)}), flush=True)
+      if not pin:
+        seconds = time.perf_counter() - start
+    _, trips = other.during(lambda: subprocess.run(
+        [sys.executable, "-c", MEMORY_LOAD, str(seconds)], check=True))
+    print(json.dumps({"benchmark": "bystander",
+                      "reader": "none: NumPy filling fresh memory, 4 threads",
+                      "seconds": round(seconds, 1),
+                      **_trips(trips)}), flush=True)
   finally:
     for p in procs:
       p.kill()
