@@ -256,9 +256,11 @@ def _report(sizes: list[int], repeats: int, pathways: list, cpu: list,
          put_vs_ceiling=ratio(ours["put_s"], ceiling["put_s"]),
          get_vs_ceiling=ratio(ours["get_s"], ceiling["get_s"]),
          other_client_median_ms=round(trips["median_ms"], 2),
+         other_client_p99_ms=round(trips["p99_ms"], 2),
          other_client_max_ms=round(trips["max_ms"], 2),
          other_client_ceiling_median_ms=round(
              ceiling["trips"]["median_ms"], 2),
+         other_client_ceiling_p99_ms=round(ceiling["trips"]["p99_ms"], 2),
          other_client_ceiling_max_ms=round(ceiling["trips"]["max_ms"], 2),
          other_client_idle_median_ms=round(idle["median_ms"], 2),
          other_client_idle_max_ms=round(idle["max_ms"], 2))
