@@ -147,8 +147,11 @@ class Bystander:
     self.proc.wait()
 
 
-def _simulated_cluster(procs: list[subprocess.Popen]) -> str:
-  """A CLI controller with ISLANDS simulated islands; its client address."""
+def cli_cluster(procs: list[subprocess.Popen], workers: list[list[str]]
+                ) -> str:
+  """A CLI controller of ISLANDS islands and one `jax-pathways worker`
+  process per entry of `workers` (its extra flags), all added to `procs`;
+  the controller's client address."""
   env = dict(os.environ)
   env.pop("JAX_PLATFORMS", None)
   cli = [sys.executable, "-m", "jax_pathways.cli"]
@@ -157,11 +160,12 @@ def _simulated_cluster(procs: list[subprocess.Popen]) -> str:
        "127.0.0.1:0", "--worker-listen", "127.0.0.1:0"], env=env,
       stdout=subprocess.PIPE, text=True, start_new_session=True, cwd="/")
   procs.append(controller)
-  ready = json.loads(controller.stdout.readline())
-  procs.append(subprocess.Popen(
-      [*cli, "worker", "--controller", ready["worker_address"], "--simulate",
-       str(ISLANDS), "--devices", str(DEVICES)], env=env,
-      stdout=subprocess.DEVNULL, start_new_session=True, cwd="/"))
+  ready = read_json(controller)
+  for flags in workers:
+    procs.append(subprocess.Popen(
+        [*cli, "worker", "--controller", ready["worker_address"], "--devices",
+         str(DEVICES), *flags], env=env, stdout=subprocess.DEVNULL,
+        start_new_session=True, cwd="/"))
   return f"grpc://{ready['address']}"
 
 
@@ -179,7 +183,7 @@ def _ceilings(sizes: list[int], repeats: int) -> dict[tuple[int, str], Any]:
   """Each case's ceiling, with another client's round trips during it."""
   procs: list[subprocess.Popen] = []
   try:
-    address = _simulated_cluster(procs)
+    address = cli_cluster(procs, [["--simulate", str(ISLANDS)]])
     env = dict(os.environ)
     env.pop("JAX_PLATFORMS", None)
     # Another client makes round trips here too, as beside the pathways

@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from big_transfer_benchmark import Bystander, read_json  # noqa: E402  pylint: disable=wrong-import-position
+from big_transfer_benchmark import ISLANDS, Bystander, cli_cluster, read_json  # noqa: E402  pylint: disable=wrong-import-position
 
 # The reading client: the array made once, then a fresh copy per get.
 READER = """
@@ -76,22 +76,6 @@ for t in threads:
 """
 
 
-def _cluster(env: dict[str, str], procs: list[subprocess.Popen]) -> str:
-  cli = [sys.executable, "-m", "jax_pathways.cli"]
-  controller = subprocess.Popen(
-      [*cli, "controller", "--islands", "2", "--listen", "127.0.0.1:0",
-       "--worker-listen", "127.0.0.1:0"], env=env, stdout=subprocess.PIPE,
-      text=True, start_new_session=True, cwd="/")
-  procs.append(controller)
-  ready = read_json(controller)
-  for _ in range(2):
-    procs.append(subprocess.Popen(
-        [*cli, "worker", "--controller", ready["worker_address"],
-         "--devices", "4"], env=env, stdout=subprocess.DEVNULL,
-        start_new_session=True, cwd="/"))
-  return f"grpc://{ready['address']}"
-
-
 def _run(address: str, env: dict[str, str], other: Bystander, mib: int,
          gets: int, pin: list[str]) -> dict[str, Any]:
   reader = subprocess.Popen(
@@ -131,16 +115,16 @@ def main() -> None:
   env.pop("JAX_PLATFORMS", None)
   procs: list[subprocess.Popen] = []
   try:
-    address = _cluster(env, procs)
+    address = cli_cluster(procs, [[]] * ISLANDS)
     other = Bystander(address, "")
     procs.append(other.proc)
     start = time.perf_counter()
-    for pin in ([], ["taskset", "-c", "0"]):
-      print(json.dumps({"benchmark": "bystander",
-                        **_run(address, env, other, args.mib, args.gets,
-                               pin)}), flush=True)
-      if not pin:
-        seconds = time.perf_counter() - start
+    free = _run(address, env, other, args.mib, args.gets, [])
+    seconds = time.perf_counter() - start
+    pinned = _run(address, env, other, args.mib, args.gets,
+                  ["taskset", "-c", "0"])
+    for row in (free, pinned):
+      print(json.dumps({"benchmark": "bystander", **row}), flush=True)
     _, trips = other.during(lambda: subprocess.run(
         [sys.executable, "-c", MEMORY_LOAD, str(seconds)], check=True))
     print(json.dumps({"benchmark": "bystander",
