@@ -1,12 +1,14 @@
 """Big transfers: `jax.device_put` and `np.asarray` of 64 MiB to 2 GiB.
 
     python benchmarks/big_transfer_benchmark.py [--sizes 64,512,2048]
-        [--repeats 3]
+        [--repeats 5]
 
 A float32 array of each size (MiB), sharded over 2 islands x 4 devices by
 rows `P("d", None)`, by columns `P(None, "d")`, and replicated `P()`: put
-(waited for) and read back whole (a fresh array each time), after one
-round not counted. Three runs of each case, in the same invocation:
+(waited for) and read back whole (a fresh array each time). Three runs of
+each case, their rounds interleaved (plain, pathways, ceiling, plain, ...)
+so that all three see the machine in the same state, after one round of
+each that is not counted:
   plain    in-process JAX on 8 CPU devices;
   pathways the embedded cluster (client -> controller -> workers);
   ceiling  JAX's proxy client against a controller whose islands are
@@ -14,19 +16,20 @@ round not counted. Three runs of each case, in the same invocation:
            uploads and answer fetches with zeros, so what is left is what
            the proxy client and the controller's host-buffer path carry,
            no device work (a process of its own: one process has one
-           proxy backend), another client making round trips there too.
-Beside each case's pathways and ceiling runs, another client of the same
-cluster (a process of its own) makes round trips of a jitted `x + 1` on
-island 1 without pause: its median and worst round trip during each case,
-against those it had with the cluster idle and those it had beside the
-ceiling's run of the case (the transferring client's own load on the
-shared cores, with nothing behind the controller), say whether the
-controller stays responsive to others while the bytes go by.
+           proxy backend).
+During each pathways round another client of the embedded cluster (a
+process of its own) makes round trips of a jitted `x + 1` on island 1
+without pause, and during each ceiling round another client of the
+ceiling's cluster does: its median, 99th percentile and worst round trip
+over a case's rounds, against those it had with the cluster idle and
+those beside the ceiling (the transferring client's own load on the shared
+cores, with nothing behind the controller), say whether the controller
+stays responsive to others while the bytes go by.
 Prints one JSON line per case with median seconds and the ratios
 pathways/plain and pathways/ceiling (issue 52: within 2x of the
 ceiling); a get's plain time is a view of a CPU buffer (no copy) when the
-array is replicated, so no get ratio to it is printed then. Replicated cases above
-REPLICATED_MAX_MIB are left out (8 copies per run).
+array is replicated, so no get ratio to it is printed then. Replicated
+cases above REPLICATED_MAX_MIB are left out (8 copies per run).
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ ISLANDS, DEVICES = 2, 4
 # A replicated array is held 8 times by each run (16 GiB at 2 GiB, past the
 # test machine's 23): larger replicated cases are left out.
 REPLICATED_MAX_MIB = 512
+RUNS = ("plain", "pathways", "ceiling")
 
 
 def _cases(sizes: list[int]) -> list[tuple[int, str]]:
@@ -52,48 +56,52 @@ def _cases(sizes: list[int]) -> list[tuple[int, str]]:
           if name != "replicated" or mib <= REPLICATED_MAX_MIB]
 
 
-def _measure(devices: list, mib: int, spec: tuple, repeats: int
-             ) -> dict[str, float]:
-  """Median seconds of a put and of a get of a `mib` MiB array."""
-  import jax  # pylint: disable=import-outside-toplevel
+def _data(mib: int) -> Any:
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  return np.arange((mib << 20) // 4, dtype=np.float32).reshape(-1, COLS)
+
+
+def _sharding(devices: list, name: str) -> Any:
   import numpy as np  # pylint: disable=import-outside-toplevel
   from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=import-outside-toplevel
-  data = np.arange((mib << 20) // 4, dtype=np.float32).reshape(-1, COLS)
-  sharding = NamedSharding(Mesh(np.array(devices), ("d",)),
-                           PartitionSpec(*spec))
-  puts, gets = [], []
-  # One round first, not counted: each process's first transfers of a
-  # size grow its allocators' pools and fault their pages in (2-6x slower
-  # here, in all three runs alike), which a job pays once, not per step.
-  for _ in range(repeats + 1):
-    start = time.perf_counter()
-    x = jax.device_put(data, sharding)
-    x.block_until_ready()
-    puts.append(time.perf_counter() - start)
-    start = time.perf_counter()
-    back = np.asarray(x)
-    gets.append(time.perf_counter() - start)
-    del x, back
-  return {"put_s": statistics.median(puts[1:]),
-          "get_s": statistics.median(gets[1:])}
+  return NamedSharding(Mesh(np.array(devices), ("d",)),
+                       PartitionSpec(*SPECS[name]))
 
 
-def _ceiling_client(address: str, repeats: int) -> None:
-  """The ceiling's process: measures each case named on stdin ("MIB
+def _round(data: Any, sharding: Any) -> dict[str, float]:
+  """Seconds of one put of `data` and one get of it back."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  start = time.perf_counter()
+  x = jax.device_put(data, sharding)
+  x.block_until_ready()
+  put = time.perf_counter() - start
+  start = time.perf_counter()
+  back = np.asarray(x)
+  get = time.perf_counter() - start
+  del x, back
+  return {"put_s": put, "get_s": get}
+
+
+def _ceiling_client(address: str) -> None:
+  """The ceiling's process: one round of each case named on stdin ("MIB
   SPEC"), one JSON line each, after a ready line."""
   import jax_pathways  # pylint: disable=import-outside-toplevel
   jax_pathways.initialize(address)
   import jax  # pylint: disable=import-outside-toplevel
   print(json.dumps({"ready": True}), flush=True)
+  case, data = None, None
   for line in sys.stdin:
     mib, name = line.split()
-    print(json.dumps({"mib": int(mib), "spec": name,
-                      **_measure(jax.devices(), int(mib), SPECS[name],
-                                 repeats)}), flush=True)
+    if case != (mib, name):
+      data = None  # one case's array at a time
+      case, data = (mib, name), _data(int(mib))
+    print(json.dumps(_round(data, _sharding(jax.devices(), name))),
+          flush=True)
 
 
-# Another client: round trips until told to stop, then their median, 99th
-# percentile and worst in ms (one JSON line per "stop").
+# Another client: round trips until told to stop, then all of them in ms,
+# sorted (one JSON line per "stop").
 BYSTANDER = """
 import json, sys, threading, time
 import jax_pathways
@@ -113,17 +121,23 @@ for line in sys.stdin:
   while not stop.is_set():
     t = time.perf_counter()
     np.asarray(step(x))
-    trips.append((time.perf_counter() - t) * 1e3)
-  trips.sort()
-  print(json.dumps({"median_ms": trips[len(trips) // 2],
-                    "p99_ms": trips[len(trips) * 99 // 100],
-                    "max_ms": trips[-1], "trips": len(trips)}), flush=True)
+    trips.append(round((time.perf_counter() - t) * 1e3, 3))
+  print(json.dumps({"trips_ms": sorted(trips)}), flush=True)
 """
+
+
+def trip_stats(trips: list[float]) -> dict[str, float]:
+  """Median, 99th percentile and worst of round trips (ms), and their
+  count."""
+  trips = sorted(trips)
+  return {"median_ms": trips[len(trips) // 2],
+          "p99_ms": trips[len(trips) * 99 // 100], "max_ms": trips[-1],
+          "trips": len(trips)}
 
 
 class Bystander:
   """The other client: `during(run)` runs `run` while it makes round
-  trips, and returns what they took."""
+  trips, and returns what they took (ms each)."""
 
   def __init__(self, address: str, token: str):
     env = dict(os.environ)
@@ -134,17 +148,13 @@ class Bystander:
         start_new_session=True)
     assert read_json(self.proc) == {"ready": True}
 
-  def during(self, run: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
+  def during(self, run: Callable[[], Any]) -> tuple[Any, list[float]]:
     self.proc.stdin.write("start\n")
     self.proc.stdin.flush()
     result = run()
     self.proc.stdin.write("stop\n")
     self.proc.stdin.flush()
-    return result, read_json(self.proc)
-
-  def close(self) -> None:
-    self.proc.kill()
-    self.proc.wait()
+    return result, read_json(self.proc)["trips_ms"]
 
 
 def cli_cluster(procs: list[subprocess.Popen], workers: list[list[str]]
@@ -179,102 +189,121 @@ def read_json(proc: subprocess.Popen) -> dict[str, Any]:
       return json.loads(line)
 
 
-def _ceilings(sizes: list[int], repeats: int) -> dict[tuple[int, str], Any]:
-  """Each case's ceiling, with another client's round trips during it."""
-  procs: list[subprocess.Popen] = []
-  try:
+class Ceiling:
+  """The ceiling's cluster (simulated islands), its client (a process of
+  its own) and another client of it; every process goes into `procs`."""
+
+  def __init__(self, procs: list[subprocess.Popen]):
     address = cli_cluster(procs, [["--simulate", str(ISLANDS)]])
     env = dict(os.environ)
     env.pop("JAX_PLATFORMS", None)
     # Another client makes round trips here too, as beside the pathways
-    # runs: what it sees here is what the transferring client's own load
+    # rounds: what it sees here is what the transferring client's own load
     # costs it on these cores, with no device work behind the controller.
-    other = Bystander(address, "")
-    procs.append(other.proc)
-    client = subprocess.Popen(
-        [sys.executable, __file__, "--ceiling-client", address, "--repeats",
-         str(repeats)], env=env, stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, text=True, cwd="/", start_new_session=True)
-    procs.append(client)
-    assert read_json(client) == {"ready": True}
-    ceilings = {}
-    for mib, name in _cases(sizes):
-      def run(mib: int = mib, name: str = name) -> dict[str, Any]:
-        client.stdin.write(f"{mib} {name}\n")
-        client.stdin.flush()
-        return read_json(client)
-      result, trips = other.during(run)
-      ceilings[(mib, name)] = {**result, "trips": trips}
-    return ceilings
-  finally:
-    for p in procs:
-      p.kill()
-      p.wait()
+    self.other = Bystander(address, "")
+    procs.append(self.other.proc)
+    self.client = subprocess.Popen(
+        [sys.executable, __file__, "--ceiling-client", address], env=env,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/",
+        start_new_session=True)
+    procs.append(self.client)
+    assert read_json(self.client) == {"ready": True}
+
+  def round(self, mib: int, name: str
+            ) -> tuple[dict[str, float], list[float]]:
+    def run() -> dict[str, Any]:
+      self.client.stdin.write(f"{mib} {name}\n")
+      self.client.stdin.flush()
+      return read_json(self.client)
+    return self.other.during(run)
 
 
 def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument("--sizes", default="64,512,2048",
                       help="MiB, comma-separated")
-  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--ceiling-client", default=None,
                       help=argparse.SUPPRESS)
   args = parser.parse_args()
-  sizes = [int(s) for s in args.sizes.split(",")]
   if args.ceiling_client:
-    _ceiling_client(args.ceiling_client, args.repeats)
+    _ceiling_client(args.ceiling_client)
     return
-  ceilings = _ceilings(sizes, args.repeats)
   sys.path.insert(0, os.path.dirname(__file__))
   from harness import log, setup  # pylint: disable=import-outside-toplevel
-  pathways, cpu = setup(islands=ISLANDS, devices_per_island=DEVICES)
-  import jax_pathways  # pylint: disable=import-outside-toplevel
-  cluster = jax_pathways.local_cluster()
-  other = Bystander(cluster.address, cluster.token)
+  procs: list[subprocess.Popen] = []
   try:
+    ceiling = Ceiling(procs)
+    pathways, cpu = setup(islands=ISLANDS, devices_per_island=DEVICES)
+    import jax_pathways  # pylint: disable=import-outside-toplevel
+    cluster = jax_pathways.local_cluster()
+    other = Bystander(cluster.address, cluster.token)
+    procs.append(other.proc)
     _, idle = other.during(lambda: time.sleep(2))
+    idle_stats = trip_stats(idle)
     log(f"another client's round trip, the cluster idle: median "
-        f"{idle['median_ms']:.2f} ms, worst {idle['max_ms']:.2f} ms")
-    _report(sizes, args.repeats, pathways, cpu, ceilings, other, idle)
+        f"{idle_stats['median_ms']:.2f} ms, worst "
+        f"{idle_stats['max_ms']:.2f} ms")
+    for mib, name in _cases([int(s) for s in args.sizes.split(",")]):
+      _case(mib, name, args.repeats, {"plain": cpu, "pathways": pathways},
+            ceiling, other, idle_stats)
   finally:
-    other.close()
+    for p in procs:
+      p.kill()
+      p.wait()
 
 
-def _report(sizes: list[int], repeats: int, pathways: list, cpu: list,
-            ceilings: dict[tuple[int, str], Any], other: Bystander,
-            idle: dict[str, float]) -> None:
+def _case(mib: int, name: str, repeats: int, devices: dict[str, list],
+          ceiling: Ceiling, other: Bystander,
+          idle: dict[str, float]) -> None:
+  """One case's rounds, interleaved, and its line."""
   from harness import emit, log  # pylint: disable=import-outside-toplevel
+  data = _data(mib)
+  shardings = {run: _sharding(d, name) for run, d in devices.items()}
+  times: dict[str, list[dict[str, float]]] = {run: [] for run in RUNS}
+  trips: dict[str, list[float]] = {"pathways": [], "ceiling": []}
+  # The first round of each is not counted: each process's first transfers
+  # of a size grow its allocators' pools and fault their pages in (2-6x
+  # slower here), which a job pays once, not per step.
+  for counted in [False] + [True] * repeats:
+    rounds = {"plain": (_round(data, shardings["plain"]), None),
+              "pathways": other.during(
+                  lambda: _round(data, shardings["pathways"])),
+              "ceiling": ceiling.round(mib, name)}
+    if counted:
+      for run, (result, run_trips) in rounds.items():
+        times[run].append(result)
+        if run_trips is not None:
+          trips[run] += run_trips
+  med = {run: {k: statistics.median(r[k] for r in times[run])
+               for k in ("put_s", "get_s")} for run in RUNS}
+  ours, plain, ceil = med["pathways"], med["plain"], med["ceiling"]
+  stats = {run: trip_stats(t) for run, t in trips.items()}
   ratio: Callable[[float, float], float] = lambda a, b: round(a / b, 2)
-  for mib, name in _cases(sizes):
-    plain = _measure(cpu, mib, SPECS[name], repeats)
-    ours, trips = other.during(
-        lambda: _measure(pathways, mib, SPECS[name], repeats))
-    ceiling = ceilings[(mib, name)]
-    emit("big_transfer", f"{mib}MiB/{name}",
-         **{f"{k}_{run}": round(v[k], 3) for run, v in
-            (("plain", plain), ("pathways", ours), ("ceiling", ceiling))
-            for k in ("put_s", "get_s")},
-         put_vs_plain=ratio(ours["put_s"], plain["put_s"]),
-         **({} if name == "replicated" else
-            {"get_vs_plain": ratio(ours["get_s"], plain["get_s"])}),
-         put_vs_ceiling=ratio(ours["put_s"], ceiling["put_s"]),
-         get_vs_ceiling=ratio(ours["get_s"], ceiling["get_s"]),
-         other_client_median_ms=round(trips["median_ms"], 2),
-         other_client_p99_ms=round(trips["p99_ms"], 2),
-         other_client_max_ms=round(trips["max_ms"], 2),
-         other_client_ceiling_median_ms=round(
-             ceiling["trips"]["median_ms"], 2),
-         other_client_ceiling_p99_ms=round(ceiling["trips"]["p99_ms"], 2),
-         other_client_ceiling_max_ms=round(ceiling["trips"]["max_ms"], 2),
-         other_client_idle_median_ms=round(idle["median_ms"], 2),
-         other_client_idle_max_ms=round(idle["max_ms"], 2))
-    log(f"{mib} MiB {name}: put {ours['put_s']:.2f} s (plain "
-        f"{plain['put_s']:.2f}, ceiling {ceiling['put_s']:.2f}), get "
-        f"{ours['get_s']:.2f} s (plain {plain['get_s']:.2f}, ceiling "
-        f"{ceiling['get_s']:.2f}); another client's round trip meanwhile: "
-        f"median {trips['median_ms']:.2f} ms, worst {trips['max_ms']:.2f} "
-        f"ms (beside the ceiling's run: worst "
-        f"{ceiling['trips']['max_ms']:.2f} ms)")
+  emit("big_transfer", f"{mib}MiB/{name}",
+       **{f"{k}_{run}": round(med[run][k], 3) for run in RUNS
+          for k in ("put_s", "get_s")},
+       put_vs_plain=ratio(ours["put_s"], plain["put_s"]),
+       **({} if name == "replicated" else
+          {"get_vs_plain": ratio(ours["get_s"], plain["get_s"])}),
+       put_vs_ceiling=ratio(ours["put_s"], ceil["put_s"]),
+       get_vs_ceiling=ratio(ours["get_s"], ceil["get_s"]),
+       get_s_pathways_range=[round(f(r["get_s"] for r in times["pathways"]),
+                                   3) for f in (min, max)],
+       get_s_ceiling_range=[round(f(r["get_s"] for r in times["ceiling"]),
+                                  3) for f in (min, max)],
+       **{f"other_client{'' if run == 'pathways' else '_' + run}_{k}_ms":
+          round(stats[run][f"{k}_ms"], 2) for run in stats
+          for k in ("median", "p99", "max")},
+       other_client_idle_median_ms=round(idle["median_ms"], 2),
+       other_client_idle_max_ms=round(idle["max_ms"], 2))
+  log(f"{mib} MiB {name}: put {ours['put_s']:.2f} s (plain "
+      f"{plain['put_s']:.2f}, ceiling {ceil['put_s']:.2f}), get "
+      f"{ours['get_s']:.2f} s (plain {plain['get_s']:.2f}, ceiling "
+      f"{ceil['get_s']:.2f}); another client's round trip meanwhile: "
+      f"median {stats['pathways']['median_ms']:.2f} ms, worst "
+      f"{stats['pathways']['max_ms']:.2f} ms (beside the ceiling's: worst "
+      f"{stats['ceiling']['max_ms']:.2f} ms)")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from big_transfer_benchmark import ISLANDS, Bystander, cli_cluster, read_json  # noqa: E402  pylint: disable=wrong-import-position
+from big_transfer_benchmark import ISLANDS, Bystander, cli_cluster, read_json, trip_stats  # noqa: E402  pylint: disable=wrong-import-position
 
 # The reading client: the array made once, then a fresh copy per get.
 READER = """
@@ -99,11 +99,12 @@ def _run(address: str, env: dict[str, str], other: Bystander, mib: int,
           **_trips(trips)}
 
 
-def _trips(trips: dict[str, float]) -> dict[str, float]:
-  return {"other_client_median_ms": round(trips["median_ms"], 2),
-          "other_client_p99_ms": round(trips["p99_ms"], 2),
-          "other_client_max_ms": round(trips["max_ms"], 2),
-          "trips": trips["trips"]}
+def _trips(trips: list[float]) -> dict[str, float]:
+  stats = trip_stats(trips)
+  return {"other_client_median_ms": round(stats["median_ms"], 2),
+          "other_client_p99_ms": round(stats["p99_ms"], 2),
+          "other_client_max_ms": round(stats["max_ms"], 2),
+          "trips": stats["trips"]}
 
 
 def main() -> None:
