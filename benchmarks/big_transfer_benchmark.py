@@ -10,21 +10,21 @@ each case, their rounds interleaved (plain, pathways, ceiling, plain, ...)
 so that all three see the machine in the same state, after one round of
 each that is not counted:
   plain    in-process JAX on 8 CPU devices;
-  pathways the embedded cluster (client -> controller -> workers);
-  ceiling  JAX's proxy client against a controller whose islands are
-           simulated (`jax-pathways worker --simulate`): they discard
-           uploads and answer fetches with zeros, so what is left is what
-           the proxy client and the controller's host-buffer path carry,
-           no device work (a process of its own: one process has one
-           proxy backend).
-During each pathways round another client of the embedded cluster (a
-process of its own) makes round trips of a jitted `x + 1` on island 1
-without pause, and during each ceiling round another client of the
-ceiling's cluster does: its median, 99th percentile and worst round trip
-over a case's rounds, against those it had with the cluster idle and
-those beside the ceiling (the transferring client's own load on the shared
-cores, with nothing behind the controller), say whether the controller
-stays responsive to others while the bytes go by.
+  pathways a CLI cluster: a controller and a worker process per island
+           (`jax-pathways controller` / `worker`);
+  ceiling  the same, but its islands simulated (`jax-pathways worker
+           --simulate`): they discard uploads and answer fetches with
+           zeros, so what is left is what JAX's proxy client and the
+           controller's host-buffer path carry, no device work.
+The pathways and ceiling clients are the same code in processes of their
+own (one process has one proxy backend), so that they differ only in what
+is behind their controller. During each of their rounds another client of
+the same cluster (a process of its own) makes round trips of a jitted
+`x + 1` on island 1 without pause: its median, 99th percentile and worst
+round trip over a case's rounds, against those it had with the cluster
+idle and those beside the ceiling (the transferring client's own load on
+the shared cores, with nothing behind the controller), say whether the
+controller stays responsive to others while the bytes go by.
 Prints one JSON line per case with median seconds and the ratios
 pathways/plain and pathways/ceiling (issue 52: within 2x of the
 ceiling); a get's plain time is a view of a CPU buffer (no copy) when the
@@ -69,13 +69,17 @@ def _sharding(devices: list, name: str) -> Any:
 
 
 def _round(data: Any, sharding: Any) -> dict[str, float]:
-  """Seconds of one put of `data` and one get of it back."""
+  """Seconds of one put of `data` and one get of it back; `data` may be a
+  one-element list holding it, which the put empties (its memory is free
+  during the get)."""
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   start = time.perf_counter()
-  x = jax.device_put(data, sharding)
+  x = jax.device_put(data[0] if isinstance(data, list) else data, sharding)
   x.block_until_ready()
   put = time.perf_counter() - start
+  if isinstance(data, list):
+    data.clear()
   start = time.perf_counter()
   back = np.asarray(x)
   get = time.perf_counter() - start
@@ -83,21 +87,19 @@ def _round(data: Any, sharding: Any) -> dict[str, float]:
   return {"put_s": put, "get_s": get}
 
 
-def _ceiling_client(address: str) -> None:
-  """The ceiling's process: one round of each case named on stdin ("MIB
-  SPEC"), one JSON line each, after a ready line."""
+def _client(address: str) -> None:
+  """A pathways or ceiling client's process: one round of each case named
+  on stdin ("MIB SPEC"), one JSON line each, after a ready line. Its array
+  is made afresh each round and dropped once put: the machine's memory
+  holds the plain run's array too."""
   import jax_pathways  # pylint: disable=import-outside-toplevel
   jax_pathways.initialize(address)
   import jax  # pylint: disable=import-outside-toplevel
   print(json.dumps({"ready": True}), flush=True)
-  case, data = None, None
   for line in sys.stdin:
     mib, name = line.split()
-    if case != (mib, name):
-      data = None  # one case's array at a time
-      case, data = (mib, name), _data(int(mib))
-    print(json.dumps(_round(data, _sharding(jax.devices(), name))),
-          flush=True)
+    print(json.dumps(_round([_data(int(mib))],
+                            _sharding(jax.devices(), name))), flush=True)
 
 
 # Another client: round trips until told to stop, then all of them in ms,
@@ -189,21 +191,19 @@ def read_json(proc: subprocess.Popen) -> dict[str, Any]:
       return json.loads(line)
 
 
-class Ceiling:
-  """The ceiling's cluster (simulated islands), its client (a process of
-  its own) and another client of it; every process goes into `procs`."""
+class Client:
+  """A CLI cluster (`workers`: cli_cluster's), a transferring client of it
+  and another client making round trips there (processes of their own,
+  every one added to `procs`)."""
 
-  def __init__(self, procs: list[subprocess.Popen]):
-    address = cli_cluster(procs, [["--simulate", str(ISLANDS)]])
+  def __init__(self, procs: list[subprocess.Popen], workers: list[list[str]]):
+    address = cli_cluster(procs, workers)
     env = dict(os.environ)
     env.pop("JAX_PLATFORMS", None)
-    # Another client makes round trips here too, as beside the pathways
-    # rounds: what it sees here is what the transferring client's own load
-    # costs it on these cores, with no device work behind the controller.
     self.other = Bystander(address, "")
     procs.append(self.other.proc)
     self.client = subprocess.Popen(
-        [sys.executable, __file__, "--ceiling-client", address], env=env,
+        [sys.executable, __file__, "--client", address], env=env,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/",
         start_new_session=True)
     procs.append(self.client)
@@ -223,53 +223,49 @@ def main() -> None:
   parser.add_argument("--sizes", default="64,512,2048",
                       help="MiB, comma-separated")
   parser.add_argument("--repeats", type=int, default=5)
-  parser.add_argument("--ceiling-client", default=None,
-                      help=argparse.SUPPRESS)
+  parser.add_argument("--client", default=None, help=argparse.SUPPRESS)
   args = parser.parse_args()
-  if args.ceiling_client:
-    _ceiling_client(args.ceiling_client)
+  if args.client:
+    _client(args.client)
     return
   sys.path.insert(0, os.path.dirname(__file__))
-  from harness import log, setup  # pylint: disable=import-outside-toplevel
+  from harness import CONTEXT, log  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  jax.config.update("jax_platforms", "cpu")  # the plain run's, only
+  jax.config.update("jax_num_cpu_devices", ISLANDS * DEVICES)
+  CONTEXT.update(devices=ISLANDS * DEVICES, platform="cpu")
   procs: list[subprocess.Popen] = []
   try:
-    ceiling = Ceiling(procs)
-    pathways, cpu = setup(islands=ISLANDS, devices_per_island=DEVICES)
-    import jax_pathways  # pylint: disable=import-outside-toplevel
-    cluster = jax_pathways.local_cluster()
-    other = Bystander(cluster.address, cluster.token)
-    procs.append(other.proc)
-    _, idle = other.during(lambda: time.sleep(2))
+    clients = {"pathways": Client(procs, [[]] * ISLANDS),
+               "ceiling": Client(procs, [["--simulate", str(ISLANDS)]])}
+    _, idle = clients["pathways"].other.during(lambda: time.sleep(2))
     idle_stats = trip_stats(idle)
     log(f"another client's round trip, the cluster idle: median "
         f"{idle_stats['median_ms']:.2f} ms, worst "
         f"{idle_stats['max_ms']:.2f} ms")
     for mib, name in _cases([int(s) for s in args.sizes.split(",")]):
-      _case(mib, name, args.repeats, {"plain": cpu, "pathways": pathways},
-            ceiling, other, idle_stats)
+      _case(mib, name, args.repeats, clients, idle_stats)
   finally:
     for p in procs:
       p.kill()
       p.wait()
 
 
-def _case(mib: int, name: str, repeats: int, devices: dict[str, list],
-          ceiling: Ceiling, other: Bystander,
+def _case(mib: int, name: str, repeats: int, clients: dict[str, Client],
           idle: dict[str, float]) -> None:
   """One case's rounds, interleaved, and its line."""
+  import jax  # pylint: disable=import-outside-toplevel
   from harness import emit, log  # pylint: disable=import-outside-toplevel
   data = _data(mib)
-  shardings = {run: _sharding(d, name) for run, d in devices.items()}
+  plain_sharding = _sharding(jax.devices(), name)
   times: dict[str, list[dict[str, float]]] = {run: [] for run in RUNS}
   trips: dict[str, list[float]] = {"pathways": [], "ceiling": []}
   # The first round of each is not counted: each process's first transfers
   # of a size grow its allocators' pools and fault their pages in (2-6x
   # slower here), which a job pays once, not per step.
   for counted in [False] + [True] * repeats:
-    rounds = {"plain": (_round(data, shardings["plain"]), None),
-              "pathways": other.during(
-                  lambda: _round(data, shardings["pathways"])),
-              "ceiling": ceiling.round(mib, name)}
+    rounds = {"plain": (_round(data, plain_sharding), None),
+              **{run: c.round(mib, name) for run, c in clients.items()}}
     if counted:
       for run, (result, run_trips) in rounds.items():
         times[run].append(result)
