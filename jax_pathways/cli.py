@@ -281,6 +281,9 @@ def _add_ray(r: argparse.ArgumentParser) -> None:
                      "limit; default %(default)s)")
   start.add_argument("--worker-timeout", type=float, default=None,
                      help="the controller's --worker-timeout")
+  start.add_argument("--max-program-seconds", type=float, default=None,
+                     help="the controller's --max-program-seconds (default "
+                     f"${config.MAX_PROGRAM_SECONDS} or none)")
   start.add_argument("--storage-root", default=None,
                      help="the workers' storage root: a directory every "
                      "node mounts at the same path (a shared volume), or "
@@ -302,6 +305,16 @@ def _check_worker_timeout(parser: argparse.ArgumentParser,
                  "(workers send a heartbeat every second)")
 
 
+def _max_program_seconds(parser: argparse.ArgumentParser,
+                         args: argparse.Namespace,
+                         cfg: config.Config) -> float | None:
+  """--max-program-seconds, checked, else the environment's."""
+  seconds = args.max_program_seconds
+  if seconds is not None and not seconds > 0:
+    parser.error(f"--max-program-seconds={seconds} must be > 0")
+  return seconds or cfg.max_program_seconds
+
+
 def _ray(parser: argparse.ArgumentParser, args: argparse.Namespace,
          cfg: config.Config) -> int:
   try:
@@ -319,6 +332,7 @@ def _ray(parser: argparse.ArgumentParser, args: argparse.Namespace,
           "worker actors, and its placement group)")
     return 0
   _check_worker_timeout(parser, args.worker_timeout)
+  max_program_s = _max_program_seconds(parser, args, cfg)
   resources = {"CPU": args.cpus, "GPU": args.gpus}
   for item in args.resource:
     key, _, amount = item.partition("=")
@@ -334,7 +348,8 @@ def _ray(parser: argparse.ArgumentParser, args: argparse.Namespace,
         {k: v for k, v in resources.items() if v}, name=args.name,
         controller_resources={"CPU": args.controller_cpus}, port=args.port,
         token=token, max_restarts=args.max_restarts,
-        worker_timeout_s=args.worker_timeout, ray_address=args.ray_address,
+        worker_timeout_s=args.worker_timeout, max_program_s=max_program_s,
+        ray_address=args.ray_address,
         timeout_s=cfg.start_timeout, side_by_side=args.side_by_side,
         storage_root=args.storage_root or cfg.storage_root,
         colocated_python=args.colocated_python)
@@ -407,6 +422,9 @@ def _add_k8s(k: argparse.ArgumentParser) -> None:
                  help="let clients run colocated_python functions on the "
                  "workers' pods (their code, as the pods' user; "
                  "docs/colocated_python.md)")
+  k.add_argument("--max-program-seconds", type=float, default=None,
+                 help="the controller's --max-program-seconds: seconds a "
+                 "program may hold its island (default: none)")
   k.add_argument("--worker-restarts", type=int,
                  default=default["worker_restarts"],
                  help="restarts of one island's worker before the whole "
@@ -473,18 +491,14 @@ def _main(argv: Sequence[str] | None) -> int:
     _check_worker_timeout(parser, args.worker_timeout)
     worker_timeout = (args.worker_timeout if args.worker_timeout is not None
                       else cfg.worker_timeout)
-    if args.max_program_seconds is not None and not args.max_program_seconds > 0:
-      parser.error(f"--max-program-seconds={args.max_program_seconds} must "
-                   "be > 0")
+    max_program_s = _max_program_seconds(parser, args, cfg)
     token = controller_main.token(cfg, args.insecure, args.listen,
                                   args.worker_listen, args.coordinator_listen)
     return controller_main.run(args.islands or cfg.islands, args.listen,
                                args.worker_listen, args.coordinator_listen,
                                token, max_in_flight, args.parent_pid,
                                args.memory_wait, args.reduction_order,
-                               worker_timeout,
-                               args.max_program_seconds or
-                               cfg.max_program_seconds)
+                               worker_timeout, max_program_s)
   if args.command == "worker":
     from jax_pathways.worker import join as worker_main  # pylint: disable=import-outside-toplevel
     memory = (config.parse_bytes(args.device_memory, "--device-memory")

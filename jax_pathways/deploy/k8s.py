@@ -120,6 +120,9 @@ class Spec:
   # Whether clients may run colocated_python functions on the workers
   # (docs/colocated_python.md): their code, as the pods' user.
   colocated_python: bool = False
+  # The controller's --max-program-seconds: how long a program may hold its
+  # island before the island is taken back (None: as long as it runs).
+  max_program_seconds: float | None = None
 
   def __post_init__(self) -> None:
     # Defaults that depend on --gpus (a frozen dataclass: set once, here).
@@ -146,6 +149,9 @@ class Spec:
     if not self.image or any(c.isspace() for c in self.image):
       raise ValueError(f"--image={self.image!r} must name an image, e.g. "
                        "registry.example.com/jax-pathways:0.1.0")
+    if self.max_program_seconds is not None and not self.max_program_seconds > 0:
+      raise ValueError(f"--max-program-seconds={self.max_program_seconds} "
+                       "must be > 0")
     if not 1 <= self.islands <= 64:  # what a controller accepts (config.py)
       raise ValueError(f"--islands={self.islands} must be in 1..64")
     if not 1 <= self.devices_per_island <= 1024:
@@ -445,7 +451,9 @@ def _controller(spec: Spec) -> dict[str, Any]:
                   "--worker-listen", f"{ALL_ADDRESSES}:{spec.worker_port}",
                   # Workers are told this address: the pod's, not 0.0.0.0.
                   "--coordinator-listen",
-                  f"$({POD_IP}):{spec.coordinator_port}"],
+                  f"$({POD_IP}):{spec.coordinator_port}",
+                  *([] if spec.max_program_seconds is None else
+                    ["--max-program-seconds", f"{spec.max_program_seconds:g}"])],
       "env": [_token_env(spec), _field_env(POD_IP, "status.podIP"),
               {"name": "HOME", "value": TMP}],
       "securityContext": _CONTAINER_SECURITY,

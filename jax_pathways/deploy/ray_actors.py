@@ -88,7 +88,7 @@ class _Controller:
 
   def __init__(self, name: str, islands: int, port: int, token: str,
                max_in_flight: int, worker_timeout_s: float | None,
-               group: PlacementGroup):
+               max_program_s: float | None, group: PlacementGroup):
     # pylint: disable=import-outside-toplevel
     from jax_pathways.cluster import host_registry
     from jax_pathways.controller.controller import Controller
@@ -99,7 +99,7 @@ class _Controller:
     self._placement_group = group
     self._controller = Controller(
         islands, f"{ip}:{port}", f"{ip}:0", f"{ip}:0", token, max_in_flight,
-        worker_timeout_s=worker_timeout_s)
+        worker_timeout_s=worker_timeout_s, max_program_s=max_program_s)
     self._controller.start()
     # `jax-pathways status` on this node finds it; the entry of a killed
     # actor is dropped by the next reader (its pid is gone).
@@ -245,6 +245,7 @@ def start(islands: int = 2,
           port: int = 0, token: str | None = None, max_restarts: int = -1,
           max_in_flight: int = config.DEFAULT_MAX_IN_FLIGHT,
           worker_timeout_s: float | None = None,
+          max_program_s: float | None = None,
           controller_timeout_s: float = config.DEFAULT_CONTROLLER_TIMEOUT,
           ray_address: str | None = None,
           timeout_s: float = config.DEFAULT_START_TIMEOUT,
@@ -263,9 +264,10 @@ def start(islands: int = 2,
     port: the client port on the controller's node (0: any free one).
     token: the cluster token (default: a fresh one).
     max_restarts: Ray's restarts of each worker actor (-1: no limit).
-    max_in_flight, worker_timeout_s: the controller's --max-in-flight and
-      --worker-timeout; controller_timeout_s: the workers'
-      --controller-timeout.
+    max_in_flight, worker_timeout_s, max_program_s: the controller's
+      --max-in-flight, --worker-timeout and --max-program-seconds (None:
+      programs hold their island as long as they run);
+      controller_timeout_s: the workers' --controller-timeout.
     ray_address: ray.init's address if Ray is not initialized yet
       (default "auto": the cluster of this node, or $RAY_ADDRESS).
     timeout_s: for the placement group and the workers to join.
@@ -315,7 +317,7 @@ def start(islands: int = 2,
         name=name, namespace=NAMESPACE, lifetime="detached", max_restarts=0,
         **_actor_options(controller_resources or {"CPU": 1})).remote(
             name, islands, port, token, max_in_flight, worker_timeout_s,
-            group)
+            max_program_s, group)
     info = ray.get(controller.connection.remote(),
                    timeout=max(1.0, deadline - time.monotonic()))
     for i in range(islands):

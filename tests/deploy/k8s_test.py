@@ -512,6 +512,7 @@ def test_workers_run_colocated_python_only_when_told():
     (["--gpus", "8", "--devices-per-island", "4"],
      "--devices-per-island=4 with --gpus=8"),
     (["--run-as-user", "0"], "--run-as-user=0"),
+    (["--max-program-seconds", "0"], "--max-program-seconds=0.0 must be > 0"),
 ])
 def test_cli_refuses(flags, message, capsys):
   with pytest.raises(SystemExit) as e:
@@ -582,7 +583,7 @@ def test_rendered_commands_start_a_cluster():
   jax_pathways takes for another host's, and the controller's DNS name
   resolves to the controller pod's."""
   spec = k8s.Spec(image="img:1", islands=2, devices_per_island=4,
-                  port=_free_ports(4))
+                  port=_free_ports(4), max_program_seconds=90)
   kinds = _by_kind(k8s.manifests(spec))
   secret, jobs = kinds["Secret"], _replicated(kinds["JobSet"])
   token = secret["stringData"][k8s.TOKEN_KEY]
@@ -627,9 +628,10 @@ def test_rendered_commands_start_a_cluster():
     while not admin.status(address, token)["complete"]:
       assert time.monotonic() < deadline, "the workers never joined"
       time.sleep(0.2)
-    islands = admin.status(address, token)["islands"]
-    assert [(i["island"], len(i["devices"]), i["alive"]) for i in islands
-            ] == [(0, 4, True), (1, 4, True)]
+    status = admin.status(address, token)
+    assert [(i["island"], len(i["devices"]), i["alive"])
+            for i in status["islands"]] == [(0, 4, True), (1, 4, True)]
+    assert status["max_program_s"] == 90
     with pytest.raises(admin.AdminError):  # without the token: refused
       admin.status(address, None)
     # A client at the Service's port: a program spanning both islands
@@ -644,7 +646,7 @@ def test_rendered_commands_start_a_cluster():
         "total": 28.0, "moved": [0.0, 1.0, 2.0, 3.0]}
     # A worker killed in its pod: started again there (the pod's process
     # lives on), its island back as its next generation.
-    pod, [before, _] = procs[1], islands
+    pod, [before, _] = procs[1], status["islands"]
     os.kill(before["pid"], signal.SIGKILL)
     while True:
       after = admin.status(address, token)["islands"][0]

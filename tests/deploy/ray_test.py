@@ -186,13 +186,14 @@ def test_too_few_nodes_fail_at_once_unless_islands_may_share(ray_nodes):
                      r".*side_by_side=True"):
     on_ray.start(4, 1, {"CPU": 0.5}, name="too-wide", timeout_s=600)
   cluster = on_ray.start(ISLANDS, 1, {"CPU": 0.5}, name="side-by-side",
-                         side_by_side=True)
+                         side_by_side=True, max_program_s=90)
   try:
     group = ray.util.get_placement_group(cluster.name)
     nodes = ray.util.placement_group_table(group)["bundles_to_node_id"]
     assert len(set(nodes.values())) == 1, nodes  # packed on one node
-    islands = admin.status(cluster.address, cluster.token)["islands"]
-    assert [i["alive"] for i in islands] == [True] * ISLANDS
+    status = admin.status(cluster.address, cluster.token)
+    assert [i["alive"] for i in status["islands"]] == [True] * ISLANDS
+    assert status["max_program_s"] == 90  # the controller's bound
   finally:
     assert on_ray.stop(cluster.name)
 
@@ -205,6 +206,7 @@ def test_a_bundle_must_reserve_something():
 @pytest.mark.parametrize("flags, message", [
     (["--worker-timeout", "1"], "must be >= 2 seconds"),
     (["--resource", "accel"], "expected NAME=AMOUNT"),
+    (["--max-program-seconds", "-1"], "--max-program-seconds=-1.0 must be > 0"),
 ])
 def test_ray_start_checks_its_flags(flags, message, capsys):
   with pytest.raises(SystemExit) as exit_:
