@@ -68,18 +68,16 @@ def _sharding(devices: list, name: str) -> Any:
                        PartitionSpec(*SPECS[name]))
 
 
-def _round(data: Any, sharding: Any) -> dict[str, float]:
-  """Seconds of one put of `data` and one get of it back; `data` may be a
-  one-element list holding it, which the put empties (its memory is free
-  during the get)."""
+def _round(data: list, sharding: Any) -> dict[str, float]:
+  """Seconds of one put of `data[0]` and one get of it back; the put
+  empties `data` (its memory is free during the get)."""
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   start = time.perf_counter()
-  x = jax.device_put(data[0] if isinstance(data, list) else data, sharding)
+  x = jax.device_put(data[0], sharding)
   x.block_until_ready()
   put = time.perf_counter() - start
-  if isinstance(data, list):
-    data.clear()
+  data.clear()
   start = time.perf_counter()
   back = np.asarray(x)
   get = time.perf_counter() - start
@@ -89,9 +87,7 @@ def _round(data: Any, sharding: Any) -> dict[str, float]:
 
 def _client(address: str) -> None:
   """A pathways or ceiling client's process: one round of each case named
-  on stdin ("MIB SPEC"), one JSON line each, after a ready line. Its array
-  is made afresh each round and dropped once put: the machine's memory
-  holds the plain run's array too."""
+  on stdin ("MIB SPEC"), one JSON line each, after a ready line."""
   import jax_pathways  # pylint: disable=import-outside-toplevel
   jax_pathways.initialize(address)
   import jax  # pylint: disable=import-outside-toplevel
@@ -169,7 +165,10 @@ def cli_cluster(procs: list[subprocess.Popen], workers: list[list[str]]
   cli = [sys.executable, "-m", "jax_pathways.cli"]
   controller = subprocess.Popen(
       [*cli, "controller", "--islands", str(ISLANDS), "--listen",
-       "127.0.0.1:0", "--worker-listen", "127.0.0.1:0"], env=env,
+       "127.0.0.1:0", "--worker-listen", "127.0.0.1:0",
+       # Gone with this process even if it is killed (the OOM killer):
+       # its workers follow it, the clients end at their stdin's end.
+       "--parent-pid", str(os.getpid())], env=env,
       stdout=subprocess.PIPE, text=True, start_new_session=True, cwd="/")
   procs.append(controller)
   ready = read_json(controller)
@@ -256,7 +255,6 @@ def _case(mib: int, name: str, repeats: int, clients: dict[str, Client],
   """One case's rounds, interleaved, and its line."""
   import jax  # pylint: disable=import-outside-toplevel
   from harness import emit, log  # pylint: disable=import-outside-toplevel
-  data = _data(mib)
   plain_sharding = _sharding(jax.devices(), name)
   times: dict[str, list[dict[str, float]]] = {run: [] for run in RUNS}
   trips: dict[str, list[float]] = {"pathways": [], "ceiling": []}
@@ -264,7 +262,9 @@ def _case(mib: int, name: str, repeats: int, clients: dict[str, Client],
   # of a size grow its allocators' pools and fault their pages in (2-6x
   # slower here), which a job pays once, not per step.
   for counted in [False] + [True] * repeats:
-    rounds = {"plain": (_round(data, plain_sharding), None),
+    # Every run makes its array afresh and drops it once put (at 2 GiB the
+    # machine cannot hold the runs' arrays and a get's copies at once).
+    rounds = {"plain": (_round([_data(mib)], plain_sharding), None),
               **{run: c.round(mib, name) for run, c in clients.items()}}
     if counted:
       for run, (result, run_trips) in rounds.items():
