@@ -14,6 +14,7 @@ from absl import logging
 
 from jax_pathways import _core
 from jax_pathways import _server
+from jax_pathways import heap_trim
 import jax_pathways
 from jax_pathways.cluster import addresses
 from jax_pathways.controller.callback_router import CallbackRouter
@@ -164,6 +165,7 @@ class Controller:
                            built)
 
   def start(self) -> None:
+    heap_trim.start()  # what a big transfer freed goes back to the system
     self.services.programs.start()
     self._workers.start()
     port = self.service.start(self._listen)

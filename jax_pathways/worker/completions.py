@@ -198,11 +198,18 @@ class Completions:
       item = work.get()
       if item is None:
         return
-      seq, arrays, finish, deadline_s = item
-      if isinstance(arrays, Status):
-        self._send(seq, arrays, b"", False)
-        continue
-      self._finish(seq, arrays, finish, deadline_s, claim)
+      self._take(item, claim)
+      # Not held while the next is awaited: a deleted array's device memory
+      # is freed only once nothing refers to it, and the worker may idle.
+      del item
+
+  def _take(self, item: tuple[Any, ...],
+            claim: Callable[[int], bool] | None) -> None:
+    seq, arrays, finish, deadline_s = item
+    if isinstance(arrays, Status):
+      self._send(seq, arrays, b"", False)
+      return
+    self._finish(seq, arrays, finish, deadline_s, claim)
 
   def _finish(self, seq: int | None, arrays: Sequence[Any],
               finish: Finish | None, deadline_s: float | None = None,

@@ -69,6 +69,7 @@ def run(controller: str, island: int | None, devices: int | None,
   configure_jax(platform)
   # pylint: disable=import-outside-toplevel
   from jax_pathways import _core
+  from jax_pathways import heap_trim
   from jax_pathways import threads
   from jax_pathways.cluster import addresses
   from jax_pathways.cluster import cores
@@ -137,6 +138,7 @@ def run(controller: str, island: int | None, devices: int | None,
                                     connect_timeout))
   # From here on the worker heartbeats and watches the controller's.
   executor = _core.Executor(sock.detach(), controller, controller_timeout)
+  heap_trim.start()  # what a big transfer freed goes back to the system
   served = threading.Event()
   threads.start(_leave_if_stuck, "jp-leave-stuck", executor, served,
                 controller, token, peers.island)

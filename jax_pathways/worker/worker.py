@@ -582,6 +582,7 @@ class Worker:
     for b in op.args:
       self._buffers.pop(b, None)
       self._lane_readers.pop(b, None)
+    self._backend.release_host_pieces()
     if op.program:  # a program no launch names again: free its code
       program = self._programs.pop(op.program, None)
       if program is None:
