@@ -9,9 +9,10 @@ free but stay resident: a controller that had carried a 1 GiB round trip
 held 0.6 GiB of free arena memory afterwards, and at 2 GiB the test
 machine's processes ran out of memory together. A thread here looks at the
 arenas' free bytes (mallinfo2) every CHECK_EVERY_S and, past the bound,
-gives them back (malloc_trim). A training loop's steady transfers reuse
-what they free and stay under the bound; the buffers the transports reuse
-on purpose are in common/bytes.cc's pool, which this does not touch.
+gives them back (malloc_trim, with the GIL released: ctypes). A process
+whose free memory stays under the bound is never trimmed; the buffers the
+transports reuse on purpose are in common/bytes.cc's pool, which this does
+not touch.
 """
 from __future__ import annotations
 
