@@ -309,9 +309,11 @@ def _max_program_seconds(parser: argparse.ArgumentParser,
                          args: argparse.Namespace,
                          cfg: config.Config) -> float | None:
   """--max-program-seconds, checked, else the environment's."""
-  seconds = args.max_program_seconds
-  if seconds is not None and not seconds > 0:
-    parser.error(f"--max-program-seconds={seconds} must be > 0")
+  try:
+    seconds = config.max_program_seconds(args.max_program_seconds,
+                                         "--max-program-seconds")
+  except ValueError as e:
+    parser.error(str(e))
   return seconds or cfg.max_program_seconds
 
 

@@ -176,6 +176,14 @@ def worker_timeout(seconds: float, what: str) -> float:
   return seconds
 
 
+def max_program_seconds(seconds: float | None, what: str) -> float | None:
+  """`seconds`, checked as the bound on a program's run time named `what`
+  (None: no bound); ValueError if it is not a positive number."""
+  if seconds is not None and not 0 < seconds < float("inf"):
+    raise ValueError(f"{what}={seconds} must be > 0 seconds")
+  return seconds
+
+
 def client_controller_timeout(seconds: float, what: str) -> float:
   """`seconds`, checked as how long a client waits for a silent controller
   (named `what`); 0 waits forever."""

@@ -149,9 +149,8 @@ class Spec:
     if not self.image or any(c.isspace() for c in self.image):
       raise ValueError(f"--image={self.image!r} must name an image, e.g. "
                        "registry.example.com/jax-pathways:0.1.0")
-    if self.max_program_seconds is not None and not self.max_program_seconds > 0:
-      raise ValueError(f"--max-program-seconds={self.max_program_seconds} "
-                       "must be > 0")
+    config.max_program_seconds(self.max_program_seconds,
+                               "--max-program-seconds")
     if not 1 <= self.islands <= 64:  # what a controller accepts (config.py)
       raise ValueError(f"--islands={self.islands} must be in 1..64")
     if not 1 <= self.devices_per_island <= 1024:

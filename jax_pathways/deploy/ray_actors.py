@@ -288,6 +288,7 @@ def start(islands: int = 2,
                      "{'CPU': 1}")
   if islands < 1:
     raise ValueError(f"islands={islands} must be at least 1")
+  config.max_program_seconds(max_program_s, "max_program_s")
   _connect(ray_address)
   if _actor(name) is not None:
     raise ClusterError(f"a cluster named {name!r} runs on this Ray cluster; "

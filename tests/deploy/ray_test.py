@@ -203,6 +203,11 @@ def test_a_bundle_must_reserve_something():
     on_ray.start(resources_per_island={"CPU": 0})
 
 
+def test_a_program_bound_must_be_positive():
+  with pytest.raises(ValueError, match=r"max_program_s=0 must be > 0"):
+    on_ray.start(max_program_s=0)
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--worker-timeout", "1"], "must be >= 2 seconds"),
     (["--resource", "accel"], "expected NAME=AMOUNT"),
