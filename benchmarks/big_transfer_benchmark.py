@@ -133,6 +133,14 @@ for line in sys.stdin:
 """
 
 
+def child_env() -> dict[str, str]:
+  """This environment for a process of the cluster's or a client's: its
+  JAX platforms are its own (this process's are the plain run's)."""
+  env = dict(os.environ)
+  env.pop("JAX_PLATFORMS", None)
+  return env
+
+
 def trip_stats(trips: list[float]) -> dict[str, float]:
   """Median, 99th percentile and worst of round trips (ms), and their
   count."""
@@ -147,8 +155,7 @@ class Bystander:
   trips, and returns what they took (ms each)."""
 
   def __init__(self, address: str, token: str):
-    env = dict(os.environ)
-    env.pop("JAX_PLATFORMS", None)
+    env = child_env()
     self.proc = subprocess.Popen(
         [sys.executable, "-c", BYSTANDER, address, token], env=env,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/",
@@ -169,8 +176,7 @@ def cli_cluster(procs: list[subprocess.Popen], workers: list[list[str]]
   """A CLI controller of ISLANDS islands and one `jax-pathways worker`
   process per entry of `workers` (its extra flags), all added to `procs`;
   the controller's client address."""
-  env = dict(os.environ)
-  env.pop("JAX_PLATFORMS", None)
+  env = child_env()
   cli = [sys.executable, "-m", "jax_pathways.cli"]
   controller = subprocess.Popen(
       [*cli, "controller", "--islands", str(ISLANDS), "--listen",
@@ -206,8 +212,7 @@ class Client:
 
   def __init__(self, procs: list[subprocess.Popen], workers: list[list[str]]):
     address = cli_cluster(procs, workers)
-    env = dict(os.environ)
-    env.pop("JAX_PLATFORMS", None)
+    env = child_env()
     self.other = Bystander(address, "")
     procs.append(self.other.proc)
     self.client = subprocess.Popen(

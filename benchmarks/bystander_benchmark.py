@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from big_transfer_benchmark import ISLANDS, Bystander, cli_cluster, read_json, trip_stats  # noqa: E402  pylint: disable=wrong-import-position
+from big_transfer_benchmark import ISLANDS, Bystander, child_env, cli_cluster, read_json, trip_stats  # noqa: E402  pylint: disable=wrong-import-position
 
 # The reading client: the array made once, then a fresh copy per get.
 READER = """
@@ -112,8 +112,7 @@ def main() -> None:
   parser.add_argument("--mib", type=int, default=512)
   parser.add_argument("--gets", type=int, default=8)
   args = parser.parse_args()
-  env = dict(os.environ)
-  env.pop("JAX_PLATFORMS", None)
+  env = child_env()
   procs: list[subprocess.Popen] = []
   try:
     address = cli_cluster(procs, [[]] * ISLANDS)
