@@ -40,6 +40,10 @@ MAX_REQUEST_MIB = "JAX_PATHWAYS_MAX_REQUEST_MIB"
 # controller and `jax-pathways connect`: seconds a new call may take to send
 # its first message (a session its InitRequest) before it is cut off
 FIRST_MESSAGE_TIMEOUT = "JAX_PATHWAYS_FIRST_MESSAGE_TIMEOUT"
+# clients: MiB of freed heap kept for the next transfers' big buffers, which
+# come from the heap (client/heap_reuse.py); 0: glibc's default; at most
+# 2047 (mallopt takes an int)
+CLIENT_HEAP_KEEP_MB = "JAX_PATHWAYS_CLIENT_HEAP_KEEP_MB"
 
 DEFAULT_ISLANDS = 2
 DEFAULT_DEVICES_PER_ISLAND = 4
@@ -63,6 +67,8 @@ DEFAULT_MAX_REQUEST_MIB = 256
 # JAX's client sends a session's InitRequest as it opens the stream; idle
 # streams hold resources (a thread of `connect` each) until then.
 DEFAULT_FIRST_MESSAGE_TIMEOUT = 10.0
+# Two 512 MiB transfers' buffers (client/heap_reuse.py).
+DEFAULT_CLIENT_HEAP_KEEP_MB = 1024
 
 
 def _int(name: str, default: int, lo: int, hi: int) -> int:
@@ -117,6 +123,7 @@ class Config:
   first_message_timeout: float
   storage_root: str | None
   max_program_seconds: float | None  # None: programs run as long as they do
+  client_heap_keep_mb: int
 
 
 def from_env() -> Config:
@@ -155,6 +162,8 @@ def from_env() -> Config:
       storage_root=os.environ.get(STORAGE_ROOT) or None,
       max_program_seconds=(_float(MAX_PROGRAM_SECONDS, 0.0)
                            if os.environ.get(MAX_PROGRAM_SECONDS) else None),
+      client_heap_keep_mb=_int(CLIENT_HEAP_KEEP_MB,
+                               DEFAULT_CLIENT_HEAP_KEEP_MB, 0, 2047),
   )
 
 

@@ -23,6 +23,7 @@ from jax_pathways.client import controller_watch
 from jax_pathways.client import contiguous_uploads
 from jax_pathways.client import cross_client
 from jax_pathways.client import flusher
+from jax_pathways.client import heap_reuse
 from jax_pathways.client import host_callbacks
 from jax_pathways.client import make_mesh
 from jax_pathways.client import stderr_filter
@@ -162,6 +163,7 @@ def _make_client() -> Any:
   host_callbacks.install()
   cross_client.install()
   contiguous_uploads.install()
+  heap_reuse.install(config.from_env().client_heap_keep_mb)
 
   def connect() -> Any:
     # Each channel jaxlib makes warns that it was told to use plaintext.

@@ -1,0 +1,50 @@
+"""Big host buffers of a client come back from its heap, transfer after
+transfer, instead of fresh from the kernel each time.
+
+glibc serves every allocation past its mmap threshold (at most 32 MiB) with
+an mmap of its own and unmaps it on free, and gives back the top of its
+heap past 128 KiB, so each `np.asarray` of a big array takes all its memory
+fresh: jaxlib's proxy client flattens each shard's bytes into a new buffer,
+JAX makes a new NumPy array per shard and one for the result (NumPy asks
+for huge pages). What fresh pages cost depends on the machine: on a VM that
+hands freed memory back to its host (this project's test machine:
+virtio-balloon free page reporting), a 512 MiB get faulted the same ~150k
+small and ~470 huge pages every time, in 0.5 s of kernel time or in 3.4 s,
+unpredictably. With mmap of big blocks off (M_MMAP_MAX 0, what
+GLIBC_TUNABLES=glibc.malloc.mmap_max=0 does) and up to
+JAX_PATHWAYS_CLIENT_HEAP_KEEP_MB of free heap top kept (M_TRIM_THRESHOLD),
+they come from the heap and the next transfer reuses them: 8 of 8 gets of
+0.52-0.60 s (docs/benchmarks.md). The price is tcmalloc's and jemalloc's:
+freed big blocks stay with the process for its next ones rather than going
+back at once (malloc_trim still gives them back). 0 keeps glibc's default.
+"""
+from __future__ import annotations
+
+import ctypes
+
+from absl import logging
+
+# mallopt's parameters (malloc.h).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+
+_installed = False
+
+
+def install(keep_mb: int) -> None:
+  """Makes this process's big blocks come from its heap and keeps up to
+  `keep_mb` MiB of its free top (once; nothing for 0 or without glibc)."""
+  global _installed  # pylint: disable=global-statement
+  if _installed or not keep_mb:
+    return
+  _installed = True
+  libc = ctypes.CDLL(None)
+  if not hasattr(libc, "gnu_get_libc_version"):
+    logging.info("not glibc: big host buffers stay with the allocator's "
+                 "default")
+    return
+  libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+  if (libc.mallopt(_M_TRIM_THRESHOLD, keep_mb << 20) != 1
+      or libc.mallopt(_M_MMAP_MAX, 0) != 1):
+    logging.warning("glibc refused mallopt: big transfers take fresh memory "
+                    "each time")
