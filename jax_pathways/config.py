@@ -41,8 +41,7 @@ MAX_REQUEST_MIB = "JAX_PATHWAYS_MAX_REQUEST_MIB"
 # its first message (a session its InitRequest) before it is cut off
 FIRST_MESSAGE_TIMEOUT = "JAX_PATHWAYS_FIRST_MESSAGE_TIMEOUT"
 # clients: MiB of freed heap kept for the next transfers' big buffers, which
-# come from the heap (client/heap_reuse.py); 0: glibc's default; at most
-# 2047 (mallopt takes an int)
+# come from the heap (client/heap_reuse.py); 0: glibc's default
 CLIENT_HEAP_KEEP_MB = "JAX_PATHWAYS_CLIENT_HEAP_KEEP_MB"
 
 DEFAULT_ISLANDS = 2
@@ -67,8 +66,8 @@ DEFAULT_MAX_REQUEST_MIB = 256
 # JAX's client sends a session's InitRequest as it opens the stream; idle
 # streams hold resources (a thread of `connect` each) until then.
 DEFAULT_FIRST_MESSAGE_TIMEOUT = 10.0
-# Two 512 MiB transfers' buffers (client/heap_reuse.py).
-DEFAULT_CLIENT_HEAP_KEEP_MB = 1024
+# What a 512 MiB round trip leaves free in a client (client/heap_reuse.py).
+DEFAULT_CLIENT_HEAP_KEEP_MB = 2048
 
 
 def _int(name: str, default: int, lo: int, hi: int) -> int:
@@ -163,7 +162,7 @@ def from_env() -> Config:
       max_program_seconds=(_float(MAX_PROGRAM_SECONDS, 0.0)
                            if os.environ.get(MAX_PROGRAM_SECONDS) else None),
       client_heap_keep_mb=_int(CLIENT_HEAP_KEEP_MB,
-                               DEFAULT_CLIENT_HEAP_KEEP_MB, 0, 2047),
+                               DEFAULT_CLIENT_HEAP_KEEP_MB, 0, 1 << 20),
   )
 
 

@@ -1,5 +1,5 @@
 """Giving freed heap memory back to the system, in the controller's and the
-workers' processes.
+workers' processes (and a client's, past its own bound: client/heap_reuse.py).
 
 glibc keeps what a process frees in its arenas, for the next allocation of
 the thread that freed it; it returns little of it by itself (only the top
@@ -59,8 +59,9 @@ def _keep_bytes() -> int:
 _started = False
 
 
-def start() -> None:
-  """Starts the thread, once per process (nothing without glibc)."""
+def start(keep: int | None = None) -> None:
+  """Starts the thread, once per process (nothing without glibc); it trims
+  past `keep` bytes free (None: JAX_PATHWAYS_HEAP_KEEP_MB's)."""
   global _started  # pylint: disable=global-statement
   if _started:
     return
@@ -69,7 +70,8 @@ def start() -> None:
   if libc is None:
     logging.info("not glibc: freed heap memory stays with the allocator")
     return
-  threads.start(_run, "jp-heap-trim", libc, _keep_bytes())
+  threads.start(_run, "jp-heap-trim", libc,
+                _keep_bytes() if keep is None else keep)
 
 
 def _run(libc: ctypes.CDLL, keep: int) -> None:

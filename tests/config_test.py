@@ -35,8 +35,8 @@ def test_bad_values_are_echoed(monkeypatch):
      "JAX_PATHWAYS_PLATFORM='cuda --devices 8' is not a platform name"),
     (config.FIRST_MESSAGE_TIMEOUT, "0.5", "first_message_timeout", 0.5, "0",
      "JAX_PATHWAYS_FIRST_MESSAGE_TIMEOUT=0.0 must be positive"),
-    (config.CLIENT_HEAP_KEEP_MB, "0", "client_heap_keep_mb", 0, "2048",
-     "JAX_PATHWAYS_CLIENT_HEAP_KEEP_MB=2048 is out of range 0..2047"),
+    (config.CLIENT_HEAP_KEEP_MB, "0", "client_heap_keep_mb", 0, "-1",
+     "JAX_PATHWAYS_CLIENT_HEAP_KEEP_MB=-1 is out of range 0..1048576"),
 ])
 def test_a_value_is_read_and_a_bad_one_refused_in_words(
     monkeypatch, name, good, field, value, bad, words):

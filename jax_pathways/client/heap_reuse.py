@@ -11,12 +11,13 @@ hands freed memory back to its host (this project's test machine:
 virtio-balloon free page reporting), a 512 MiB get faulted the same ~150k
 small and ~470 huge pages every time, in 0.5 s of kernel time or in 3.4 s,
 unpredictably. With mmap of big blocks off (M_MMAP_MAX 0, what
-GLIBC_TUNABLES=glibc.malloc.mmap_max=0 does) and up to
-JAX_PATHWAYS_CLIENT_HEAP_KEEP_MB of free heap top kept (M_TRIM_THRESHOLD),
-they come from the heap and the next transfer reuses them: 8 of 8 gets of
-0.52-0.60 s (docs/benchmarks.md). The price is tcmalloc's and jemalloc's:
-freed big blocks stay with the process for its next ones rather than going
-back at once (malloc_trim still gives them back). 0 keeps glibc's default.
+GLIBC_TUNABLES=glibc.malloc.mmap_max=0 does) and the heap's free top kept
+(M_TRIM_THRESHOLD), they come from the heap and the next transfer reuses
+them: 8 of 8 gets of 0.52-0.60 s (docs/benchmarks.md). What is kept is
+bounded: past JAX_PATHWAYS_CLIENT_HEAP_KEEP_MB of free heap, heap_trim's
+thread gives it all back (checked every 2 s), so a process keeps about
+what its usual transfers take, not what its largest one took. 0 keeps
+glibc's default.
 """
 from __future__ import annotations
 
@@ -24,16 +25,19 @@ import ctypes
 
 from absl import logging
 
+from jax_pathways import heap_trim
+
 # mallopt's parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
+_INT_MAX = (1 << 31) - 1
 
 _installed = False
 
 
 def install(keep_mb: int) -> None:
   """Makes this process's big blocks come from its heap and keeps up to
-  `keep_mb` MiB of its free top (once; nothing for 0 or without glibc)."""
+  `keep_mb` MiB of them free (once; nothing for 0 or without glibc)."""
   global _installed  # pylint: disable=global-statement
   if _installed or not keep_mb:
     return
@@ -44,7 +48,10 @@ def install(keep_mb: int) -> None:
                  "default")
     return
   libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-  if (libc.mallopt(_M_TRIM_THRESHOLD, keep_mb << 20) != 1
+  keep = keep_mb << 20
+  if (libc.mallopt(_M_TRIM_THRESHOLD, min(keep, _INT_MAX)) != 1
       or libc.mallopt(_M_MMAP_MAX, 0) != 1):
     logging.warning("glibc refused mallopt: big transfers take fresh memory "
                     "each time")
+    return
+  heap_trim.start(keep)

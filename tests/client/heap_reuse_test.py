@@ -58,3 +58,29 @@ def test_the_default_reuses_and_0_keeps_glibcs(libc, value, mmapped):
   got = _mmapped_by_one_big_block({"JAX_PATHWAYS_CLIENT_HEAP_KEEP_MB": value})
   # glibc rounds an mmapped block up to whole pages, plus its header.
   assert mmapped <= got < mmapped + (1 << 16)
+
+
+# A process that kept more free heap than its bound: the heap_trim thread
+# gives it back (its resident MiB, until under the bound or 60 s).
+PAST_THE_BOUND = """
+import time, numpy as np
+from jax_pathways.client import heap_reuse
+heap_reuse.install(64)
+blocks = [np.ones(64 << 20, np.uint8) for _ in range(4)]
+keep_top = np.ones(1 << 20, np.uint8)  # the blocks are not the heap's top
+rss = lambda: int(open("/proc/self/statm").read().split()[1]) * 4096 >> 20
+freed_at = rss()
+del blocks
+deadline = time.monotonic() + 60
+while rss() > freed_at - 192 and time.monotonic() < deadline:
+  time.sleep(0.2)
+print(freed_at, rss())
+"""
+
+
+def test_free_heap_past_the_bound_goes_back(libc):
+  out = subprocess.run([sys.executable, "-c", PAST_THE_BOUND],
+                       capture_output=True, text=True, timeout=120,
+                       check=True)
+  freed_at, after = map(int, out.stdout.split()[-2:])
+  assert after <= freed_at - 192, (freed_at, after)
