@@ -13,11 +13,11 @@ small and ~470 huge pages every time, in 0.5 s of kernel time or in 3.4 s,
 unpredictably. With mmap of big blocks off (M_MMAP_MAX 0, what
 GLIBC_TUNABLES=glibc.malloc.mmap_max=0 does) and the heap's free top kept
 (M_TRIM_THRESHOLD), they come from the heap and the next transfer reuses
-them: 8 of 8 gets of 0.52-0.60 s (docs/benchmarks.md). What is kept is
-bounded: past JAX_PATHWAYS_CLIENT_HEAP_KEEP_MB of free heap, heap_trim's
-thread gives it all back (checked every 2 s), so a process keeps about
-what its usual transfers take, not what its largest one took. 0 keeps
-glibc's default.
+them: repeated 512 MiB gets took 0.52-0.98 s, against 0.57-3.2 s
+(docs/benchmarks.md, "Big transfers"). What is kept is bounded: past
+JAX_PATHWAYS_CLIENT_HEAP_KEEP_MB of free heap, heap_trim's thread gives
+it all back (checked every 2 s), so what one outsized transfer freed does
+not stay with the process. 0 keeps glibc's default.
 """
 from __future__ import annotations
 
