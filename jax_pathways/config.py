@@ -40,6 +40,9 @@ MAX_REQUEST_MIB = "JAX_PATHWAYS_MAX_REQUEST_MIB"
 # controller and `jax-pathways connect`: seconds a new call may take to send
 # its first message (a session its InitRequest) before it is cut off
 FIRST_MESSAGE_TIMEOUT = "JAX_PATHWAYS_FIRST_MESSAGE_TIMEOUT"
+# controller and workers: MiB of free heap kept before it goes back to the
+# system (heap_trim.py; a bad value is warned about, not refused)
+HEAP_KEEP_MB = "JAX_PATHWAYS_HEAP_KEEP_MB"
 # clients: MiB of freed heap kept for the next transfers' big buffers, which
 # come from the heap (client/heap_reuse.py); 0: glibc's default
 CLIENT_HEAP_KEEP_MB = "JAX_PATHWAYS_CLIENT_HEAP_KEEP_MB"

@@ -22,11 +22,11 @@ import time
 
 from absl import logging
 
+from jax_pathways import config
 from jax_pathways import threads
 
 # Free arena bytes a process keeps (JAX_PATHWAYS_HEAP_KEEP_MB overrides).
 KEEP_MB = 256
-KEEP_ENV = "JAX_PATHWAYS_HEAP_KEEP_MB"
 CHECK_EVERY_S = 2.0
 
 
@@ -36,23 +36,26 @@ class _MallInfo2(ctypes.Structure):
       "uordblks", "fordblks", "keepcost")]
 
 
-def _libc() -> ctypes.CDLL | None:
-  """The process's libc if it is glibc 2.33 or newer (mallinfo2)."""
-  libc = ctypes.CDLL(None)
-  if not hasattr(libc, "mallinfo2") or not hasattr(libc, "malloc_trim"):
+def libc() -> ctypes.CDLL | None:
+  """The process's libc if it is glibc 2.33 or newer (mallinfo2), with the
+  malloc calls this package makes typed."""
+  lib = ctypes.CDLL(None)
+  if not all(hasattr(lib, f) for f in ("mallinfo2", "malloc_trim",
+                                       "mallopt")):
     return None
-  libc.mallinfo2.restype = _MallInfo2
-  libc.malloc_trim.argtypes = [ctypes.c_size_t]
-  return libc
+  lib.mallinfo2.restype = _MallInfo2
+  lib.malloc_trim.argtypes = [ctypes.c_size_t]
+  lib.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+  return lib
 
 
 def _keep_bytes() -> int:
-  value = os.environ.get(KEEP_ENV, "")
+  value = os.environ.get(config.HEAP_KEEP_MB, "")
   try:
     return max(0, int(value) if value else KEEP_MB) << 20
   except ValueError:
-    logging.warning("%s=%r is not a number of MiB; keeping %d MiB", KEEP_ENV,
-                    value, KEEP_MB)
+    logging.warning("%s=%r is not a number of MiB; keeping %d MiB",
+                    config.HEAP_KEEP_MB, value, KEEP_MB)
     return KEEP_MB << 20
 
 
@@ -66,11 +69,12 @@ def start(keep: int | None = None) -> None:
   if _started:
     return
   _started = True
-  libc = _libc()
-  if libc is None:
-    logging.info("not glibc: freed heap memory stays with the allocator")
+  lib = libc()
+  if lib is None:
+    logging.info("not glibc 2.33+: freed heap memory stays with the "
+                 "allocator")
     return
-  threads.start(_run, "jp-heap-trim", libc,
+  threads.start(_run, "jp-heap-trim", lib,
                 _keep_bytes() if keep is None else keep)
 
 

@@ -21,8 +21,6 @@ not stay with the process. 0 keeps glibc's default.
 """
 from __future__ import annotations
 
-import ctypes
-
 from absl import logging
 
 from jax_pathways import heap_trim
@@ -37,17 +35,17 @@ _installed = False
 
 def install(keep_mb: int) -> None:
   """Makes this process's big blocks come from its heap and keeps up to
-  `keep_mb` MiB of them free (once; nothing for 0 or without glibc)."""
+  `keep_mb` MiB of them free (once; nothing for 0, or where heap_trim
+  cannot bound what is kept: not glibc 2.33+)."""
   global _installed  # pylint: disable=global-statement
   if _installed or not keep_mb:
     return
   _installed = True
-  libc = ctypes.CDLL(None)
-  if not hasattr(libc, "gnu_get_libc_version"):
-    logging.info("not glibc: big host buffers stay with the allocator's "
-                 "default")
+  libc = heap_trim.libc()
+  if libc is None:
+    logging.info("not glibc 2.33+: big host buffers stay with the "
+                 "allocator's default")
     return
-  libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
   keep = keep_mb << 20
   if (libc.mallopt(_M_TRIM_THRESHOLD, min(keep, _INT_MAX)) != 1
       or libc.mallopt(_M_MMAP_MAX, 0) != 1):

@@ -19,7 +19,7 @@ import ctypes, numpy as np
 from jax_pathways import config, heap_trim
 from jax_pathways.client import heap_reuse
 heap_reuse.install(config.from_env().client_heap_keep_mb)
-libc = heap_trim._libc()
+libc = heap_trim.libc()
 before = libc.mallinfo2().hblkhd
 block = np.ones({BIG}, np.uint8)
 print(libc.mallinfo2().hblkhd - before)
@@ -35,7 +35,7 @@ def _mmapped_by_one_big_block(env: dict[str, str]) -> int:
 
 @pytest.fixture(scope="module")
 def libc() -> ctypes.CDLL:
-  libc = heap_trim._libc()  # pylint: disable=protected-access
+  libc = heap_trim.libc()
   if libc is None:
     pytest.skip("not glibc 2.33+")
   return libc
