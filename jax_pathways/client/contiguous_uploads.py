@@ -10,13 +10,27 @@ against 2 s by rows; one of 2 GiB took the controller past 17 GiB of
 memory, until the kernel killed it). Here a strided view goes as a
 contiguous copy of its own elements instead: one copy of 1/n of the array
 in this process, what the bytes cost anyway on their way to the devices.
+
+The copy is written once and read once by the transfer, so it is kept off
+huge pages, which NumPy asks for (MADV_HUGEPAGE) and which buy a single
+pass nothing: a huge page's first touch needs a whole free 2 MiB block,
+which the kernel may compact memory to find, and which a VM whose balloon
+reports free memory to its host (the test machine) has most likely handed
+back. There, copying 2 GiB of column shards took 0.6-19 s on huge pages
+(mostly the kernel zeroing them in their faults: clear_page, perf) and
+2.0-2.6 s on small ones (docs/benchmarks.md, "Big transfers").
 """
 from __future__ import annotations
 
+import ctypes
 import functools
+import mmap
 from typing import Any, Sequence
 
 import numpy as np
+
+_PAGE = mmap.PAGESIZE
+_HUGE_PAGE = 2 << 20
 
 
 def install() -> None:
@@ -32,7 +46,7 @@ def install() -> None:
                      devices: Sequence[Any], *args: Any, **kwargs: Any
                      ) -> Any:
     if devices and _proxy(devices[0]):
-      xs = [np.ascontiguousarray(x) if _strided(x) else x for x in xs]
+      xs = [_contiguous(x) if _strided(x) else x for x in xs]
     return put(aval, sharding, xs, devices, *args, **kwargs)
 
   contiguous_put._jax_pathways = True  # type: ignore[attr-defined]
@@ -45,3 +59,33 @@ def _proxy(device: Any) -> bool:
 
 def _strided(x: Any) -> bool:
   return isinstance(x, np.ndarray) and not x.flags.c_contiguous
+
+
+def _contiguous(x: np.ndarray) -> np.ndarray:
+  """A C-contiguous copy of `x`, on small pages (see above)."""
+  out = np.empty(x.shape, x.dtype)
+  _no_huge_pages(out)
+  np.copyto(out, x)
+  return out
+
+
+def _no_huge_pages(x: np.ndarray) -> None:
+  """Advises the kernel to back `x`'s whole pages with small ones (before
+  they are touched; best effort: a refusal leaves them as they were)."""
+  start = -(-x.ctypes.data // _PAGE) * _PAGE
+  end = (x.ctypes.data + x.nbytes) // _PAGE * _PAGE
+  if end - start >= _HUGE_PAGE and _madvise is not None:
+    _madvise(start, end - start, mmap.MADV_NOHUGEPAGE)
+
+
+def _libc_madvise() -> Any:
+  if not hasattr(mmap, "MADV_NOHUGEPAGE"):  # not Linux
+    return None
+  fn = getattr(ctypes.CDLL(None, use_errno=True), "madvise", None)
+  if fn is not None:
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+  return fn
+
+
+_madvise = _libc_madvise()
