@@ -49,6 +49,9 @@ class MappingPool {
     ::munmap(p, mapped);
   }
 
+  // Whether a freed mapping of this size may come back for reuse.
+  bool Keeps(size_t mapped) const { return mapped <= cap_; }
+
  private:
   MappingPool() {
     const char* mb = std::getenv("JAX_PATHWAYS_BUFFER_POOL_MB");
@@ -86,7 +89,16 @@ StatusOr<Bytes> Bytes::Allocate(size_t n, char** writable) {
       m = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (m != MAP_FAILED) {
-        ::madvise(m, mapped, MADV_HUGEPAGE);  // a hint; fine if refused
+        // Huge pages only for mappings the pool can keep, whose first touch
+        // is paid once. One past the pool is faulted in anew every time,
+        // and a huge page's first touch needs a whole free 2 MiB block,
+        // which the kernel may compact memory to find and a VM's balloon
+        // has likely handed back to its host: on the test VM a 512 MiB
+        // fetch's receive buffer took 3-4 s of kernel time (clear_page
+        // under huge page faults) and 0.1-0.3 s on small pages.
+        if (MappingPool::Get().Keeps(mapped)) {
+          ::madvise(m, mapped, MADV_HUGEPAGE);  // a hint; fine if refused
+        }
       } else {
         m = nullptr;
       }
