@@ -18,7 +18,8 @@ which the kernel may compact memory to find, and which a VM whose balloon
 reports free memory to its host (the test machine) has most likely handed
 back. There, copying 2 GiB of column shards took 0.6-19 s on huge pages
 (mostly the kernel zeroing them in their faults: clear_page, perf) and
-2.0-2.6 s on small ones (docs/benchmarks.md, "Big transfers").
+1.8-5.5 s (median 2.3) on small ones (docs/benchmarks.md, "Big
+transfers").
 """
 from __future__ import annotations
 
