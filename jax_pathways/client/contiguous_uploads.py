@@ -82,7 +82,7 @@ def _no_huge_pages(x: np.ndarray) -> None:
 def _libc_madvise() -> Any:
   if not hasattr(mmap, "MADV_NOHUGEPAGE"):  # not Linux
     return None
-  fn = getattr(ctypes.CDLL(None, use_errno=True), "madvise", None)
+  fn = getattr(ctypes.CDLL(None), "madvise", None)
   if fn is not None:
     fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     fn.restype = ctypes.c_int
